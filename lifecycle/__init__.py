@@ -1,0 +1,32 @@
+"""Lifecycle state machine for colocated RL actors (pure core: no torch, no Ray).
+
+    from lifecycle import Lifecycle, LifecyclePolicy, State
+
+The transition table in `lifecycle.table` is the single source of truth; the machine, the
+diagrams and the log checker are derived from it.
+"""
+
+from lifecycle.errors import IllegalTransitionError, LifecycleFailedError
+from lifecycle.events import capture_events, configure_logging, flush_logs
+from lifecycle.machine import Failure, GenerationBackend, Lifecycle, MemoryBackend, ProcessGroupsBackend
+from lifecycle.policy import LifecyclePolicy
+from lifecycle.table import ALL_TAGS, Groups, Hook, Residency, State
+
+__all__ = [
+    "ALL_TAGS",
+    "Failure",
+    "GenerationBackend",
+    "Groups",
+    "Hook",
+    "IllegalTransitionError",
+    "Lifecycle",
+    "LifecycleFailedError",
+    "LifecyclePolicy",
+    "MemoryBackend",
+    "ProcessGroupsBackend",
+    "Residency",
+    "State",
+    "capture_events",
+    "configure_logging",
+    "flush_logs",
+]

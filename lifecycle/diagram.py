@@ -1,0 +1,143 @@
+"""Diagrams and docs generated from `lifecycle.table`: mermaid and DOT text, a markdown reference.
+
+`python -m lifecycle.diagram [DIR]` (or `make diagrams`) rewrites the checked-in files; a test fails
+when they differ from what the table generates. SVG and PNG are rendered when graphviz's `dot`
+is installed.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from lifecycle.table import FAIL_SOURCES, HOOK_RULES, PLANS, TABLE, Row, State, When, row_edges
+
+_GENERATED = "generated from lifecycle/table.py by `make diagrams`; do not edit"
+
+
+def _edge_labels() -> list[tuple[State, State, str]]:
+    """(source, dest, label) for every edge of every row, in table order, without repeats."""
+    out: list[tuple[State, State, str]] = []
+
+    def add(src: State, dst: State, label: str) -> None:
+        if (src, dst, label) not in out:
+            out.append((src, dst, label))
+
+    for row in TABLE:
+        guard = "" if row.when is When.ALWAYS else f" [{row.when.value}]"
+        if row.noop:
+            add(row.source, row.dest, f"{row.operation} (no-op){guard}")
+            continue
+        edges = row_edges(row)
+        if not edges:  # a body run in place
+            add(row.source, row.dest, f"{row.operation} (body){guard}")
+            continue
+        for edge in edges:
+            plan = f" / {edge.plan.name}" if edge.plan else ""
+            phase = {"move": "", "enter": "", "exit": " done"}[edge.phase]
+            add(edge.source, edge.dest, f"{row.operation}{phase}{plan}{guard}")
+    for source in FAIL_SOURCES:
+        if source is not State.FAILED:
+            add(source, State.FAILED, "hook raised")
+    return out
+
+
+def mermaid() -> str:
+    lines = [f"%% {_GENERATED}", "stateDiagram-v2", f"    [*] --> {State.AWAKE.value}"]
+    lines += [f"    {s.value} --> {d.value}: {label}" for s, d, label in _edge_labels()]
+    return "\n".join(lines) + "\n"
+
+
+def dot() -> str:
+    lines = [
+        f"// {_GENERATED}",
+        "digraph lifecycle {",
+        "    rankdir=LR;",
+        "    node [shape=box, style=rounded];",
+    ]
+    lines.append(f"    {State.FAILED.value} [color=red, fontcolor=red];")
+    for s, d, label in _edge_labels():
+        style = ", color=red, fontcolor=red" if d is State.FAILED else ""
+        lines.append(f'    {s.value} -> {d.value} [label="{label}"{style}];')
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def _plan_cell(row: Row, which: str) -> str:
+    plan = row.enter if which == "enter" else row.exit
+    return f"`{plan.name}`" if plan else "—"
+
+
+def reference_markdown() -> str:
+    """The transition table and the plans as markdown (diagrams/transitions.md, README)."""
+    out = [
+        f"<!-- {_GENERATED} -->",
+        "",
+        "| operation | from | hooks on entering | body runs in | hooks on leaving | to | when | what |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in TABLE:
+        body = "no-op" if row.noop else (row.body_state.value if row.body_state else "—")
+        if row.body_context:
+            body += f" (under `{row.body_context}`)"
+        out.append(
+            f"| `{row.operation}` | {row.source.value} | {_plan_cell(row, 'enter')} | {body} | "
+            f"{_plan_cell(row, 'exit')} | {row.dest.value} | {row.when.value} | {row.doc} |"
+        )
+    sources = ", ".join(s.value for s in FAIL_SOURCES)
+    out.append(
+        f"| any hook raises | {sources} | — | — | — | FAILED | always | record hooks and residency, "
+        "re-raise |"
+    )
+    out += [
+        "",
+        "Plans (each step runs only when its rule holds; memory steps skip tags already in the "
+        "target state):",
+        "",
+    ]
+    for plan in PLANS:
+        steps = " → ".join(f"`{h.value}`" for h in plan.steps)
+        out.append(f"- `{plan.name}`: {steps}. {plan.doc}.")
+    out += ["", "Hook rules:", ""]
+    out += [f"- `{hook.value}`: {rule}." for hook, rule in HOOK_RULES.items()]
+    return "\n".join(out) + "\n"
+
+
+def render(fmt: str, path: Path) -> Path:
+    """Write the diagram in `fmt` ("mermaid", "dot", "svg" or "png") to `path`."""
+    if fmt == "mermaid":
+        path.write_text(mermaid())
+    elif fmt == "dot":
+        path.write_text(dot())
+    elif fmt in ("svg", "png"):
+        exe = shutil.which("dot")
+        if exe is None:
+            raise RuntimeError(
+                f"rendering {fmt} needs graphviz's `dot` on PATH (apt-get install graphviz); "
+                "the mermaid text needs nothing: use --format mermaid"
+            )
+        subprocess.run([exe, f"-T{fmt}", "-o", str(path)], input=dot(), text=True, check=True)
+    else:
+        raise ValueError(f"unknown diagram format {fmt!r}; use mermaid, dot, svg or png")
+    return path
+
+
+def write_all(directory: Path) -> list[Path]:
+    """Regenerate the checked-in diagram files (and SVG/PNG when graphviz is installed)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    written = [
+        render("mermaid", directory / "lifecycle.mmd"),
+        render("dot", directory / "lifecycle.dot"),
+    ]
+    (directory / "transitions.md").write_text(reference_markdown())
+    written.append(directory / "transitions.md")
+    if shutil.which("dot"):
+        written += [render("svg", directory / "lifecycle.svg"), render("png", directory / "lifecycle.png")]
+    return written
+
+
+if __name__ == "__main__":
+    for written_path in write_all(Path(sys.argv[1] if len(sys.argv) > 1 else "diagrams")):
+        print(written_path)

@@ -1,0 +1,658 @@
+"""`Lifecycle`: the per-actor machine, built on `transitions` and driven by `lifecycle.table`."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar, runtime_checkable
+
+from transitions import Machine
+
+from lifecycle import events
+from lifecycle.errors import IllegalTransitionError, LifecycleFailedError
+from lifecycle.policy import LifecyclePolicy
+from lifecycle.table import (
+    ALL_TAGS,
+    BODY_OPERATIONS,
+    EDGES,
+    FAIL_SOURCES,
+    FAIL_TRIGGER,
+    LIFECYCLE_CALLS,
+    OPERATIONS,
+    Call,
+    Edge,
+    Groups,
+    Hook,
+    Residency,
+    Row,
+    State,
+    When,
+    allowed_operations,
+    apply_call,
+    body_ready,
+    mark_unknown,
+    plan_calls,
+    row_edges,
+    rows_for,
+    select_row,
+)
+
+T = TypeVar("T")
+
+
+@runtime_checkable
+class MemoryBackend(Protocol):
+    """torch_memory_saver's own interface: the real `torch_memory_saver` singleton fits as is."""
+
+    def pause(self, tag: str | None = None) -> None: ...
+
+    def resume(self, tag: str | None = None) -> None: ...
+
+    def disable(self) -> contextlib.AbstractContextManager[Any]: ...
+
+
+@runtime_checkable
+class ProcessGroupsBackend(Protocol):
+    def destroy(self) -> None: ...
+
+    def reload(self) -> None: ...
+
+
+@runtime_checkable
+class GenerationBackend(Protocol):
+    """A rollout engine's generation control: pause (and flush) before release, resume after wake."""
+
+    def pause(self) -> None: ...
+
+    def resume(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Failure:
+    """What the machine recorded when a hook raised."""
+
+    operation: str
+    state: State  # the state the failing edge left from
+    hook: str
+    tag: str | None
+    error: str
+    hooks: tuple[dict[str, Any], ...]  # the calls of the failing edge, in order, with ok flags
+    residency: Mapping[str, Residency]
+    groups: Groups | None
+    time: float = field(default_factory=time.time)
+
+
+class _Model:
+    """The object `transitions` drives; kept apart so its trigger methods don't crowd `Lifecycle`."""
+
+    state: str
+
+
+_INFO = events.LEVELS["info"]
+_WARNING = events.LEVELS["warning"]
+
+
+class Lifecycle:
+    """The lifecycle of one actor: state, per-tag residency, and the guarded hook plans.
+
+    Every operation takes one re-entrant lock, so calls from other threads wait. Calls to
+    `sleep()`/`wake_up()` made from inside a running body on the same thread are absorbed as
+    logged no-ops; any other nested call is refused.
+    """
+
+    def __init__(
+        self,
+        policy: LifecyclePolicy,
+        *,
+        memory: MemoryBackend,
+        process_groups: ProcessGroupsBackend | None = None,
+        routing_replay: Callable[[], Any] | None = None,
+        clear_memory: Callable[[], Any] | None = None,
+        switch_model: Callable[[str], Any] | None = None,
+        generation: GenerationBackend | None = None,
+        rank: int | None = None,
+        role: str | None = None,
+        initial: State = State.AWAKE,
+    ) -> None:
+        if not isinstance(policy, LifecyclePolicy):
+            raise TypeError(f"Lifecycle needs a LifecyclePolicy, got {type(policy).__name__}")
+        _require(
+            memory, "memory", ("pause", "resume", "disable"), "torch_memory_saver's pause/resume/disable"
+        )
+        _require(process_groups, "process_groups", ("destroy", "reload"), "destroy()/reload()")
+        _require(generation, "generation", ("pause", "resume"), "pause()/resume()")
+        for name, hook in (
+            ("routing_replay", routing_replay),
+            ("clear_memory", clear_memory),
+            ("switch_model", switch_model),
+        ):
+            if hook is not None and not callable(hook):
+                raise TypeError(f"Lifecycle: {name} must be a callable, got {type(hook).__name__}")
+        initial = State(initial)
+        if initial not in (State.AWAKE, State.PAUSED):
+            raise ValueError(f"Lifecycle: initial must be State.AWAKE or State.PAUSED, got {initial}")
+
+        self.policy = policy
+        self._view = policy.view()
+        self._tags = policy.tags
+        self._memory = memory
+        self._process_groups = process_groups
+        self._routing_replay = routing_replay
+        self._clear_memory = clear_memory
+        self._switch_model = switch_model
+        self._generation = generation
+        present = {Hook.MEMORY_PAUSE, Hook.MEMORY_RESUME}
+        if process_groups is not None:
+            present |= {Hook.PROCESS_GROUPS_DESTROY, Hook.PROCESS_GROUPS_RELOAD}
+        if generation is not None:
+            present |= {Hook.GENERATION_PAUSE, Hook.GENERATION_RESUME}
+        for hook_slot, given in (
+            (Hook.ROUTING_REPLAY_CLEAR, routing_replay),
+            (Hook.CLEAR_MEMORY, clear_memory),
+            (Hook.SWITCH_MODEL, switch_model),
+        ):
+            if given is not None:
+                present.add(hook_slot)
+        self._present = frozenset(present)
+
+        start = Residency.RESIDENT if initial is State.AWAKE else Residency.RELEASED
+        self._residency: dict[str, Residency] = dict.fromkeys(self._tags, start)
+        self._groups: Groups | None = None
+        if process_groups is not None:
+            destroyed = initial is State.PAUSED and policy.destroy_process_groups
+            self._groups = Groups.DESTROYED if destroyed else Groups.ALIVE
+        self._failure: Failure | None = None
+
+        self._lock = threading.RLock()
+        self._owner: int | None = None  # thread running an operation
+        self._running: str | None = None  # that operation
+        self._in_body = False
+        self._context: dict[str, Any] = {"rank": rank, "role": role}
+        self.step: int | None = None
+
+        self._model = _Model()
+        machine = Machine(
+            model=self._model,
+            states=[s.value for s in State],
+            initial=initial.value,
+            auto_transitions=False,
+        )
+        for edge in EDGES:
+            machine.add_transition(edge.trigger, edge.source.value, edge.dest.value)
+        for source in FAIL_SOURCES:
+            machine.add_transition(FAIL_TRIGGER, source.value, State.FAILED.value)
+        self._machine = machine
+        self._fire_event = {edge: machine.events[edge.trigger].trigger for edge in EDGES}
+        self._fail_event = machine.events[FAIL_TRIGGER].trigger
+        self._edges: dict[Row, tuple[Edge, ...]] = {}
+
+        self._emit(
+            "info",
+            "lifecycle.configured",
+            {
+                "policy": policy.to_dict(),
+                "hooks": sorted(h.value for h in self._present),
+                "state": initial,
+                "residency": self._residency_view(),
+                "groups": self._groups,
+            },
+        )
+
+    # ------------------------------------------------------------------ read-only views
+
+    @property
+    def state(self) -> State:
+        return State(self._model.state)
+
+    @property
+    def residency(self) -> dict[str, Residency]:
+        """Tag → resident / released / unknown. The key is "*" when the policy tracks all memory."""
+        return dict(self._residency)
+
+    @property
+    def groups(self) -> Groups | None:
+        """alive / destroyed / unknown, or None when the actor gave no process groups."""
+        return self._groups
+
+    @property
+    def failure(self) -> Failure | None:
+        return self._failure
+
+    @property
+    def hooks(self) -> frozenset[Hook]:
+        """The hook slots this actor supplied."""
+        return self._present
+
+    @property
+    def context(self) -> dict[str, Any]:
+        return {**self._context, "step": self.step}
+
+    def bind(self, **context: Any) -> None:
+        """Add fields (slot, engine id, ...) to every later event of this machine."""
+        self._context.update(context)
+
+    def may(self, operation: str, *, tags: Iterable[str] | None = None) -> bool:
+        """Whether `operation` would be accepted now (it may still fail in a hook)."""
+        _check_operation(operation)
+        state = self.state
+        if self._owner == threading.get_ident():
+            return self._in_body and operation in LIFECYCLE_CALLS
+        if state is State.FAILED:
+            return operation == "recover"
+        targets = self._targets(tags)
+        return select_row(operation, state, self._view, self._residency, targets) is not None
+
+    # ------------------------------------------------------------------ operations
+
+    def sleep(self, tags: Iterable[str] | None = None) -> None:
+        """Release memory (all tags, or the given ones). Idempotent."""
+        self._operate("sleep", tags, None, (), {}, None)
+
+    def wake_up(self, tags: Iterable[str] | None = None) -> None:
+        """Restore memory (all tags, or the given ones). Idempotent."""
+        self._operate("wake_up", tags, None, (), {}, None)
+
+    def run(self, operation: str, body: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        """Run `body(*args, **kwargs)` as `operation` ("train", "save", "sync", "generate")."""
+        if operation not in BODY_OPERATIONS:
+            raise ValueError(
+                f"Lifecycle.run: {operation!r} is not a body operation; use one of {list(BODY_OPERATIONS)} "
+                "(sleep/wake_up/recover have their own methods)"
+            )
+        if not callable(body):
+            raise TypeError(f"Lifecycle.run({operation!r}): body must be callable, got {type(body).__name__}")
+        result: T = self._operate(operation, None, body, args, kwargs, None)
+        return result
+
+    def recover(self, target: State = State.AWAKE) -> None:
+        """Leave FAILED for `target` (AWAKE or PAUSED), running only the hooks the residency needs."""
+        target = State(target)
+        if target not in (State.AWAKE, State.PAUSED):
+            raise ValueError(f"Lifecycle.recover: target must be State.AWAKE or State.PAUSED, got {target}")
+        self._operate("recover", None, None, (), {}, target)
+
+    # ------------------------------------------------------------------ engine
+
+    def _operate(
+        self,
+        operation: str,
+        tags: Iterable[str] | None,
+        body: Callable[..., Any] | None,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        recover_target: State | None,
+    ) -> Any:
+        targets = self._targets(tags)
+        with self._lock:
+            me = threading.get_ident()
+            if self._owner == me:
+                return self._nested(operation)
+            state = self.state
+            if state is State.FAILED and operation != "recover":
+                raise self._failed_error(operation)
+            if operation == "recover" and state is State.FAILED:
+                self._resolve_unknown()
+            row = select_row(operation, state, self._view, self._residency, targets, recover_target)
+            if row is None:
+                raise self._refusal(operation, state, targets, recover_target)
+            if row.noop:
+                self._emit(
+                    "info", "lifecycle.noop", {"operation": operation, "state": state, "reason": "idempotent"}
+                )
+                return None
+            self._owner, self._running = me, operation
+            try:
+                return self._execute(row, targets, body, args, kwargs)
+            finally:
+                self._owner = self._running = None
+
+    def _execute(
+        self,
+        row: Row,
+        targets: tuple[str, ...],
+        body: Callable[..., Any] | None,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        edges = self._edges.get(row)
+        if edges is None:
+            edges = self._edges[row] = row_edges(row)
+        if row.body_state is None:
+            self._fire(edges[0], targets)
+            if row.operation == "recover":
+                self._failure = None
+            return None
+        assert body is not None
+        enter = next((e for e in edges if e.phase == "enter"), None)
+        exit_ = next((e for e in edges if e.phase == "exit"), None)
+        if enter is not None:
+            self._fire(enter, self._tags)
+        if not body_ready(row.operation, self._view, self._residency):
+            # The table guarantees this; reaching here means a table bug, not a user error.
+            raise AssertionError(f"{row.operation} body would run on released memory: {self._residency}")
+        t0, p0 = time.time(), time.perf_counter()
+        self._in_body = True
+        try:
+            context = (
+                self._memory.disable() if row.body_context == "memory.disable" else contextlib.nullcontext()
+            )
+            with context:
+                result = body(*args, **kwargs)
+        except BaseException as exc:
+            self._in_body = False
+            self._emit(
+                "error",
+                "lifecycle.body",
+                {
+                    "operation": row.operation,
+                    "state": row.body_state,
+                    "t": t0,
+                    "duration_ms": round((time.perf_counter() - p0) * 1e3, 4),
+                    "ok": False,
+                    "error": repr(exc),
+                },
+            )
+            if exit_ is not None:
+                # Leave SAVING/SYNCING (and re-pause) even when the body failed.
+                self._fire(exit_, self._tags)
+            raise
+        self._in_body = False
+        self._emit(
+            "info",
+            "lifecycle.body",
+            {
+                "operation": row.operation,
+                "state": row.body_state,
+                "t": t0,
+                "duration_ms": round((time.perf_counter() - p0) * 1e3, 4),
+                "ok": True,
+            },
+        )
+        if exit_ is not None:
+            self._fire(exit_, self._tags)
+        return result
+
+    def _fire(self, edge: Edge, targets: tuple[str, ...]) -> None:
+        """Run the edge's plan, then let `transitions` move the state."""
+        calls = (
+            plan_calls(edge.plan, self._view, self._residency, self._groups, targets, self._present)
+            if edge.plan is not None
+            else ()
+        )
+        records: list[tuple[Call, float, bool]] = []
+        t0, p0 = time.time(), time.perf_counter()
+        for call in calls:
+            c0 = time.perf_counter()
+            try:
+                self._invoke(call)
+            except BaseException as exc:
+                records.append((call, (time.perf_counter() - c0) * 1e3, False))
+                self._groups = mark_unknown(call, self._residency, self._groups)
+                self._enter_failed(edge, call, records, exc)
+                raise
+            records.append((call, (time.perf_counter() - c0) * 1e3, True))
+            self._groups = apply_call(call, self._residency, self._groups)
+        self._fire_event[edge](self._model)
+        if events.enabled(_INFO):
+            self._emit(
+                "info",
+                "lifecycle.transition",
+                {
+                    "src": edge.source,
+                    "dst": edge.dest,
+                    "operation": edge.operation,
+                    "phase": edge.phase,
+                    "t": t0,
+                    "duration_ms": round((time.perf_counter() - p0) * 1e3, 4),
+                    "hooks": _hook_dicts(records),
+                    "residency": self._residency_view(),
+                    "groups": self._groups,
+                },
+            )
+
+    def _invoke(self, call: Call) -> None:
+        hook = call.hook
+        if hook is Hook.MEMORY_PAUSE:
+            self._memory.pause(tag=None if call.tag == ALL_TAGS else call.tag)
+        elif hook is Hook.MEMORY_RESUME:
+            self._memory.resume(tag=None if call.tag == ALL_TAGS else call.tag)
+        elif hook is Hook.PROCESS_GROUPS_DESTROY:
+            assert self._process_groups is not None
+            self._process_groups.destroy()
+        elif hook is Hook.PROCESS_GROUPS_RELOAD:
+            assert self._process_groups is not None
+            self._process_groups.reload()
+        elif hook is Hook.CLEAR_MEMORY:
+            assert self._clear_memory is not None
+            self._clear_memory()
+        elif hook is Hook.ROUTING_REPLAY_CLEAR:
+            assert self._routing_replay is not None
+            self._routing_replay()
+        elif hook is Hook.SWITCH_MODEL:
+            assert self._switch_model is not None and self.policy.model_tag is not None
+            self._switch_model(self.policy.model_tag)
+        elif hook is Hook.GENERATION_PAUSE:
+            assert self._generation is not None
+            self._generation.pause()
+        elif hook is Hook.GENERATION_RESUME:
+            assert self._generation is not None
+            self._generation.resume()
+        else:  # pragma: no cover - the enum is closed
+            raise AssertionError(f"unhandled hook {hook}")
+
+    def _enter_failed(
+        self, edge: Edge, call: Call, records: list[tuple[Call, float, bool]], exc: BaseException
+    ) -> None:
+        self._failure = Failure(
+            operation=edge.operation,
+            state=edge.source,
+            hook=call.hook.value,
+            tag=call.tag,
+            error=repr(exc),
+            hooks=tuple(_hook_dicts(records)),
+            residency=dict(self._residency),
+            groups=self._groups,
+        )
+        self._in_body = False
+        self._fail_event(self._model)
+        self._emit(
+            "error",
+            "lifecycle.failed",
+            {
+                "operation": edge.operation,
+                "src": edge.source,
+                "dst": State.FAILED,
+                "phase": edge.phase,
+                "hook": call.hook.value,
+                "tag": call.tag,
+                "error": repr(exc),
+                "hooks": list(self._failure.hooks),
+                "residency": self._residency_view(),
+                "groups": self._groups,
+            },
+        )
+
+    def _resolve_unknown(self) -> None:
+        """Ask the backends what a failed hook left behind; never guess (vLLM's rule)."""
+        resolved: dict[str, Any] = {}
+        for tag, residency in self._residency.items():
+            if residency is not Residency.UNKNOWN:
+                continue
+            query = getattr(self._memory, "is_paused", None)
+            if query is None:
+                raise self._failed_error(
+                    "recover",
+                    f"the residency of tag {tag!r} is unknown (its hook raised) and the memory backend has no "
+                    "is_paused(tag) to ask; resuming a resident tag or pausing a released one kills the "
+                    "process under torch_memory_saver, so restart this actor instead",
+                )
+            paused = query(None if tag == ALL_TAGS else tag)
+            self._residency[tag] = Residency.RELEASED if paused else Residency.RESIDENT
+            resolved[tag] = self._residency[tag]
+        if self._groups is Groups.UNKNOWN:
+            query = getattr(self._process_groups, "is_alive", None)
+            if query is None:
+                raise self._failed_error(
+                    "recover",
+                    "the process groups' state is unknown (their hook raised) and the process-group backend "
+                    "has no is_alive() to ask; restart this actor instead",
+                )
+            self._groups = Groups.ALIVE if query() else Groups.DESTROYED
+            resolved["process_groups"] = self._groups
+        if resolved:
+            self._emit("info", "lifecycle.resolved", {"resolved": resolved})
+
+    def _nested(self, operation: str) -> None:
+        running = self._running
+        if self._in_body and operation in LIFECYCLE_CALLS:
+            self._emit(
+                "info",
+                "lifecycle.noop",
+                {"operation": operation, "state": self.state, "reason": f"nested in {running}"},
+            )
+            return None
+        state = self.state
+        where = "body" if self._in_body else "hooks"
+        error = IllegalTransitionError(
+            f"cannot {operation} while {running} is running on this thread (state {state}, inside its {where}); "
+            f"only sleep()/wake_up() are absorbed there. Call {operation} after {running} returns.",
+            state=state,
+            operation=operation,
+            allowed=LIFECYCLE_CALLS if self._in_body else (),
+        )
+        self._emit(
+            "warning", "lifecycle.refused", {"operation": operation, "state": state, "reason": str(error)}
+        )
+        raise error
+
+    # ------------------------------------------------------------------ errors
+
+    def _failed_error(self, operation: str, reason: str | None = None) -> LifecycleFailedError:
+        failure = self._failure
+        hook = failure.hook if failure else "unknown"
+        tag = f"[{failure.tag}]" if failure and failure.tag else ""
+        error = failure.error if failure else ""
+        what = (
+            f"{self._who()} is FAILED since hook {hook}{tag} raised {error} during {failure.operation} "
+            f"from {failure.state}"
+            if failure
+            else f"{self._who()} is FAILED"
+        )
+        advice = reason or (
+            f"{operation} is refused until recover(target=State.AWAKE) or recover(target=State.PAUSED) "
+            "succeeds"
+        )
+        self._emit(
+            "warning", "lifecycle.refused", {"operation": operation, "state": State.FAILED, "reason": advice}
+        )
+        return LifecycleFailedError(
+            f"{what}; residency {self._residency_view()}, groups {self._groups and self._groups.value}. {advice}.",
+            hook=hook,
+            operation=operation,
+            residency=self._residency,
+            groups=self._groups,
+            error=error,
+        )
+
+    def _refusal(
+        self, operation: str, state: State, targets: tuple[str, ...], recover_target: State | None
+    ) -> IllegalTransitionError:
+        allowed = allowed_operations(state)
+        reasons = [
+            _GUARD_ADVICE.get(row.when, f"needs {row.when.value}") for row in rows_for(operation, state)
+        ]
+        if operation == "sync" and When.SYNC_TAGS_RESIDENT in [r.when for r in rows_for(operation, state)]:
+            released = [t for t in self._view.sync_requires if self._residency[t] is not Residency.RESIDENT]
+            reasons = [
+                f"the sync body writes into {released}, which are released; "
+                f"call wake_up(tags={released}) first"
+            ]
+        if not reasons:
+            if operation == "recover":
+                reasons = [
+                    f"recover is only legal from FAILED and the machine is {state}; nothing to recover"
+                ]
+            elif state is State.PAUSED:
+                reasons = ["call wake_up() first"]
+            else:
+                reasons = [f"legal from {state}: {list(allowed)}"]
+        message = f"{self._who()} cannot {operation} from {state}: " + "; ".join(dict.fromkeys(reasons))
+        self._emit(
+            "warning", "lifecycle.refused", {"operation": operation, "state": state, "reason": message}
+        )
+        return IllegalTransitionError(message, state=state, operation=operation, allowed=allowed)
+
+    def _targets(self, tags: Iterable[str] | None) -> tuple[str, ...]:
+        if tags is None:
+            return self._tags
+        if isinstance(tags, str):
+            tags = (tags,)
+        given = tuple(dict.fromkeys(tags))
+        if self.policy.memory_tags is None:
+            raise ValueError(
+                f"tags={list(given)} given, but this policy tracks all memory as one unit (memory_tags=None); "
+                "call without tags, or list the tags in LifecyclePolicy.memory_tags"
+            )
+        unknown = [t for t in given if t not in self._tags]
+        if unknown:
+            raise ValueError(f"unknown memory tags {unknown}; this actor's tags are {list(self._tags)}")
+        if not given:
+            raise ValueError("tags=() names no tag; pass None for all tags")
+        return tuple(t for t in self._tags if t in given)
+
+    # ------------------------------------------------------------------ logging
+
+    def _who(self) -> str:
+        rank, role = self._context.get("rank"), self._context.get("role")
+        parts = [p for p in (role, None if rank is None else f"rank {rank}") if p]
+        return f"lifecycle of {' '.join(parts)}" if parts else "lifecycle"
+
+    def _residency_view(self) -> dict[str, str]:
+        return {tag: r.value for tag, r in self._residency.items()}
+
+    def _emit(self, level: str, event: str, fields: dict[str, Any]) -> None:
+        if events.enabled(events.LEVELS[level]):
+            events.emit(level, event, {**self._context, "step": self.step, **fields})
+
+    def __repr__(self) -> str:
+        return (
+            f"<Lifecycle {self._who()} {self.state} residency={self._residency_view()} groups={self._groups}>"
+        )
+
+
+_GUARD_ADVICE: dict[When, str] = {
+    When.AUTO_WAKE: "the policy has auto_wake=False; call wake_up() first",
+    When.AUTO_WAKE_OFFLOAD: "the policy has auto_wake=False; call wake_up() first",
+    When.AUTO_WAKE_NO_OFFLOAD: "the policy has auto_wake=False; call wake_up() first",
+    When.TARGET_AWAKE: "recover needs target=State.AWAKE or State.PAUSED",
+    When.TARGET_PAUSED: "recover needs target=State.AWAKE or State.PAUSED",
+}
+
+
+def _hook_dicts(records: list[tuple[Call, float, bool]]) -> list[dict[str, Any]]:
+    out = []
+    for call, ms, ok in records:
+        entry: dict[str, Any] = {"name": call.hook.value, "ms": round(ms, 4), "ok": ok}
+        if call.tag is not None:
+            entry["tag"] = call.tag
+        out.append(entry)
+    return out
+
+
+def _check_operation(operation: str) -> None:
+    if operation not in OPERATIONS:
+        raise ValueError(f"unknown operation {operation!r}; operations are {list(OPERATIONS)}")
+
+
+def _require(obj: object, name: str, methods: tuple[str, ...], what: str) -> None:
+    if obj is None and name != "memory":
+        return
+    missing = [m for m in methods if not callable(getattr(obj, m, None))]
+    if missing:
+        raise TypeError(
+            f"Lifecycle: {name} must provide {what}; {type(obj).__name__} lacks {missing}"
+            + (". For machines without CUDA pass actor_integration.NoopMemory()" if name == "memory" else "")
+        )

@@ -1,0 +1,460 @@
+"""The transition table: the one source of truth for states, operations, hook plans and guards.
+
+The machine (`lifecycle.machine`), the diagrams (`lifecycle.diagram`) and the log checker all read
+this module; nothing else restates which operation may run where or which hooks run in which order.
+Everything here is plain data plus pure functions over it.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import NamedTuple
+
+
+class State(str, enum.Enum):
+    """Macro state of one actor."""
+
+    AWAKE = "AWAKE"
+    PAUSED = "PAUSED"
+    SAVING = "SAVING"
+    SYNCING = "SYNCING"
+    FAILED = "FAILED"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Residency(str, enum.Enum):
+    """What the machine knows about one memory tag."""
+
+    RESIDENT = "resident"
+    RELEASED = "released"
+    UNKNOWN = "unknown"  # a hook touching it raised: never guess (vLLM's rule)
+
+
+class Groups(str, enum.Enum):
+    """What the machine knows about the actor's process groups."""
+
+    ALIVE = "alive"
+    DESTROYED = "destroyed"
+    UNKNOWN = "unknown"
+
+
+# The residency key used when the policy tracks all memory as one unit (`memory_tags=None`):
+# the backend is then called with `tag=None`, which torch_memory_saver reads as "every tag".
+ALL_TAGS = "*"
+
+
+class Hook(str, enum.Enum):
+    """The hook slots a plan can call, named as they appear in logs and in `--inject-fault`."""
+
+    GENERATION_PAUSE = "generation.pause"
+    ROUTING_REPLAY_CLEAR = "routing_replay.clear"
+    CLEAR_MEMORY = "clear_memory"
+    PROCESS_GROUPS_DESTROY = "process_groups.destroy"
+    MEMORY_PAUSE = "memory.pause"
+    MEMORY_RESUME = "memory.resume"
+    PROCESS_GROUPS_RELOAD = "process_groups.reload"
+    SWITCH_MODEL = "switch_model"
+    GENERATION_RESUME = "generation.resume"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# When each hook runs inside a plan. The machine and the checker both call `plan_calls`,
+# which applies exactly these rules; the strings are for the generated docs.
+HOOK_RULES: Mapping[Hook, str] = {
+    Hook.GENERATION_PAUSE: "if a generation hook is given (rollout: pause generation, flush cache)",
+    Hook.ROUTING_REPLAY_CLEAR: "if `use_routing_replay` and a routing-replay hook is given",
+    Hook.CLEAR_MEMORY: "if a clear-memory hook is given",
+    Hook.PROCESS_GROUPS_DESTROY: "if `destroy_process_groups` and the groups are alive",
+    Hook.MEMORY_PAUSE: "once per targeted tag that is resident, in policy order",
+    Hook.MEMORY_RESUME: "once per targeted tag that is released, in policy order",
+    Hook.PROCESS_GROUPS_RELOAD: "if the groups are destroyed",
+    Hook.SWITCH_MODEL: "if `model_tag` is set and a switch-model hook is given",
+    Hook.GENERATION_RESUME: "if a generation hook is given (rollout: continue generation)",
+}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """An ordered list of hook slots run on one edge."""
+
+    name: str
+    steps: tuple[Hook, ...]
+    doc: str
+
+
+SLEEP = Plan(
+    "sleep",
+    (
+        Hook.GENERATION_PAUSE,
+        Hook.ROUTING_REPLAY_CLEAR,  # caches hold device tensors: clear before the pause (slime)
+        Hook.CLEAR_MEMORY,
+        Hook.PROCESS_GROUPS_DESTROY,  # NCCL communicators hold GPU memory too
+        Hook.MEMORY_PAUSE,
+    ),
+    "release memory: stop generation, clear caches, destroy process groups, pause tags",
+)
+WAKE = Plan(
+    "wake",
+    (
+        Hook.MEMORY_RESUME,
+        Hook.CLEAR_MEMORY,
+        Hook.PROCESS_GROUPS_RELOAD,
+        Hook.SWITCH_MODEL,  # the active model tag is lost with the paused weights (slime)
+        Hook.GENERATION_RESUME,
+    ),
+    "restore memory: resume tags, reload process groups, restore the model tag",
+)
+PARTIAL_WAKE = Plan(
+    "partial_wake",
+    (Hook.MEMORY_RESUME,),
+    "resume some tags only (rollout: weights before a sync, kv cache after)",
+)
+GROUPS_UP = Plan(
+    "groups_up",
+    (Hook.PROCESS_GROUPS_RELOAD,),
+    "reload process groups for a weight sync while model memory stays paused",
+)
+GROUPS_DOWN = Plan(
+    "groups_down",
+    (Hook.PROCESS_GROUPS_DESTROY,),
+    "destroy the process groups reloaded for the sync",
+)
+
+PLANS: tuple[Plan, ...] = (SLEEP, WAKE, PARTIAL_WAKE, GROUPS_UP, GROUPS_DOWN)
+
+
+class When(str, enum.Enum):
+    """Row guards. `guard_holds` evaluates them; the strings are for docs and error messages."""
+
+    ALWAYS = "always"
+    OFFLOAD = "offload_train"
+    NO_OFFLOAD = "not offload_train"
+    AUTO_WAKE_OFFLOAD = "auto_wake and offload_train"
+    AUTO_WAKE_NO_OFFLOAD = "auto_wake and not offload_train"
+    AUTO_WAKE = "auto_wake"
+    SOME_RESIDENT = "a targeted tag is resident"
+    ALL_RELEASED = "every targeted tag is released"
+    COMPLETES = "all tags resident afterwards"
+    PARTIAL = "some tag stays released"
+    SYNC_TAGS_RESIDENT = "the tags in sync_requires are resident"
+    TARGET_AWAKE = "target=AWAKE"
+    TARGET_PAUSED = "target=PAUSED"
+
+
+class Row(NamedTuple):
+    """One legal (operation, source) pair.
+
+    `enter` runs on the edge source → `body_state`, the operation's body (if any) runs in
+    `body_state`, and `exit` runs on the edge `body_state` → dest. Rows without a body have
+    `body_state=None` and a single edge source → dest carrying `enter`.
+    """
+
+    operation: str
+    source: State
+    dest: State
+    enter: Plan | None = None
+    body_state: State | None = None
+    exit: Plan | None = None
+    when: When = When.ALWAYS
+    noop: bool = False
+    body_context: str | None = None  # "memory.disable": the body allocates outside saver regions
+    doc: str = ""
+
+
+S = State
+TABLE: tuple[Row, ...] = (
+    Row("sleep", S.AWAKE, S.PAUSED, enter=SLEEP, doc="release memory"),
+    Row(
+        "sleep",
+        S.PAUSED,
+        S.PAUSED,
+        enter=SLEEP,
+        when=When.SOME_RESIDENT,
+        doc="release the targeted tags that a partial wake left resident",
+    ),
+    Row(
+        "sleep",
+        S.PAUSED,
+        S.PAUSED,
+        noop=True,
+        when=When.ALL_RELEASED,
+        doc="idempotent: a second sleep is a logged no-op (slime #1895: TMS would exit(1))",
+    ),
+    Row("wake_up", S.PAUSED, S.AWAKE, enter=WAKE, when=When.COMPLETES, doc="restore memory"),
+    Row(
+        "wake_up", S.PAUSED, S.PAUSED, enter=PARTIAL_WAKE, when=When.PARTIAL, doc="resume only the given tags"
+    ),
+    Row("wake_up", S.AWAKE, S.AWAKE, noop=True, doc="idempotent: already awake"),
+    Row("train", S.AWAKE, S.AWAKE, body_state=S.AWAKE, when=When.NO_OFFLOAD, doc="train step"),
+    Row(
+        "train",
+        S.AWAKE,
+        S.PAUSED,
+        body_state=S.AWAKE,
+        exit=SLEEP,
+        when=When.OFFLOAD,
+        doc="train step, then sleep (slime offload_train, #1856)",
+    ),
+    Row(
+        "train",
+        S.PAUSED,
+        S.AWAKE,
+        enter=WAKE,
+        body_state=S.AWAKE,
+        when=When.AUTO_WAKE_NO_OFFLOAD,
+        doc="auto-wake, train step",
+    ),
+    Row(
+        "train",
+        S.PAUSED,
+        S.PAUSED,
+        enter=WAKE,
+        body_state=S.AWAKE,
+        exit=SLEEP,
+        when=When.AUTO_WAKE_OFFLOAD,
+        doc="auto-wake, train step, sleep again",
+    ),
+    Row("generate", S.AWAKE, S.AWAKE, body_state=S.AWAKE, doc="serve requests (rollout)"),
+    Row("save", S.AWAKE, S.AWAKE, body_state=S.SAVING, doc="checkpoint on resident memory"),
+    Row(
+        "save",
+        S.PAUSED,
+        S.PAUSED,
+        enter=WAKE,
+        body_state=S.SAVING,
+        exit=SLEEP,
+        when=When.AUTO_WAKE,
+        doc="resume memory and groups, checkpoint, pause again (slime #1886/#1888)",
+    ),
+    Row("sync", S.AWAKE, S.AWAKE, body_state=S.SYNCING, body_context="memory.disable", doc="weight update"),
+    Row(
+        "sync",
+        S.PAUSED,
+        S.PAUSED,
+        enter=GROUPS_UP,
+        body_state=S.SYNCING,
+        exit=GROUPS_DOWN,
+        when=When.SYNC_TAGS_RESIDENT,
+        body_context="memory.disable",
+        doc="weight update with model memory paused: groups up for the duration (slime colocate)",
+    ),
+    Row(
+        "recover",
+        S.FAILED,
+        S.AWAKE,
+        enter=WAKE,
+        when=When.TARGET_AWAKE,
+        doc="re-run only the wake hooks the recorded residency still needs",
+    ),
+    Row(
+        "recover",
+        S.FAILED,
+        S.PAUSED,
+        enter=SLEEP,
+        when=When.TARGET_PAUSED,
+        doc="re-run only the sleep hooks the recorded residency still needs",
+    ),
+)
+del S
+
+# Any hook that raises moves the machine here, from every state that runs hooks.
+FAIL_SOURCES: tuple[State, ...] = (State.AWAKE, State.PAUSED, State.SAVING, State.SYNCING, State.FAILED)
+
+OPERATIONS: tuple[str, ...] = tuple(dict.fromkeys(row.operation for row in TABLE))
+BODY_OPERATIONS: tuple[str, ...] = tuple(dict.fromkeys(r.operation for r in TABLE if r.body_state))
+LIFECYCLE_CALLS: tuple[str, ...] = ("sleep", "wake_up")  # absorbed when nested inside a body
+
+
+class Edge(NamedTuple):
+    """A state change the machine can make; derived from the rows."""
+
+    source: State
+    dest: State
+    operation: str
+    phase: str  # "move" (no body), "enter" or "exit"
+    plan: Plan | None
+
+    @property
+    def trigger(self) -> str:
+        return f"{self.operation}.{self.phase}:{self.source.value}>{self.dest.value}"
+
+
+def row_edges(row: Row) -> tuple[Edge, ...]:
+    """The edges one row fires, in order. A body run in its source state fires no enter edge."""
+    if row.noop:
+        return ()
+    if row.body_state is None:
+        return (Edge(row.source, row.dest, row.operation, "move", row.enter),)
+    edges = []
+    if row.body_state != row.source or row.enter is not None:
+        edges.append(Edge(row.source, row.body_state, row.operation, "enter", row.enter))
+    if row.body_state != row.dest or row.exit is not None:
+        edges.append(Edge(row.body_state, row.dest, row.operation, "exit", row.exit))
+    return tuple(edges)
+
+
+EDGES: tuple[Edge, ...] = tuple(dict.fromkeys(e for row in TABLE for e in row_edges(row)))
+FAIL_TRIGGER = "fail"
+
+
+def rows_for(operation: str, source: State) -> tuple[Row, ...]:
+    return tuple(r for r in TABLE if r.operation == operation and r.source == source)
+
+
+def allowed_operations(source: State) -> tuple[str, ...]:
+    """Operations with at least one row from `source` (their guards may still refuse)."""
+    return tuple(dict.fromkeys(r.operation for r in TABLE if r.source == source))
+
+
+# ----------------------------------------------------------------------------------------------
+# Pure evaluation, shared by the machine and the log checker.
+
+
+@dataclass(frozen=True)
+class PolicyView:
+    """The policy fields the table reads. `LifecyclePolicy` and logged policies both provide them."""
+
+    offload_train: bool
+    auto_wake: bool
+    use_routing_replay: bool
+    destroy_process_groups: bool
+    model_tag: str | None
+    sync_requires: tuple[str, ...]
+
+
+def guard_holds(
+    when: When,
+    policy: PolicyView,
+    memory: Mapping[str, Residency],
+    targets: Iterable[str],
+    recover_target: State | None = None,
+) -> bool:
+    targets = tuple(targets)
+    if when is When.ALWAYS:
+        return True
+    if when is When.OFFLOAD:
+        return policy.offload_train
+    if when is When.NO_OFFLOAD:
+        return not policy.offload_train
+    if when is When.AUTO_WAKE:
+        return policy.auto_wake
+    if when is When.AUTO_WAKE_OFFLOAD:
+        return policy.auto_wake and policy.offload_train
+    if when is When.AUTO_WAKE_NO_OFFLOAD:
+        return policy.auto_wake and not policy.offload_train
+    if when is When.SOME_RESIDENT:
+        return any(memory[t] is not Residency.RELEASED for t in targets)
+    if when is When.ALL_RELEASED:
+        return all(memory[t] is Residency.RELEASED for t in targets)
+    if when is When.COMPLETES:
+        return all(t in targets or r is Residency.RESIDENT for t, r in memory.items())
+    if when is When.PARTIAL:
+        return not all(t in targets or r is Residency.RESIDENT for t, r in memory.items())
+    if when is When.SYNC_TAGS_RESIDENT:
+        return all(memory[t] is Residency.RESIDENT for t in policy.sync_requires)
+    if when is When.TARGET_AWAKE:
+        return recover_target is State.AWAKE
+    if when is When.TARGET_PAUSED:
+        return recover_target is State.PAUSED
+    raise AssertionError(f"unhandled guard {when!r}")
+
+
+def select_row(
+    operation: str,
+    source: State,
+    policy: PolicyView,
+    memory: Mapping[str, Residency],
+    targets: Iterable[str],
+    recover_target: State | None = None,
+) -> Row | None:
+    """The first row for (operation, source) whose guard holds, or None."""
+    targets = tuple(targets)
+    for row in rows_for(operation, source):
+        if guard_holds(row.when, policy, memory, targets, recover_target):
+            return row
+    return None
+
+
+class Call(NamedTuple):
+    """One hook invocation inside a plan; `tag` is set for memory calls only."""
+
+    hook: Hook
+    tag: str | None = None
+
+
+def plan_calls(
+    plan: Plan,
+    policy: PolicyView,
+    memory: Mapping[str, Residency],
+    groups: Groups | None,
+    targets: Iterable[str],
+    present: frozenset[Hook],
+) -> list[Call]:
+    """The exact hook calls `plan` makes from the given residency.
+
+    `present` names the hook slots the actor supplied; memory is always present. Steps whose
+    resource is already in the target state are skipped, which is what makes a second sleep
+    harmless and lets `recover` re-run only what the recorded residency still needs.
+    """
+    targets = tuple(targets)
+    calls: list[Call] = []
+    for hook in plan.steps:
+        if hook is Hook.MEMORY_PAUSE:
+            calls.extend(Call(hook, t) for t in targets if memory[t] is Residency.RESIDENT)
+        elif hook is Hook.MEMORY_RESUME:
+            calls.extend(Call(hook, t) for t in targets if memory[t] is Residency.RELEASED)
+        elif hook not in present:
+            continue
+        elif hook is Hook.ROUTING_REPLAY_CLEAR:
+            if policy.use_routing_replay:
+                calls.append(Call(hook))
+        elif hook is Hook.PROCESS_GROUPS_DESTROY:
+            if policy.destroy_process_groups and groups is Groups.ALIVE:
+                calls.append(Call(hook))
+        elif hook is Hook.PROCESS_GROUPS_RELOAD:
+            if groups is Groups.DESTROYED:
+                calls.append(Call(hook))
+        elif hook is Hook.SWITCH_MODEL:
+            if policy.model_tag is not None:
+                calls.append(Call(hook))
+        else:
+            calls.append(Call(hook))
+    return calls
+
+
+def apply_call(call: Call, memory: dict[str, Residency], groups: Groups | None) -> Groups | None:
+    """Update `memory` in place for a call that returned normally; return the new groups state."""
+    if call.hook is Hook.MEMORY_PAUSE:
+        assert call.tag is not None
+        memory[call.tag] = Residency.RELEASED
+    elif call.hook is Hook.MEMORY_RESUME:
+        assert call.tag is not None
+        memory[call.tag] = Residency.RESIDENT
+    elif call.hook is Hook.PROCESS_GROUPS_DESTROY:
+        return Groups.DESTROYED
+    elif call.hook is Hook.PROCESS_GROUPS_RELOAD:
+        return Groups.ALIVE
+    return groups
+
+
+def mark_unknown(call: Call, memory: dict[str, Residency], groups: Groups | None) -> Groups | None:
+    """Update `memory` in place for a call that raised; return the new groups state."""
+    if call.hook in (Hook.MEMORY_PAUSE, Hook.MEMORY_RESUME):
+        assert call.tag is not None
+        memory[call.tag] = Residency.UNKNOWN
+    elif call.hook in (Hook.PROCESS_GROUPS_DESTROY, Hook.PROCESS_GROUPS_RELOAD):
+        return Groups.UNKNOWN
+    return groups
+
+
+def body_ready(operation: str, policy: PolicyView, memory: Mapping[str, Residency]) -> bool:
+    """Whether the memory an operation's body touches is resident (never run a body on released memory)."""
+    if operation == "sync":
+        return all(memory[t] is Residency.RESIDENT for t in policy.sync_requires)
+    return all(r is Residency.RESIDENT for r in memory.values())
