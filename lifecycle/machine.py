@@ -234,6 +234,10 @@ class Lifecycle:
         """Add fields (slot, engine id, ...) to every later event of this machine."""
         self._context.update(context)
 
+    def event(self, name: str, level: str = "info", **fields: Any) -> None:
+        """Log an event of a layer above the machine (weight sync, demo) with this actor's context."""
+        self._emit(level, name, fields)
+
     def may(self, operation: str, *, tags: Iterable[str] | None = None) -> bool:
         """Whether `operation` would be accepted now (it may still fail in a hook)."""
         _check_operation(operation)
