@@ -395,7 +395,7 @@ class Lifecycle:
             except BaseException as exc:
                 records.append((call, (time.perf_counter() - c0) * 1e3, False))
                 self._groups = mark_unknown(call, self._residency, self._groups)
-                self._enter_failed(edge, call, records, exc)
+                self._enter_failed(edge, call, records, exc, targets)
                 raise
             records.append((call, (time.perf_counter() - c0) * 1e3, True))
             self._groups = apply_call(call, self._residency, self._groups)
@@ -409,6 +409,7 @@ class Lifecycle:
                     "dst": edge.dest,
                     "operation": edge.operation,
                     "phase": edge.phase,
+                    "targets": list(targets),
                     "t": t0,
                     "duration_ms": round((time.perf_counter() - p0) * 1e3, 4),
                     "hooks": _hook_dicts(records),
@@ -448,7 +449,12 @@ class Lifecycle:
             raise AssertionError(f"unhandled hook {hook}")
 
     def _enter_failed(
-        self, edge: Edge, call: Call, records: list[tuple[Call, float, bool]], exc: BaseException
+        self,
+        edge: Edge,
+        call: Call,
+        records: list[tuple[Call, float, bool]],
+        exc: BaseException,
+        targets: tuple[str, ...],
     ) -> None:
         self._failure = Failure(
             operation=edge.operation,
@@ -470,6 +476,7 @@ class Lifecycle:
                 "src": edge.source,
                 "dst": State.FAILED,
                 "phase": edge.phase,
+                "targets": list(targets),
                 "hook": call.hook.value,
                 "tag": call.tag,
                 "error": repr(exc),
