@@ -1,6 +1,7 @@
 """Diagrams and docs generated from `lifecycle.table`: mermaid and DOT text, a markdown reference.
 
-`python -m lifecycle.diagram [DIR]` (or `make diagrams`) rewrites the checked-in files; a test fails
+`python -m lifecycle.diagram [DIR [README]]` (or `make diagrams`) rewrites the checked-in files and
+the README's generated section; a test fails
 when they differ from what the table generates. SVG and PNG are rendered when graphviz's `dot`
 is installed.
 """
@@ -124,6 +125,24 @@ def render(fmt: str, path: Path) -> Path:
     return path
 
 
+def readme_block() -> str:
+    """The README's generated diagram section."""
+    return "```mermaid\n" + mermaid().split("\n", 1)[1] + "```\n"
+
+
+def update_readme(path: Path) -> bool:
+    """Replace the text between the README's generated-diagram markers; True if it changed."""
+    text = path.read_text()
+    begin, end = "<!-- BEGIN GENERATED: diagram -->\n", "<!-- END GENERATED: diagram -->"
+    if begin not in text or end not in text:
+        raise ValueError(f"{path} has no {begin.strip()} ... {end} markers")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    new = head + begin + readme_block() + end + tail
+    path.write_text(new)
+    return new != text
+
+
 def write_all(directory: Path) -> list[Path]:
     """Regenerate the checked-in diagram files (and SVG/PNG when graphviz is installed)."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -141,3 +160,6 @@ def write_all(directory: Path) -> list[Path]:
 if __name__ == "__main__":
     for written_path in write_all(Path(sys.argv[1] if len(sys.argv) > 1 else "diagrams")):
         print(written_path)
+    if len(sys.argv) > 2:
+        update_readme(Path(sys.argv[2]))
+        print(sys.argv[2])

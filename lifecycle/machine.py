@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -88,10 +89,13 @@ class Failure:
 class _Model:
     """The object `transitions` drives; kept apart so its trigger methods don't crowd `Lifecycle`."""
 
-    state: str
+    state: State
 
 
 _INFO = events.LEVELS["info"]
+_RESOURCE_HOOKS = frozenset(
+    {Hook.MEMORY_PAUSE, Hook.MEMORY_RESUME, Hook.PROCESS_GROUPS_DESTROY, Hook.PROCESS_GROUPS_RELOAD}
+)
 _WARNING = events.LEVELS["warning"]
 
 
@@ -176,18 +180,20 @@ class Lifecycle:
         self._model = _Model()
         machine = Machine(
             model=self._model,
-            states=[s.value for s in State],
-            initial=initial.value,
+            states=State,
+            initial=initial,
             auto_transitions=False,
         )
         for edge in EDGES:
-            machine.add_transition(edge.trigger, edge.source.value, edge.dest.value)
+            machine.add_transition(edge.trigger, edge.source, edge.dest)
         for source in FAIL_SOURCES:
-            machine.add_transition(FAIL_TRIGGER, source.value, State.FAILED.value)
+            machine.add_transition(FAIL_TRIGGER, source, State.FAILED)
         self._machine = machine
         self._fire_event = {edge: machine.events[edge.trigger].trigger for edge in EDGES}
         self._fail_event = machine.events[FAIL_TRIGGER].trigger
         self._edges: dict[Row, tuple[Edge, ...]] = {}
+        self._plans: dict[tuple[Any, ...], tuple[Call, ...]] = {}
+        self._callables: dict[Call, Callable[[], Any]] = {}
 
         self._emit(
             "info",
@@ -205,7 +211,7 @@ class Lifecycle:
 
     @property
     def state(self) -> State:
-        return State(self._model.state)
+        return self._model.state
 
     @property
     def residency(self) -> dict[str, Residency]:
@@ -381,24 +387,32 @@ class Lifecycle:
 
     def _fire(self, edge: Edge, targets: tuple[str, ...]) -> None:
         """Run the edge's plan, then let `transitions` move the state."""
-        calls = (
-            plan_calls(edge.plan, self._view, self._residency, self._groups, targets, self._present)
-            if edge.plan is not None
-            else ()
-        )
+        calls: tuple[Call, ...] = ()
+        if edge.plan is not None:
+            key = (edge.plan, targets, tuple(self._residency.values()), self._groups)
+            cached = self._plans.get(key)
+            if cached is None:
+                cached = self._plans[key] = tuple(
+                    plan_calls(edge.plan, self._view, self._residency, self._groups, targets, self._present)
+                )
+            calls = cached
         records: list[tuple[Call, float, bool]] = []
-        t0, p0 = time.time(), time.perf_counter()
+        t0 = time.time()
+        p0 = previous = time.perf_counter()
         for call in calls:
-            c0 = time.perf_counter()
+            fn = self._callables.get(call) or self._bind(call)
             try:
-                self._invoke(call)
+                fn()
             except BaseException as exc:
-                records.append((call, (time.perf_counter() - c0) * 1e3, False))
+                records.append((call, (time.perf_counter() - previous) * 1e3, False))
                 self._groups = mark_unknown(call, self._residency, self._groups)
                 self._enter_failed(edge, call, records, exc, targets)
                 raise
-            records.append((call, (time.perf_counter() - c0) * 1e3, True))
-            self._groups = apply_call(call, self._residency, self._groups)
+            now = time.perf_counter()
+            records.append((call, (now - previous) * 1e3, True))
+            previous = now
+            if call.hook in _RESOURCE_HOOKS:
+                self._groups = apply_call(call, self._residency, self._groups)
         self._fire_event[edge](self._model)
         if events.enabled(_INFO):
             self._emit(
@@ -418,35 +432,40 @@ class Lifecycle:
                 },
             )
 
-    def _invoke(self, call: Call) -> None:
+    def _bind(self, call: Call) -> Callable[[], Any]:
+        """The zero-argument callable for one hook call, built on first use."""
         hook = call.hook
+        tag = None if call.tag == ALL_TAGS else call.tag
+        fn: Callable[[], Any]
         if hook is Hook.MEMORY_PAUSE:
-            self._memory.pause(tag=None if call.tag == ALL_TAGS else call.tag)
+            fn = functools.partial(self._memory.pause, tag=tag)
         elif hook is Hook.MEMORY_RESUME:
-            self._memory.resume(tag=None if call.tag == ALL_TAGS else call.tag)
+            fn = functools.partial(self._memory.resume, tag=tag)
         elif hook is Hook.PROCESS_GROUPS_DESTROY:
             assert self._process_groups is not None
-            self._process_groups.destroy()
+            fn = self._process_groups.destroy
         elif hook is Hook.PROCESS_GROUPS_RELOAD:
             assert self._process_groups is not None
-            self._process_groups.reload()
+            fn = self._process_groups.reload
         elif hook is Hook.CLEAR_MEMORY:
             assert self._clear_memory is not None
-            self._clear_memory()
+            fn = self._clear_memory
         elif hook is Hook.ROUTING_REPLAY_CLEAR:
             assert self._routing_replay is not None
-            self._routing_replay()
+            fn = self._routing_replay
         elif hook is Hook.SWITCH_MODEL:
             assert self._switch_model is not None and self.policy.model_tag is not None
-            self._switch_model(self.policy.model_tag)
+            fn = functools.partial(self._switch_model, self.policy.model_tag)
         elif hook is Hook.GENERATION_PAUSE:
             assert self._generation is not None
-            self._generation.pause()
+            fn = self._generation.pause
         elif hook is Hook.GENERATION_RESUME:
             assert self._generation is not None
-            self._generation.resume()
+            fn = self._generation.resume
         else:  # pragma: no cover - the enum is closed
             raise AssertionError(f"unhandled hook {hook}")
+        self._callables[call] = fn
+        return fn
 
     def _enter_failed(
         self,

@@ -303,8 +303,14 @@ EDGES: tuple[Edge, ...] = tuple(dict.fromkeys(e for row in TABLE for e in row_ed
 FAIL_TRIGGER = "fail"
 
 
+_ROWS: dict[tuple[str, State], tuple[Row, ...]] = {}
+for _row in TABLE:
+    _ROWS[(_row.operation, _row.source)] = (*_ROWS.get((_row.operation, _row.source), ()), _row)
+del _row
+
+
 def rows_for(operation: str, source: State) -> tuple[Row, ...]:
-    return tuple(r for r in TABLE if r.operation == operation and r.source == source)
+    return _ROWS.get((operation, source), ())
 
 
 def allowed_operations(source: State) -> tuple[str, ...]:
@@ -335,9 +341,9 @@ def guard_holds(
     targets: Iterable[str],
     recover_target: State | None = None,
 ) -> bool:
-    targets = tuple(targets)
     if when is When.ALWAYS:
         return True
+    targets = tuple(targets)
     if when is When.OFFLOAD:
         return policy.offload_train
     if when is When.NO_OFFLOAD:
@@ -374,7 +380,7 @@ def select_row(
     recover_target: State | None = None,
 ) -> Row | None:
     """The first row for (operation, source) whose guard holds, or None."""
-    targets = tuple(targets)
+    targets = targets if isinstance(targets, tuple) else tuple(targets)
     for row in rows_for(operation, source):
         if guard_holds(row.when, policy, memory, targets, recover_target):
             return row

@@ -54,9 +54,11 @@ class CallLog:
             self.calls.append((backend, method, tag))
 
     def names(self) -> list[str]:
-        """Calls as "backend.method" or "backend.method[tag]" strings."""
+        """Calls as "memory.pause[tag]", "process_groups.reload", "switch_model[actor]", ... strings."""
         with self._lock:
-            return [f"{b}.{m}" + (f"[{t}]" if t is not None else "") for b, m, t in self.calls]
+            return [
+                b + (f".{m}" if m else "") + (f"[{t}]" if t is not None else "") for b, m, t in self.calls
+            ]
 
     def clear(self) -> None:
         with self._lock:
@@ -221,7 +223,7 @@ class RecordingHook:
         self.args: list[tuple[Any, ...]] = []
 
     def __call__(self, *args: Any) -> None:
-        self.log.add(self.name, "call", str(args[0]) if args else None)
+        self.log.add(self.name, "", str(args[0]) if args else None)
         if self.faults:
             self.faults.check(self.name, after_effect=False)
         self.args.append(args)

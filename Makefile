@@ -1,0 +1,43 @@
+# The README's two commands are `make demo` and `make test`; each installs what it needs first.
+# On a GPU host the virtual environment sees the host's CUDA build of torch (system site
+# packages); only where no torch is importable does `make install` pin the CPU build.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+TORCH_CPU ?= torch==2.13.0
+STAMP := $(VENV)/.installed
+
+.PHONY: install test test-slow lint diagrams bench gpu-test demo clean
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv --system-site-packages $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q $(TORCH_CPU)
+	$(PY) -m pip install -q -e ".[dev]"
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -m slow
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+diagrams: $(STAMP)
+	$(PY) -m lifecycle.diagram diagrams README.md
+
+bench: $(STAMP)
+	$(PY) benchmarks/bench_fsm.py
+
+gpu-test: $(STAMP)
+	$(PY) -m pytest -q -m gpu tests/gpu
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
