@@ -1,7 +1,21 @@
-"""Keep lifecycle events off the console during tests; tests that read events capture them."""
+"""Shared test set-up: lifecycle events off the console, and one local Ray cluster per session."""
 
 import io
+import os
+
+import pytest
 
 import lifecycle
 
 lifecycle.configure_logging(stream=io.StringIO(), level="warning")
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A real local Ray cluster (2 CPUs' worth of actors on the CI machine), shared by all tests."""
+    ray = pytest.importorskip("ray")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if not ray.is_initialized():
+        ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield ray
+    ray.shutdown()

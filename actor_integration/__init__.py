@@ -1,0 +1,30 @@
+"""Adapters between the lifecycle core and the outside systems: the actor mixin, Ray, torch_memory_saver,
+torch.distributed, Megatron, SGLang and the weight transports (one module per system).
+
+Names are imported lazily so that `import actor_integration` (e.g. for `lifecycle check`) pulls in
+neither torch nor Ray.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "LifecycleMixin": "actor_integration.mixin",
+    "LifecycleNotConfiguredError": "actor_integration.mixin",
+    "LifecycleGroup": "actor_integration.ray_group",
+    "DeadActorsError": "actor_integration.ray_group",
+    "GroupCallError": "actor_integration.ray_group",
+    "GroupTimeoutError": "actor_integration.ray_group",
+    "InconsistentGroupError": "actor_integration.ray_group",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'actor_integration' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

@@ -1,0 +1,146 @@
+"""`LifecycleMixin`: route an existing actor class's slime-named methods through a `Lifecycle`.
+
+    class MyTrainer(LifecycleMixin, MegatronTrainRayActor):
+        def init(self, args, role, ...):
+            super().init(args, role, ...)           # or build the model here
+            self.configure_lifecycle(LifecyclePolicy.from_args(args), memory=..., process_groups=...)
+
+`sleep()` and `wake_up()` become transitions (the class's own versions are replaced by the plans);
+`train()`, `save_model()` and `update_weights()` run the class's own bodies (via `super()`) as the
+operations train, save and sync. Bodies that call `self.wake_up()`/`self.sleep()` themselves keep
+working: those nested calls are absorbed.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from lifecycle import Lifecycle, LifecyclePolicy, State
+from lifecycle.machine import GenerationBackend, MemoryBackend, ProcessGroupsBackend
+
+
+class LifecycleNotConfiguredError(RuntimeError):
+    """A wrapped method ran before `configure_lifecycle(...)`."""
+
+
+class LifecycleMixin:
+    """Put this class first in the bases: `class MyActor(LifecycleMixin, ExistingActor)`."""
+
+    _lifecycle: Lifecycle | None = None
+
+    def configure_lifecycle(
+        self,
+        policy: LifecyclePolicy,
+        *,
+        memory: MemoryBackend,
+        process_groups: ProcessGroupsBackend | None = None,
+        routing_replay: Callable[[], Any] | None = None,
+        clear_memory: Callable[[], Any] | None = None,
+        switch_model: Callable[[str], Any] | None = None,
+        generation: GenerationBackend | None = None,
+        rank: int | None = None,
+        role: str | None = None,
+        initial: State = State.AWAKE,
+    ) -> Lifecycle:
+        """Build this actor's machine; call it in `__init__` (or `init`) before the first sleep or train."""
+        _refuse_async_actor(type(self))
+        if self._lifecycle is not None:
+            raise RuntimeError(
+                f"{type(self).__name__}.configure_lifecycle was already called (state {self._lifecycle.state}); "
+                "an actor has one lifecycle"
+            )
+        self._lifecycle = Lifecycle(
+            policy,
+            memory=memory,
+            process_groups=process_groups,
+            routing_replay=routing_replay,
+            clear_memory=clear_memory,
+            switch_model=switch_model,
+            generation=generation,
+            rank=rank,
+            role=role or type(self).__name__,
+            initial=initial,
+        )
+        return self._lifecycle
+
+    @property
+    def lifecycle(self) -> Lifecycle:
+        if self._lifecycle is None:
+            raise LifecycleNotConfiguredError(
+                f"{type(self).__name__} has no lifecycle yet: call self.configure_lifecycle(policy, memory=...) "
+                "in __init__ (or init) before sleep(), wake_up(), train(), save_model() or update_weights()"
+            )
+        return self._lifecycle
+
+    # --------------------------------------------------------------- slime's method names
+
+    def sleep(self, tags: Iterable[str] | None = None) -> None:
+        self.lifecycle.sleep(tags)
+
+    def wake_up(self, tags: Iterable[str] | None = None) -> None:
+        self.lifecycle.wake_up(tags)
+
+    def train(self, *args: Any, **kwargs: Any) -> Any:
+        return self.lifecycle.run("train", self._super_method("train"), *args, **kwargs)
+
+    def save_model(self, *args: Any, **kwargs: Any) -> Any:
+        return self.lifecycle.run("save", self._super_method("save_model"), *args, **kwargs)
+
+    def update_weights(self, *args: Any, **kwargs: Any) -> Any:
+        return self.lifecycle.run("sync", self._super_method("update_weights"), *args, **kwargs)
+
+    # --------------------------------------------------------------- for drivers (LifecycleGroup)
+
+    def lifecycle_state(self) -> dict[str, Any]:
+        """A picklable snapshot: state, residency, groups, rank, role, failure."""
+        lc = self.lifecycle
+        failure = lc.failure
+        return {
+            "state": lc.state.value,
+            "residency": {tag: r.value for tag, r in lc.residency.items()},
+            "groups": lc.groups.value if lc.groups is not None else None,
+            "rank": lc.context.get("rank"),
+            "role": lc.context.get("role"),
+            "step": lc.step,
+            "failure": None
+            if failure is None
+            else {
+                "operation": failure.operation,
+                "hook": failure.hook,
+                "tag": failure.tag,
+                "error": failure.error,
+            },
+        }
+
+    def lifecycle_recover(self, target: str = "AWAKE") -> dict[str, Any]:
+        self.lifecycle.recover(State(target))
+        return self.lifecycle_state()
+
+    def _super_method(self, name: str) -> Callable[..., Any]:
+        # The next class after LifecycleMixin in this instance's MRO that defines `name`.
+        mro = type(self).__mro__
+        for klass in mro[mro.index(LifecycleMixin) + 1 :]:
+            if name in vars(klass):
+                return getattr(super(), name)  # type: ignore[no-any-return]
+        raise NotImplementedError(
+            f"{type(self).__name__}.{name}() has no body to run: LifecycleMixin wraps an existing {name}() "
+            f"of a class after it in the bases (class {type(self).__name__}(LifecycleMixin, YourActor))"
+        )
+
+
+def _refuse_async_actor(cls: type) -> None:
+    """Ray runs every method of a class with any `async def` on one event loop: refuse those."""
+    for name in dir(cls):
+        member = getattr(cls, name, None)
+        if inspect.iscoroutinefunction(member) or inspect.isasyncgenfunction(member):
+            raise TypeError(
+                f"LifecycleMixin does not support Ray async actors: {cls.__name__}.{name} is async, so Ray would "
+                "run all methods as coroutines on one event-loop thread, where the lifecycle's per-thread lock "
+                "cannot tell a concurrent call from a nested one. Make the methods sync; for concurrency use a "
+                "threaded actor (ray.remote(max_concurrency=N)), whose calls wait on the lifecycle lock."
+            )
+
+
+__all__ = ["LifecycleMixin", "LifecycleNotConfiguredError"]

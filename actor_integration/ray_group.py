@@ -1,0 +1,178 @@
+"""`LifecycleGroup`: the driver's view of a group of mixin-wrapped Ray actors.
+
+Every wait has a deadline and names the ranks that did not answer; a dead actor is reported with
+its last known state, and the group refuses further fan-out until the caller decides what to do
+with it (`forget(rank)` or `replace(rank, new_actor)`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+
+
+class GroupTimeoutError(TimeoutError):
+    """Some ranks did not answer within the deadline."""
+
+    def __init__(self, message: str, *, operation: str, ranks: list[int], waited_s: float) -> None:
+        super().__init__(message)
+        self.operation, self.ranks, self.waited_s = operation, ranks, waited_s
+
+
+class DeadActorsError(RuntimeError):
+    """Some actors are dead; `.dead` maps each rank to its last known lifecycle state (or None)."""
+
+    def __init__(self, message: str, *, dead: dict[int, dict[str, Any] | None]) -> None:
+        super().__init__(message)
+        self.dead = dead
+
+
+class GroupCallError(RuntimeError):
+    """The call raised on some ranks; `.errors` maps each rank to its exception."""
+
+    def __init__(self, message: str, *, operation: str, errors: dict[int, BaseException]) -> None:
+        super().__init__(message)
+        self.operation, self.errors = operation, errors
+
+
+class InconsistentGroupError(RuntimeError):
+    """Ranks disagree on state or residency; `.groups` maps each distinct view to its ranks."""
+
+    def __init__(self, message: str, *, groups: dict[str, list[int]]) -> None:
+        super().__init__(message)
+        self.groups = groups
+
+
+def _describe(state: Mapping[str, Any] | None) -> str:
+    if state is None:
+        return "never observed"
+    return f"{state['state']} residency {state['residency']} groups {state.get('groups')}"
+
+
+class LifecycleGroup:
+    """Fan lifecycle calls out to actors built on `LifecycleMixin`, with a deadline on every wait."""
+
+    def __init__(
+        self, actors: Sequence[Any], *, ranks: Iterable[int] | None = None, timeout_s: float = 60.0
+    ) -> None:
+        rank_list = list(ranks) if ranks is not None else list(range(len(actors)))
+        if len(rank_list) != len(actors) or len(set(rank_list)) != len(rank_list):
+            raise ValueError(
+                f"LifecycleGroup: need one distinct rank per actor, got ranks {rank_list} for {len(actors)} actors"
+            )
+        if timeout_s <= 0:
+            raise ValueError(f"LifecycleGroup: timeout_s must be positive, got {timeout_s}")
+        self.actors: dict[int, Any] = dict(zip(rank_list, actors, strict=True))
+        self.timeout_s = timeout_s
+        self.last_known: dict[int, dict[str, Any]] = {}
+        self.dead: dict[int, dict[str, Any] | None] = {}
+
+    # ------------------------------------------------------------------ fan-out
+
+    def call(self, method: str, *args: Any, timeout_s: float | None = None, **kwargs: Any) -> dict[int, Any]:
+        """Call `method` on every actor; rank → result. Raises naming the ranks that failed, died or hung."""
+        if self.dead:
+            raise DeadActorsError(
+                f"refusing {method}: ranks {sorted(self.dead)} are dead ("
+                + "; ".join(f"rank {r}: last known {_describe(s)}" for r, s in sorted(self.dead.items()))
+                + "). Decide first: forget(rank) to go on without it, or replace(rank, actor) with a new one.",
+                dead=dict(self.dead),
+            )
+        deadline = self.timeout_s if timeout_s is None else timeout_s
+        started = time.monotonic()
+        refs = {rank: getattr(actor, method).remote(*args, **kwargs) for rank, actor in self.actors.items()}
+        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=deadline)
+        ready_set = set(ready)
+        results: dict[int, Any] = {}
+        errors: dict[int, BaseException] = {}
+        died: list[int] = []
+        for rank, ref in refs.items():
+            if ref not in ready_set:
+                continue
+            try:
+                results[rank] = ray.get(ref, timeout=0)
+            except RayActorError:
+                died.append(rank)
+                self.dead[rank] = self.last_known.get(rank)
+            except RayTaskError as exc:
+                errors[rank] = exc.cause if exc.cause is not None else exc
+            except GetTimeoutError:  # pragma: no cover - ready refs do not time out
+                pass
+        waited = time.monotonic() - started
+        if died:
+            raise DeadActorsError(
+                f"{method}: ranks {died} died ("
+                + "; ".join(f"rank {r}: last known {_describe(self.dead[r])}" for r in died)
+                + "). Further calls are refused until you forget(rank) or replace(rank, actor).",
+                dead={r: self.dead[r] for r in died},
+            )
+        missing = sorted(rank for rank, ref in refs.items() if ref not in ready_set)
+        if missing:
+            raise GroupTimeoutError(
+                f"{method}: ranks {missing} did not answer within {deadline:.1f} s (waited {waited:.1f} s); last known: "
+                + "; ".join(f"rank {r}: {_describe(self.last_known.get(r))}" for r in missing)
+                + ". Likely cause: the actor is blocked in a collective that another rank never joined, or a hook "
+                "hangs; read that rank's lifecycle log (its last lifecycle.transition) and its stack (ray stack).",
+                operation=method,
+                ranks=missing,
+                waited_s=waited,
+            )
+        if errors:
+            raise GroupCallError(
+                f"{method} raised on ranks {sorted(errors)}: "
+                + "; ".join(f"rank {r}: {type(e).__name__}: {e}" for r, e in sorted(errors.items())),
+                operation=method,
+                errors=errors,
+            )
+        return results
+
+    def states(self, *, timeout_s: float | None = None) -> dict[int, dict[str, Any]]:
+        """rank → {state, residency, groups, rank, role, step, failure}."""
+        result = self.call("lifecycle_state", timeout_s=timeout_s)
+        self.last_known.update(result)
+        return result
+
+    def sleep(
+        self, tags: Iterable[str] | None = None, *, timeout_s: float | None = None
+    ) -> dict[int, dict[str, Any]]:
+        self.call("sleep", list(tags) if tags is not None else None, timeout_s=timeout_s)
+        return self.states(timeout_s=timeout_s)
+
+    def wake_up(
+        self, tags: Iterable[str] | None = None, *, timeout_s: float | None = None
+    ) -> dict[int, dict[str, Any]]:
+        self.call("wake_up", list(tags) if tags is not None else None, timeout_s=timeout_s)
+        return self.states(timeout_s=timeout_s)
+
+    def assert_consistent(
+        self, states: Mapping[int, Mapping[str, Any]] | None = None
+    ) -> dict[int, dict[str, Any]]:
+        """All ranks in one state with one residency; else raise naming the ranks of each view."""
+        observed = dict(states) if states is not None else self.states()
+        groups: dict[str, list[int]] = {}
+        for rank, state in sorted(observed.items()):
+            groups.setdefault(f"{state['state']} residency {state['residency']}", []).append(rank)
+        if len(groups) > 1:
+            raise InconsistentGroupError(
+                "ranks disagree: " + "; ".join(f"{view}: ranks {ranks}" for view, ranks in groups.items()),
+                groups=groups,
+            )
+        return {rank: dict(state) for rank, state in observed.items()}
+
+    # ------------------------------------------------------------------ the caller's decisions
+
+    def forget(self, rank: int) -> None:
+        """Go on without a dead rank."""
+        self.dead.pop(rank, None)
+        self.actors.pop(rank, None)
+        self.last_known.pop(rank, None)
+
+    def replace(self, rank: int, actor: Any) -> None:
+        """Put a new actor in a dead rank's place."""
+        self.dead.pop(rank, None)
+        self.last_known.pop(rank, None)
+        self.actors[rank] = actor

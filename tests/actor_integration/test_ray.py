@@ -1,0 +1,160 @@
+"""A mixin-wrapped actor class under a real local Ray cluster, driven by LifecycleGroup."""
+
+import json
+import sys
+import threading
+import time
+
+import pytest
+
+from actor_integration import (
+    DeadActorsError,
+    GroupCallError,
+    GroupTimeoutError,
+    InconsistentGroupError,
+    LifecycleGroup,
+)
+from actor_integration.testing import LifecycleSlimeActor
+
+pytestmark = pytest.mark.ray
+
+
+class SlowSlimeActor(LifecycleSlimeActor):
+    """Adds a way to make every hook slow, to kill or time out the actor mid-transition."""
+
+    def set_hook_delay(self, seconds: float) -> None:
+        original = self.clear_memory.__class__.__call__
+        hook = self.clear_memory
+
+        def slow(*args):
+            time.sleep(seconds)
+            return original(hook, *args)
+
+        self.lifecycle._callables.clear()  # re-bind on next use
+        self.lifecycle._clear_memory = slow
+
+    def ping(self) -> str:
+        return "pong"
+
+
+@pytest.fixture(scope="module")
+def remote_cls(ray_cluster):
+    # Test-module classes are not importable by Ray workers: ship them by value.
+    ray_cluster.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    return ray_cluster.remote(SlowSlimeActor)
+
+
+def make_actors(ray, remote_cls, n, tmp_path, **options):
+    actors = [remote_cls.options(**options).remote() for _ in range(n)]
+    ray.get([a.configure_logs.remote(str(tmp_path / f"rank{i}.jsonl")) for i, a in enumerate(actors)])
+    ray.get([a.init.remote(rank=i) for i, a in enumerate(actors)])
+    return actors
+
+
+class TestSlimeOrder:
+    def test_init_asleep_train_save_update(self, ray_cluster, remote_cls, tmp_path):
+        """slime's call order through Ray: every rank consistent after each step; logs per actor."""
+        ray = ray_cluster
+        actors = make_actors(ray, remote_cls, 2, tmp_path)
+        group = LifecycleGroup(actors, timeout_s=30)
+        assert {s["state"] for s in group.assert_consistent().values()} == {"PAUSED"}
+        assert group.call("train", 1) == {0: {"rollout_id": 1}, 1: {"rollout_id": 1}}
+        group.call("save_model", 1)
+        assert group.call("update_weights") == {0: 1, 1: 1}
+        states = group.assert_consistent()
+        assert all(s["state"] == "PAUSED" and s["groups"] == "destroyed" for s in states.values())
+        group.wake_up()
+        group.sleep()
+        group.sleep()  # idempotent across the group
+        assert group.assert_consistent()[0]["residency"] == {"*": "released"}
+        ray.get([a.flush_logs.remote() for a in actors])
+        for rank in (0, 1):
+            events = [json.loads(line) for line in (tmp_path / f"rank{rank}.jsonl").read_text().splitlines()]
+            assert {e["rank"] for e in events} == {rank}
+            kinds = [e["event"] for e in events]
+            assert kinds[0] == "lifecycle.configured"
+            assert kinds.count("lifecycle.noop") >= 1 + 4  # the group's second sleep + nested calls in bodies
+            ops = [e["operation"] for e in events if e["event"] == "lifecycle.body"]
+            assert ops == ["train", "save", "sync"]
+        for a in actors:
+            ray.kill(a)
+
+    def test_inconsistent_ranks_are_named(self, ray_cluster, remote_cls, tmp_path):
+        ray = ray_cluster
+        actors = make_actors(ray, remote_cls, 3, tmp_path)
+        group = LifecycleGroup(actors, timeout_s=30)
+        ray.get(actors[2].wake_up.remote())
+        with pytest.raises(
+            InconsistentGroupError, match=r"AWAKE residency \{'\*': 'resident'\}: ranks \[2\]"
+        ) as info:
+            group.assert_consistent()
+        assert info.value.groups["PAUSED residency {'*': 'released'}"] == [0, 1]
+        for a in actors:
+            ray.kill(a)
+
+    def test_errors_come_back_with_their_rank(self, ray_cluster, remote_cls, tmp_path):
+        """A refused operation on one rank surfaces as GroupCallError naming that rank and the reason."""
+        ray = ray_cluster
+        actors = make_actors(ray, remote_cls, 2, tmp_path)
+        group = LifecycleGroup(actors, timeout_s=30)
+        with pytest.raises(GroupCallError, match=r"recover raised on ranks \[0, 1\].*only legal from FAILED"):
+            group.call("lifecycle_recover", "AWAKE")
+        for a in actors:
+            ray.kill(a)
+
+
+class TestThreadedActor:
+    def test_concurrent_calls_wait_on_the_lock(self, ray_cluster, remote_cls, tmp_path):
+        """A threaded actor (max_concurrency=4) takes train, save, sleep and wake_up concurrently, consistently."""
+        ray = ray_cluster
+        (actor,) = make_actors(ray, remote_cls, 1, tmp_path, max_concurrency=4)
+        refs = []
+        for i in range(10):
+            refs += [
+                actor.train.remote(i),
+                actor.save_model.remote(i),
+                actor.sleep.remote(),
+                actor.wake_up.remote(),
+            ]
+        ray.get(refs, timeout=60)
+        state = ray.get(actor.lifecycle_state.remote())
+        assert state["state"] in ("AWAKE", "PAUSED") and state["failure"] is None
+        names = ray.get(actor.calls_made.remote())
+        assert names.count("body.train") == 0 and sum(n.startswith("body.train") for n in names) == 10
+        ray.kill(actor)
+
+
+class TestDeadlines:
+    def test_timeout_names_the_rank(self, ray_cluster, remote_cls, tmp_path):
+        ray = ray_cluster
+        actors = make_actors(ray, remote_cls, 2, tmp_path)
+        ray.get(actors[1].set_hook_delay.remote(5.0))
+        group = LifecycleGroup(actors, timeout_s=30)
+        with pytest.raises(
+            GroupTimeoutError, match=r"wake_up: ranks \[1\] did not answer within 1.0 s"
+        ) as info:
+            group.wake_up(timeout_s=1.0)
+        assert info.value.ranks == [1]
+        for a in actors:
+            ray.kill(a)
+
+    def test_dead_rank_is_reported_and_fanout_refused(self, ray_cluster, remote_cls, tmp_path):
+        """An actor killed mid-sleep: the group names it with its last known state within 30 s, then refuses."""
+        ray = ray_cluster
+        actors = make_actors(ray, remote_cls, 2, tmp_path)
+        group = LifecycleGroup(actors, timeout_s=30)
+        group.states()
+        group.wake_up()
+        ray.get(actors[1].set_hook_delay.remote(20.0))
+        killer = threading.Timer(0.5, lambda: ray.kill(actors[1]))
+        killer.start()
+        started = time.monotonic()
+        with pytest.raises(DeadActorsError, match=r"ranks \[1\] died .*rank 1: last known AWAKE") as info:
+            group.sleep()
+        assert time.monotonic() - started < 30
+        assert info.value.dead[1]["state"] == "AWAKE"
+        with pytest.raises(DeadActorsError, match="refusing lifecycle_state"):
+            group.states()
+        group.forget(1)
+        assert list(group.states()) == [0]
+        ray.kill(actors[0])
