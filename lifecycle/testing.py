@@ -25,12 +25,15 @@ __all__ = [
     "FakeMemorySaver",
     "FakeProcessGroups",
     "FaultInjector",
+    "FaultyMemory",
+    "FaultyProcessGroups",
     "InjectedFault",
     "ProtocolViolation",
     "Recorders",
     "RecordingHook",
     "capture_events",
     "recording_lifecycle",
+    "with_faults",
 ]
 
 
@@ -250,6 +253,92 @@ class FakeGeneration:
         if self.faults:
             self.faults.check("generation.resume", after_effect=False)
         self.serving = True
+
+
+class FaultyMemory:
+    """Wraps a real memory backend so a `FaultInjector` can fail its calls (tests, `demo --inject-fault`)."""
+
+    def __init__(self, inner: Any, faults: FaultInjector) -> None:
+        self.inner, self.faults = inner, faults
+
+    def pause(self, tag: str | None = None) -> None:
+        self.faults.check("memory.pause", after_effect=False)
+        self.inner.pause(tag=tag)
+        self.faults.check("memory.pause", after_effect=True)
+
+    def resume(self, tag: str | None = None) -> None:
+        self.faults.check("memory.resume", after_effect=False)
+        self.inner.resume(tag=tag)
+        self.faults.check("memory.resume", after_effect=True)
+
+    def disable(self) -> Any:
+        return self.inner.disable()
+
+    def __getattr__(self, name: str) -> Any:
+        # is_paused, region, ...: present exactly when the wrapped backend has them.
+        return getattr(self.inner, name)
+
+
+class FaultyProcessGroups:
+    """Wraps a real process-group backend for a `FaultInjector`."""
+
+    def __init__(self, inner: Any, faults: FaultInjector) -> None:
+        self.inner, self.faults = inner, faults
+
+    def destroy(self) -> None:
+        self.faults.check("process_groups.destroy", after_effect=False)
+        self.inner.destroy()
+        self.faults.check("process_groups.destroy", after_effect=True)
+
+    def reload(self) -> None:
+        self.faults.check("process_groups.reload", after_effect=False)
+        self.inner.reload()
+        self.faults.check("process_groups.reload", after_effect=True)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+class FaultyGeneration:
+    def __init__(self, inner: Any, faults: FaultInjector) -> None:
+        self.inner, self.faults = inner, faults
+
+    def pause(self) -> None:
+        self.faults.check("generation.pause", after_effect=False)
+        self.inner.pause()
+
+    def resume(self) -> None:
+        self.faults.check("generation.resume", after_effect=False)
+        self.inner.resume()
+
+
+def faulty_hook(name: str, fn: Callable[..., Any], faults: FaultInjector) -> Callable[..., Any]:
+    def hook(*args: Any) -> Any:
+        faults.check(name, after_effect=False)
+        return fn(*args)
+
+    return hook
+
+
+def with_faults(faults: FaultInjector, **hooks: Any) -> dict[str, Any]:
+    """The keyword arguments of `Lifecycle(...)`/`configure_lifecycle(...)`, each wrapped for `faults`."""
+    wrapped: dict[str, Any] = {}
+    for name, hook in hooks.items():
+        if hook is None:
+            wrapped[name] = None
+        elif name == "memory":
+            wrapped[name] = FaultyMemory(hook, faults)
+        elif name == "process_groups":
+            wrapped[name] = FaultyProcessGroups(hook, faults)
+        elif name == "generation":
+            wrapped[name] = FaultyGeneration(hook, faults)
+        elif name in ("routing_replay", "clear_memory", "switch_model"):
+            wrapped[name] = faulty_hook(
+                Hook.ROUTING_REPLAY_CLEAR.value if name == "routing_replay" else name, hook, faults
+            )
+        else:
+            raise ValueError(f"with_faults: {name!r} is not a lifecycle hook slot")
+    return wrapped
 
 
 @dataclass

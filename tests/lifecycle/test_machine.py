@@ -484,3 +484,28 @@ class TestEvents:
         with capture_events(level="warning") as events:
             lc.sleep()
         assert events == []
+
+
+class TestFaultWrappers:
+    def test_with_faults_wraps_real_backends(self):
+        """The injector fails a wrapped backend's call; the backend's own query still serves recover."""
+        from lifecycle.testing import FakeProcessGroups, FaultInjector, with_faults
+
+        faults = FaultInjector()
+        memory, groups, cleared = FakeMemorySaver(), FakeProcessGroups(), []
+        lc = Lifecycle(
+            LifecyclePolicy(),
+            **with_faults(
+                faults, memory=memory, process_groups=groups, clear_memory=lambda: cleared.append(1)
+            ),
+        )
+        faults.arm("memory.pause", after_effect=True)
+        with pytest.raises(InjectedFault):
+            lc.sleep()
+        assert lc.residency == {"*": Residency.UNKNOWN} and memory.paused == {"default": True}
+        lc.recover(State.PAUSED)  # is_paused() reaches the wrapped fake: no second pause
+        assert memory.pause_count == 1 and lc.state is State.PAUSED
+        faults.arm("clear_memory")
+        with pytest.raises(InjectedFault):
+            lc.wake_up()
+        assert faults.fired == ["memory.pause", "clear_memory"]
