@@ -18,6 +18,17 @@ _EXPORTS = {
     "GroupCallError": "actor_integration.ray_group",
     "GroupTimeoutError": "actor_integration.ray_group",
     "InconsistentGroupError": "actor_integration.ray_group",
+    "ClearMemory": "actor_integration.clear_memory",
+    "MemorySaverConfigError": "actor_integration.memory_saver",
+    "MemoryStateError": "actor_integration.memory_saver",
+    "NoopMemory": "actor_integration.memory_saver",
+    "TorchMemorySaverBackend": "actor_integration.memory_saver",
+    "select_memory_backend": "actor_integration.memory_saver",
+    "validate_environment": "actor_integration.memory_saver",
+    "CpuWeightBackup": "actor_integration.model_tag",
+    "ModelTagSwitch": "actor_integration.model_tag",
+    "RoutingReplayCache": "actor_integration.routing_replay",
+    "RoutingReplayClear": "actor_integration.routing_replay",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,0 +1,691 @@
+"""torch_memory_saver (TMS) behind a tag-aware adapter, and a no-op backend for machines without CUDA.
+
+TMS answers every illegal call (pausing a paused tag, resuming a resident one) and every invalid
+`TMS_*` environment value with `exit(1)`: no Python exception, the actor just dies. The adapter
+keeps its own per-tag state and refuses those calls in Python first, and `validate_environment`
+refuses the environments TMS would die on, before any CUDA or TMS initialisation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import os
+import re
+import threading
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from lifecycle import ALL_TAGS
+
+__all__ = [
+    "PRELOAD_LIBRARY_STEM",
+    "TMS_ENV_VARS",
+    "MemorySaverConfigError",
+    "MemoryStateError",
+    "NoopMemory",
+    "TorchMemorySaverBackend",
+    "preload_library",
+    "select_memory_backend",
+    "validate_environment",
+]
+
+HookMode = Literal["torch", "preload"]
+HOOK_MODES: tuple[str, ...] = ("torch", "preload")
+CPU_BACKUP_BACKENDS: tuple[str, ...] = ("pinned", "mmap")
+PRELOAD_LIBRARY_STEM = "torch_memory_saver_hook_mode_preload"
+
+# Read with get_bool_env_var() in csrc/utils.h: exactly these spellings, anything else (even "") is exit(1).
+_BOOL_VARS = (
+    "TMS_INIT_ENABLE",
+    "TMS_INIT_ENABLE_CPU_BACKUP",
+    "TMS_INIT_ENABLE_DISK_BACKUP",
+    "TMS_RETAIN_CPU_BACKUP",
+)
+_TRUE = ("1", "true", "TRUE", "yes", "YES")
+_FALSE = ("0", "false", "FALSE", "no", "NO")
+TMS_ENV_VARS: tuple[str, ...] = (
+    *_BOOL_VARS,
+    "TMS_INIT_CPU_BACKUP_BACKEND",  # cpu_backup.h: "mmap" | "pinned", else exit(1)
+    "TMS_DISK_BACKUP_DIR",  # disk_backend.cpp: used as given, default /tmp
+    "TMS_DISK_BACKUP_CHUNK_MB",  # disk_backend.cpp: strtoull, 0 or garbage silently becomes 256
+)
+_TEST_ONLY_PREFIX = "TMS_XPU_FAULT_"  # fault injection of TMS's own XPU tests
+_TMS_DEFAULT_TAG = "default"
+
+
+class MemorySaverConfigError(ValueError):
+    """A configuration torch_memory_saver would exit(1) on (or silently misread) later."""
+
+
+class MemoryStateError(RuntimeError):
+    """A pause/resume/region call that torch_memory_saver would answer with exit(1)."""
+
+
+# ---------------------------------------------------------------------------------------------- environment
+
+
+def validate_environment(
+    environ: Mapping[str, str] | None = None,
+    *,
+    hook_mode: str = "torch",
+    cuda_major: int | None = None,
+) -> list[str]:
+    """Check the environment torch_memory_saver will read; return notes, raise on what it would die on.
+
+    `cuda_major` overrides the CUDA major used to pick the preload library (default: TMS's own
+    detection from torch).
+    """
+    if hook_mode not in HOOK_MODES:
+        raise MemorySaverConfigError(f"hook_mode must be one of {list(HOOK_MODES)}, got {hook_mode!r}")
+    env: Mapping[str, str] = os.environ if environ is None else environ
+    errors: list[str] = []
+    notes: list[str] = []
+
+    for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+        if _expandable_segments(env.get(name, "")):
+            errors.append(
+                f"{name}={env[name]!r} enables expandable_segments, which torch_memory_saver refuses "
+                "(its allocations would bypass the saver); remove expandable_segments:True or set "
+                "expandable_segments:False"
+            )
+
+    flags: dict[str, bool | None] = {name: _parse_bool(name, env, errors) for name in _BOOL_VARS}
+    backend = env.get("TMS_INIT_CPU_BACKUP_BACKEND")
+    if backend is not None and backend not in CPU_BACKUP_BACKENDS:
+        what = "is empty" if backend == "" else f"is {backend!r}"
+        errors.append(
+            f"TMS_INIT_CPU_BACKUP_BACKEND {what}; torch_memory_saver accepts exactly 'pinned' or 'mmap' "
+            "(case-sensitive) and exits on anything else. Set one of them or unset the variable."
+        )
+    elif backend == "mmap" and torch.version.hip:
+        errors.append(
+            "TMS_INIT_CPU_BACKUP_BACKEND='mmap' is not supported on ROCm; torch_memory_saver exits. "
+            "Set it to 'pinned' or unset it."
+        )
+    _check_disk_dir(env, flags, errors, notes)
+    _check_chunk_mb(env, errors)
+
+    unknown = sorted(k for k in env if k.startswith("TMS_") and k not in TMS_ENV_VARS)
+    for name in unknown:
+        if name.startswith(_TEST_ONLY_PREFIX):
+            continue
+        close = difflib.get_close_matches(name, TMS_ENV_VARS, n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        notes.append(f"{name} is not read by torch_memory_saver and has no effect{hint}")
+
+    init_enable = bool(flags["TMS_INIT_ENABLE"])
+    if flags["TMS_INIT_ENABLE_CPU_BACKUP"] and flags["TMS_INIT_ENABLE_DISK_BACKUP"]:
+        errors.append(
+            "TMS_INIT_ENABLE_CPU_BACKUP and TMS_INIT_ENABLE_DISK_BACKUP are both on; torch_memory_saver "
+            "exits at the first allocation ('cpu_backup and disk_backup are mutually exclusive'). Turn one off."
+        )
+    if init_enable and hook_mode == "torch":
+        errors.append(
+            "TMS_INIT_ENABLE is on but hook_mode is 'torch': in torch mode only allocations inside region() "
+            "are saver memory, so the variable has no effect and every allocation outside a region stays "
+            "resident. Unset TMS_INIT_ENABLE, or use hook_mode='preload' with the preload library in LD_PRELOAD."
+        )
+    if not init_enable:
+        # Not TMS_INIT_CPU_BACKUP_BACKEND: it is also the backend of every region() given none.
+        for name in ("TMS_INIT_ENABLE_CPU_BACKUP", "TMS_INIT_ENABLE_DISK_BACKUP"):
+            if flags[name]:
+                notes.append(
+                    f"{name} only applies to allocations outside region(), which are saver memory only with "
+                    "TMS_INIT_ENABLE=1 in preload mode; it has no effect here"
+                )
+
+    tms_preloads = [p for p in env.get("LD_PRELOAD", "").split(":") if "torch_memory_saver" in p]
+    if hook_mode == "preload":
+        _check_preload(env.get("LD_PRELOAD", ""), tms_preloads, cuda_major, errors)
+    elif tms_preloads:
+        notes.append(
+            f"LD_PRELOAD loads {tms_preloads} but hook_mode is 'torch': that library keeps its own state, "
+            "which this process's pause/resume never reach; remove it from LD_PRELOAD"
+        )
+
+    if errors:
+        raise MemorySaverConfigError(
+            f"torch_memory_saver (hook_mode={hook_mode!r}) would exit or misbehave with this environment:\n- "
+            + "\n- ".join(errors)
+        )
+    return notes
+
+
+def preload_library(cuda_major: int | None = None) -> str:
+    """The preload `.so` for torch's CUDA major (or `cuda_major`), as torch_memory_saver resolves it."""
+    try:
+        from torch_memory_saver import utils as tms_utils
+    except ImportError as exc:  # pragma: no cover - TMS is a declared dependency
+        raise MemorySaverConfigError(f"torch_memory_saver is not importable: {exc}") from exc
+    if cuda_major is None:
+        try:
+            return str(tms_utils.get_binary_path_from_package(PRELOAD_LIBRARY_STEM))
+        except RuntimeError as exc:
+            raise MemorySaverConfigError(
+                f"cannot resolve torch_memory_saver's preload library for this torch ({torch.__version__}, "
+                f"torch.version.cuda={torch.version.cuda}): {exc}. Preload mode needs a CUDA build of torch "
+                "and the matching torch-memory-saver wheel (or pass cuda_major= explicitly)."
+            ) from exc
+    # Same search as utils.get_binary_path_from_package, which takes no major argument.
+    package_dir = Path(tms_utils.__file__).parent
+    pattern = f"{PRELOAD_LIBRARY_STEM}_cu{cuda_major}.*.so"
+    candidates = list(package_dir.glob(pattern)) or list(package_dir.parent.glob(pattern))
+    if len(candidates) != 1:
+        raise MemorySaverConfigError(
+            f"expected exactly one torch_memory_saver library matching {pattern!r} next to "
+            f"{package_dir}, found {[str(c) for c in candidates]}; install a torch-memory-saver wheel built "
+            f"for CUDA {cuda_major}"
+        )
+    return str(candidates[0])
+
+
+def _expandable_segments(conf: str) -> bool:
+    for item in conf.split(","):
+        key, _, value = item.partition(":")
+        if key.strip() == "expandable_segments" and value.strip() == "True":
+            return True
+    return False
+
+
+def _parse_bool(name: str, env: Mapping[str, str], errors: list[str]) -> bool | None:
+    value = env.get(name)
+    if value is None:
+        return None
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    what = "is empty" if value == "" else f"is {value!r}"
+    errors.append(
+        f"{name} {what}; torch_memory_saver exits on it ('Unsupported environment varialbe value'). "
+        f"It accepts exactly {'/'.join(_TRUE)} or {'/'.join(_FALSE)}: set one of them or unset the variable."
+    )
+    return None
+
+
+def _check_disk_dir(
+    env: Mapping[str, str], flags: Mapping[str, bool | None], errors: list[str], notes: list[str]
+) -> None:
+    value = env.get("TMS_DISK_BACKUP_DIR")
+    if value is None:
+        return
+    if not value.strip():
+        errors.append(
+            "TMS_DISK_BACKUP_DIR is empty; torch_memory_saver would create its backup files under '/' and exit "
+            "when that fails. Set it to a directory on a real disk, or unset it (default /tmp)."
+        )
+        return
+    path = Path(value)
+    if path.exists() and not path.is_dir():
+        errors.append(
+            f"TMS_DISK_BACKUP_DIR={value!r} exists and is not a directory; torch_memory_saver exits at the first "
+            "disk-backed pause. Point it at a directory."
+        )
+    elif flags["TMS_INIT_ENABLE_DISK_BACKUP"] and path.is_dir() and not os.access(path, os.W_OK):
+        errors.append(
+            f"TMS_DISK_BACKUP_DIR={value!r} is not writable; torch_memory_saver exits at the first "
+            "disk-backed pause. Point it at a writable directory."
+        )
+    if not path.is_absolute():
+        notes.append(
+            f"TMS_DISK_BACKUP_DIR={value!r} is relative: it depends on each process's working directory"
+        )
+
+
+def _check_chunk_mb(env: Mapping[str, str], errors: list[str]) -> None:
+    value = env.get("TMS_DISK_BACKUP_CHUNK_MB")
+    if value is None:
+        return
+    if not re.fullmatch(r"[0-9]+", value) or int(value) == 0:
+        what = "is empty" if value == "" else f"is {value!r}"
+        errors.append(
+            f"TMS_DISK_BACKUP_CHUNK_MB {what}; torch_memory_saver parses it with strtoull, so anything but a "
+            "positive whole number of MiB is silently read as 256 (or, negative, as a huge buffer it cannot "
+            "allocate). Set a positive integer such as 256, or unset it."
+        )
+        return
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if int(value) * 2**20 > physical:
+        errors.append(
+            f"TMS_DISK_BACKUP_CHUNK_MB={value} asks for a pinned staging buffer larger than this host's memory "
+            f"({physical / 2**30:.0f} GiB); torch_memory_saver exits when it cannot allocate it. Use e.g. 256."
+        )
+
+
+def _check_preload(
+    ld_preload: str, tms_preloads: list[str], cuda_major: int | None, errors: list[str]
+) -> None:
+    try:
+        expected = preload_library(cuda_major)
+    except MemorySaverConfigError as exc:
+        errors.append(str(exc))
+        return
+    fix = (
+        f"set LD_PRELOAD={expected} (torch_memory_saver.configure_subprocess() does this for a child process)"
+    )
+    if not tms_preloads:
+        errors.append(
+            f"hook_mode is 'preload' but LD_PRELOAD={ld_preload!r} names no torch_memory_saver library; {fix}"
+        )
+        return
+    if len(tms_preloads) > 1:
+        errors.append(
+            f"LD_PRELOAD names {len(tms_preloads)} torch_memory_saver libraries {tms_preloads}; torch_memory_saver "
+            f"needs exactly one. Keep only {expected}."
+        )
+        return
+    given = tms_preloads[0]
+    if any(c.isspace() for c in given.strip()):
+        errors.append(
+            f"LD_PRELOAD entry {given!r} holds several paths separated by spaces; torch_memory_saver splits "
+            f"LD_PRELOAD on ':' only. Separate entries with ':' and {fix}."
+        )
+        return
+    given = given.strip()
+    if not Path(given).is_file():
+        errors.append(f"LD_PRELOAD names {given}, which does not exist (the loader skips it); {fix}")
+    elif os.path.realpath(given) != os.path.realpath(expected):
+        errors.append(
+            f"LD_PRELOAD names {given}, but this torch needs {expected} (a library for another CUDA major or "
+            f"hook mode does not hook this process's allocations; slime #2186); {fix}"
+        )
+
+
+# ---------------------------------------------------------------------------------------------- bookkeeping
+
+
+class _TagBook:
+    """Per-tag paused flags, and the refusals TMS would answer with exit(1)."""
+
+    def __init__(self, tags: Sequence[str] | None, owner: str) -> None:
+        self.owner = owner
+        self.tags = _check_tags(tags)
+        self.paused: dict[str, bool] = dict.fromkeys(self.tags or (ALL_TAGS,), False)
+
+    def key(self, tag: str | None, operation: str) -> str:
+        """The bookkeeping key `tag` names; unknown tags raise."""
+        if self.tags is None:
+            if tag is not None:
+                raise ValueError(
+                    f"{self.owner}.{operation}({tag!r}): this backend pauses all memory as one unit (tags=None); "
+                    f"call {operation}() without a tag, or declare tags=[...]"
+                )
+            return ALL_TAGS
+        if tag is None:
+            raise ValueError(f"{self.owner}.{operation}() needs a tag: one of {list(self.tags)}")
+        if tag not in self.tags:
+            raise ValueError(
+                f"{self.owner}.{operation}({tag!r}): unknown tag; this backend's tags are {list(self.tags)}"
+            )
+        return tag
+
+    def plan(self, operation: Literal["pause", "resume"], tag: str | None) -> tuple[str, ...]:
+        """The keys one pause/resume call changes, after refusing what TMS would exit(1) on."""
+        pausing = operation == "pause"
+        if tag is None and self.tags is not None:
+            keys = self.tags
+            wrong = [t for t in keys if self.paused[t] == pausing]
+            if wrong:
+                right = [t for t in keys if t not in wrong]
+                raise MemoryStateError(
+                    f"{self.owner}: cannot {operation}() with no tag: tags {wrong} are already "
+                    f"{'paused' if pausing else 'resident'} ({self.describe_state()}); torch_memory_saver would "
+                    f"exit(1) ('Cannot {operation} allocation that is not {'active' if pausing else 'paused'}'). "
+                    f"{operation.capitalize()} the others by name: {right}."
+                )
+            return keys
+        key = self.key(tag, operation)
+        if self.paused[key] == pausing:
+            shown = "all memory" if key == ALL_TAGS else f"tag {key!r}"
+            state, fix = ("paused", "resume") if pausing else ("resident", "pause")
+            raise MemoryStateError(
+                f"{self.owner}: cannot {operation} {shown}: it is already {state} ({self.describe_state()}); "
+                f"torch_memory_saver would exit(1) ('Cannot {operation} allocation that is not "
+                f"{'active' if pausing else 'paused'}'). Call {fix}({'' if key == ALL_TAGS else repr(key)}) "
+                "first, or let lifecycle.Lifecycle order the calls."
+            )
+        return (key,)
+
+    def region_key(self, tag: str | None) -> str:
+        key = self.key(tag, "region")
+        if self.paused[key]:
+            shown = "memory" if key == ALL_TAGS else f"tag {key!r}"
+            raise MemoryStateError(
+                f"{self.owner}: cannot allocate in region({'' if key == ALL_TAGS else repr(key)}) while {shown} is "
+                f"paused: the new allocation would be resident while the tag is paused, and the next resume would "
+                f"exit(1) ('Cannot resume allocation that is not paused'). Resume it first."
+            )
+        return key
+
+    def is_paused(self, tag: str | None) -> bool:
+        if tag is None:
+            return any(self.paused.values())
+        return self.paused[self.key(tag, "is_paused")]
+
+    def describe_state(self) -> str:
+        return ", ".join(
+            f"{'all' if t == ALL_TAGS else t}={'paused' if p else 'resident'}" for t, p in self.paused.items()
+        )
+
+
+def _check_tags(tags: Sequence[str] | None) -> tuple[str, ...] | None:
+    if tags is None:
+        return None
+    if isinstance(tags, str) or not isinstance(tags, Sequence):
+        raise ValueError(
+            f"tags must be a sequence of tag names or None, got {tags!r}; for one tag write tags=[{tags!r}]"
+        )
+    if not tags:
+        raise ValueError("tags is empty; pass tags=None to pause all memory as one unit")
+    for tag in tags:
+        if not isinstance(tag, str) or not tag.strip():
+            raise ValueError(f"tags has an empty or non-string tag: {tag!r}")
+        if tag == ALL_TAGS:
+            raise ValueError(f"tag {ALL_TAGS!r} is reserved for 'all memory'; pass tags=None for that")
+    duplicates = sorted({t for t in tags if list(tags).count(t) > 1})
+    if duplicates:
+        raise ValueError(f"tags names {duplicates} more than once")
+    return tuple(tags)
+
+
+# ---------------------------------------------------------------------------------------------- backends
+
+
+class TorchMemorySaverBackend:
+    """torch_memory_saver's interface, tag-aware, refusing in Python what TMS would exit(1) on.
+
+    With `tags=None` all memory is one unit (TMS `pause()` with no tag). With named tags, a call
+    without a tag means every declared tag, made as one TMS call per tag, so memory under tags this
+    adapter does not declare is never touched. Regions must be entered through `region()` so that
+    `disable()` knows whether TMS is active on the calling thread.
+    """
+
+    def __init__(
+        self,
+        *,
+        tags: Sequence[str] | None = None,
+        cpu_backup: bool | Collection[str] = False,
+        cpu_backup_backend: str | None = None,
+        retain_cpu_backup: bool = False,
+        hook_mode: HookMode | None = "torch",
+        environ: Mapping[str, str] | None = None,
+        saver: Any = None,
+        cuda_major: int | None = None,
+    ) -> None:
+        self._book = _TagBook(tags, "TorchMemorySaverBackend")
+        self.tags = self._book.tags
+        self._backup_tags = _backup_tags(cpu_backup, self.tags)
+        if cpu_backup_backend is not None:
+            if cpu_backup_backend not in CPU_BACKUP_BACKENDS:
+                raise MemorySaverConfigError(
+                    f"cpu_backup_backend must be one of {list(CPU_BACKUP_BACKENDS)} or None, got {cpu_backup_backend!r}"
+                )
+            if not self._backup_tags:
+                raise MemorySaverConfigError(
+                    f"cpu_backup_backend={cpu_backup_backend!r} needs cpu_backup on for at least one tag "
+                    "(torch_memory_saver raises 'cpu_backup_backend requires enable_cpu_backup=True')"
+                )
+            if cpu_backup_backend == "mmap" and torch.version.hip:
+                raise MemorySaverConfigError(
+                    "cpu_backup_backend='mmap' is not supported on ROCm; use 'pinned'"
+                )
+        if not isinstance(retain_cpu_backup, bool):
+            raise MemorySaverConfigError(f"retain_cpu_backup must be a bool, got {retain_cpu_backup!r}")
+        if hook_mode is not None and hook_mode not in HOOK_MODES:
+            raise MemorySaverConfigError(
+                f"hook_mode must be one of {list(HOOK_MODES)} or None, got {hook_mode!r}"
+            )
+        self._cpu_backup_backend = cpu_backup_backend
+        self._environ: Mapping[str, str] = os.environ if environ is None else environ
+
+        if saver is None:
+            if hook_mode == "torch" and torch.version.cuda is None and torch.version.hip is None:
+                raise MemorySaverConfigError(
+                    f"torch_memory_saver hook_mode='torch' needs a CUDA build of torch; this is torch "
+                    f"{torch.__version__}. Use NoopMemory (select_memory_backend('auto')) on machines without CUDA."
+                )
+            from torch_memory_saver import torch_memory_saver
+
+            saver = torch_memory_saver
+        self._saver = saver
+        configured, initialised = _configured_hook_mode(saver)
+        if hook_mode is not None and configured not in (None, hook_mode):
+            when = "is already initialised" if initialised else "was already configured by earlier code"
+            raise MemorySaverConfigError(
+                f"torch_memory_saver {when} with hook_mode={configured!r}, and one process has one mode; "
+                f"pass hook_mode=None (or {configured!r}) to use it as it is"
+            )
+        self.hook_mode: str = hook_mode or configured or "preload"  # TMS's own default is preload
+        self.notes = validate_environment(self._environ, hook_mode=self.hook_mode, cuda_major=cuda_major)
+        self._init_enable = self._environ.get("TMS_INIT_ENABLE", "0") in _TRUE
+        if self._init_enable and self.tags is not None:
+            self.notes.append(
+                f"TMS_INIT_ENABLE puts allocations outside region() under TMS tag 'default', which this backend "
+                f"(tags {list(self.tags)}) never pauses; use tags=None to pause them too"
+            )
+        # Nothing above touched CUDA or initialised TMS.
+        if hook_mode is not None and configured is None:
+            saver.hook_mode = hook_mode
+        self._lock = threading.RLock()
+        self._local = threading.local()
+        saver.retain_cpu_backup = retain_cpu_backup
+
+    # ------------------------------------------------------------------ allocation
+
+    @contextlib.contextmanager
+    def region(self, tag: str | None = None) -> Iterator[None]:
+        """Allocations inside belong to `tag` (no tag when the backend has tags=None)."""
+        with self._lock:
+            key = self._book.region_key(tag)
+        backup = key in self._backup_tags
+        kwargs: dict[str, Any] = {"enable_cpu_backup": backup}
+        if backup and self._cpu_backup_backend is not None:
+            kwargs["cpu_backup_backend"] = self._cpu_backup_backend
+        with self._saver.region(_TMS_DEFAULT_TAG if key == ALL_TAGS else key, **kwargs):
+            self._local.depth = getattr(self._local, "depth", 0) + 1
+            try:
+                yield
+            finally:
+                self._local.depth -= 1
+
+    def disable(self) -> contextlib.AbstractContextManager[Any]:
+        """Allocations inside are plain CUDA memory, so CUDA IPC can export them."""
+        # TMS's disable() asserts its thread-local "interesting region" flag. That flag is set inside a
+        # region and, under preload, everywhere when TMS_INIT_ENABLE is on; elsewhere allocations are
+        # already plain, so there is nothing to disable.
+        if getattr(self._local, "depth", 0) > 0 or (self.hook_mode == "preload" and self._init_enable):
+            return self._saver.disable()  # type: ignore[no-any-return]
+        return contextlib.nullcontext()
+
+    # ------------------------------------------------------------------ pause / resume
+
+    def pause(self, tag: str | None = None) -> None:
+        self._call("pause", tag)
+
+    def resume(self, tag: str | None = None) -> None:
+        self._call("resume", tag)
+
+    def _call(self, operation: Literal["pause", "resume"], tag: str | None) -> None:
+        method = getattr(self._saver, operation)
+        with self._lock:
+            for key in self._book.plan(operation, tag):
+                method(None if key == ALL_TAGS else key)
+                # Only after TMS returned: a raise before it leaves the old state, which is the truth.
+                self._book.paused[key] = operation == "pause"
+
+    def is_paused(self, tag: str | None = None) -> bool:
+        """Whether `tag` is paused; with no tag, whether any memory is."""
+        with self._lock:
+            return self._book.is_paused(tag)
+
+    # ------------------------------------------------------------------ CPU backup
+
+    @property
+    def retain_cpu_backup(self) -> bool:
+        """Keep the CPU copy after resume: steady pauses skip the host allocation (FACTS: ~2 GB/s → ~50 GB/s)."""
+        return bool(self._saver.retain_cpu_backup)
+
+    @retain_cpu_backup.setter
+    def retain_cpu_backup(self, value: bool) -> None:
+        self._saver.retain_cpu_backup = bool(value)
+
+    def cpu_backup(self, tensor: torch.Tensor, tag: str | None = None) -> torch.Tensor | None:
+        """A CPU copy of `tensor` from TMS's backup; None when resident and its backup was released.
+
+        `tensor` must be memory allocated in `region(tag)`. Pass `tag` when a paused tag without CPU
+        backup exists: TMS exits on a tensor of such a tag, and the adapter cannot tell tags apart.
+        """
+        with self._lock:
+            if not self._backup_tags:
+                raise MemoryStateError(
+                    "cpu_backup: no tag of this backend has cpu_backup on, so torch_memory_saver holds no CPU copy "
+                    "and would exit(1) on a paused tensor; construct the backend with cpu_backup=True or a tag list"
+                )
+            if tag is not None:
+                key = self._book.key(tag, "cpu_backup")
+                if key not in self._backup_tags:
+                    raise MemoryStateError(
+                        f"cpu_backup: tag {tag!r} has no CPU backup (backed-up tags: {sorted(self._backup_tags)}); "
+                        "torch_memory_saver would exit(1) on its paused tensors"
+                    )
+            else:
+                risky = [t for t, p in self._book.paused.items() if p and t not in self._backup_tags]
+                if risky:
+                    raise MemoryStateError(
+                        f"cpu_backup: tags {risky} are paused without CPU backup and torch_memory_saver exits on "
+                        "their tensors; pass tag= to say which tag this tensor belongs to"
+                    )
+            if not isinstance(tensor, torch.Tensor):
+                raise TypeError(f"cpu_backup needs a torch.Tensor, got {type(tensor).__name__}")
+            if tensor.device.type != "cuda":
+                raise ValueError(
+                    f"cpu_backup needs a CUDA tensor allocated in region(); got one on {tensor.device}"
+                )
+            if not tensor.is_contiguous():
+                raise ValueError(
+                    "cpu_backup needs a contiguous tensor (TMS looks the backup up by address range); pass the "
+                    "parameter itself, not a transposed or strided view"
+                )
+            return self._saver.get_cpu_backup(tensor)  # type: ignore[no-any-return]
+
+    def describe(self) -> str:
+        tags = "all memory as one unit" if self.tags is None else f"tags {list(self.tags)}"
+        backup = sorted("all" if t == ALL_TAGS else t for t in self._backup_tags) or "none"
+        return (
+            f"torch_memory_saver (hook_mode={self.hook_mode}, {tags}, cpu_backup={backup}, "
+            f"backend={self._cpu_backup_backend or self._environ.get('TMS_INIT_CPU_BACKUP_BACKEND') or 'pinned'}, "
+            f"retain_cpu_backup={self.retain_cpu_backup}; "
+            f"{self._book.describe_state()})"
+        )
+
+    def __repr__(self) -> str:
+        return f"<TorchMemorySaverBackend {self.describe()}>"
+
+
+class NoopMemory:
+    """The memory backend for machines without CUDA: the same interface and refusals, no GPU work."""
+
+    def __init__(self, *, tags: Sequence[str] | None = None, reason: str | None = None) -> None:
+        self._book = _TagBook(tags, "NoopMemory")
+        self.tags = self._book.tags
+        self.reason = reason
+        self._lock = threading.RLock()
+
+    @contextlib.contextmanager
+    def region(self, tag: str | None = None) -> Iterator[None]:
+        with self._lock:
+            self._book.region_key(tag)
+        yield
+
+    def disable(self) -> contextlib.AbstractContextManager[Any]:
+        return contextlib.nullcontext()
+
+    def pause(self, tag: str | None = None) -> None:
+        with self._lock:
+            for key in self._book.plan("pause", tag):
+                self._book.paused[key] = True
+
+    def resume(self, tag: str | None = None) -> None:
+        with self._lock:
+            for key in self._book.plan("resume", tag):
+                self._book.paused[key] = False
+
+    def is_paused(self, tag: str | None = None) -> bool:
+        with self._lock:
+            return self._book.is_paused(tag)
+
+    def describe(self) -> str:
+        tags = "all memory as one unit" if self.tags is None else f"tags {list(self.tags)}"
+        why = f" because {self.reason}" if self.reason else ""
+        return f"no-op memory (nothing is released{why}; {tags}; {self._book.describe_state()})"
+
+    def __repr__(self) -> str:
+        return f"<NoopMemory {self.describe()}>"
+
+
+MEMORY_BACKEND_KINDS: tuple[str, ...] = ("auto", "tms", "noop")
+_BACKEND_OPTIONS = frozenset(
+    {"cpu_backup", "cpu_backup_backend", "retain_cpu_backup", "hook_mode", "environ", "saver", "cuda_major"}
+)
+
+
+def select_memory_backend(
+    kind: str = "auto", *, tags: Sequence[str] | None, **kwargs: Any
+) -> TorchMemorySaverBackend | NoopMemory:
+    """ "tms", "noop", or "auto" (TMS when CUDA is available); the result's `describe()` says which and why.
+
+    The keyword options are TorchMemorySaverBackend's; a no-op backend accepts and ignores them.
+    """
+    if kind not in MEMORY_BACKEND_KINDS:
+        raise ValueError(f"unknown memory backend kind {kind!r}; kinds are {list(MEMORY_BACKEND_KINDS)}")
+    unknown = sorted(set(kwargs) - _BACKEND_OPTIONS)
+    if unknown:
+        raise TypeError(
+            f"select_memory_backend: unknown options {unknown}; options are {sorted(_BACKEND_OPTIONS)}"
+        )
+    if kind == "noop":
+        return NoopMemory(tags=tags, reason="kind='noop' was asked for")
+    cuda = torch.cuda.is_available()
+    if kind == "auto" and not cuda:
+        return NoopMemory(tags=tags, reason="torch.cuda.is_available() is False (kind='auto')")
+    if not cuda and kwargs.get("saver") is None:
+        raise MemorySaverConfigError(
+            f"kind='tms' but torch.cuda.is_available() is False (torch {torch.__version__}, CUDA build "
+            f"{torch.version.cuda}); use kind='auto' or 'noop' on machines without a GPU"
+        )
+    return TorchMemorySaverBackend(tags=tags, **kwargs)
+
+
+def _backup_tags(cpu_backup: bool | Collection[str], tags: tuple[str, ...] | None) -> frozenset[str]:
+    if isinstance(cpu_backup, bool):
+        return frozenset((tags or (ALL_TAGS,)) if cpu_backup else ())
+    if isinstance(cpu_backup, str) or not isinstance(cpu_backup, Collection):
+        raise MemorySaverConfigError(
+            f"cpu_backup must be a bool or a collection of tags, got {cpu_backup!r}; for one tag write [{cpu_backup!r}]"
+        )
+    if tags is None:
+        raise MemorySaverConfigError(
+            f"cpu_backup={sorted(cpu_backup)} names tags, but tags=None pauses all memory as one unit; "
+            "pass cpu_backup=True, or declare the tags"
+        )
+    unknown = sorted(set(cpu_backup) - set(tags))
+    if unknown:
+        raise MemorySaverConfigError(
+            f"cpu_backup names unknown tags {unknown}; this backend's tags are {list(tags)}"
+        )
+    return frozenset(cpu_backup)
+
+
+def _configured_hook_mode(saver: Any) -> tuple[str | None, bool]:
+    """(mode, initialised): the hook mode the saver runs or will run with. TMS has no public getter."""
+    impl = getattr(saver, "_impl", None)
+    if impl is not None:
+        mode = getattr(impl, "_hook_mode", None)
+        return (mode if isinstance(mode, str) else None), True
+    pending = getattr(saver, "_impl_ctor_kwargs", None)
+    mode = pending.get("hook_mode") if isinstance(pending, dict) else None
+    return (mode if isinstance(mode, str) else None), False
