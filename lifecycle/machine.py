@@ -310,7 +310,14 @@ class Lifecycle:
                 raise self._refusal(operation, state, targets, recover_target)
             if row.noop:
                 self._emit(
-                    "info", "lifecycle.noop", {"operation": operation, "state": state, "reason": "idempotent"}
+                    "info",
+                    "lifecycle.noop",
+                    {
+                        "operation": operation,
+                        "state": state,
+                        "reason": "idempotent",
+                        "targets": list(targets),
+                    },
                 )
                 return None
             self._owner, self._running = me, operation
@@ -611,7 +618,9 @@ class Lifecycle:
                 reasons = [f"legal from {state}: {list(allowed)}"]
         message = f"{self._who()} cannot {operation} from {state}: " + "; ".join(dict.fromkeys(reasons))
         self._emit(
-            "warning", "lifecycle.refused", {"operation": operation, "state": state, "reason": message}
+            "warning",
+            "lifecycle.refused",
+            {"operation": operation, "state": state, "reason": message, "targets": list(targets)},
         )
         return IllegalTransitionError(message, state=state, operation=operation, allowed=allowed)
 

@@ -1,0 +1,1112 @@
+"""Replay lifecycle JSON-lines logs against the transition table and report what cannot have happened.
+
+    findings = check_files(["logs/rank0.jsonl", "logs/rank1.jsonl"])
+    for finding in findings:
+        print(finding)  # rank0.jsonl:42 rank 0 trainer: sync from PAUSED did not reload the process groups: ...
+
+Each machine (file + rank + role) is replayed from its `lifecycle.configured` event with the
+table's own functions (`select_row`, `row_edges`, `plan_calls`, `apply_call`, `mark_unknown`,
+`body_ready`); this module restates no rule of the table. Where the log contradicts the replay's
+state, the replay takes the log's word until the next transition says where the machine is, so one
+bad line gives one finding, not a cascade; a wrong hook list or residency is reported and the
+table's residency kept. Weight-sync events are checked across ranks: every rank of a slot reports each version,
+exactly one coordinator and it is the slot's first rank, one transport per slot and version.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import json
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple, TypeVar
+
+from lifecycle.policy import LifecyclePolicy
+from lifecycle.table import (
+    ALL_TAGS,
+    EDGES,
+    LIFECYCLE_CALLS,
+    Call,
+    Edge,
+    Groups,
+    Hook,
+    PolicyView,
+    Residency,
+    Row,
+    State,
+    apply_call,
+    body_ready,
+    mark_unknown,
+    plan_calls,
+    row_edges,
+    rows_for,
+    select_row,
+)
+
+__all__ = [
+    "Finding",
+    "LogChecker",
+    "LogLine",
+    "check_files",
+    "check_lines",
+    "log_paths",
+    "parse_lines",
+    "read_log",
+]
+
+_E = TypeVar("_E", State, Residency, Groups, Hook)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One thing in a log that the transition table says cannot have happened."""
+
+    path: str
+    line: int
+    rank: int | None
+    role: str | None
+    message: str
+
+    def __str__(self) -> str:
+        who = " ".join(p for p in (None if self.rank is None else f"rank {self.rank}", self.role) if p)
+        return (
+            f"{self.path}:{self.line} {who}: {self.message}"
+            if who
+            else f"{self.path}:{self.line}: {self.message}"
+        )
+
+
+class LogLine(NamedTuple):
+    """One non-blank line of a log: its number, the event dict, or why it is not one."""
+
+    line: int
+    event: dict[str, Any] | None
+    error: str | None
+
+
+def parse_lines(lines: Iterable[str]) -> Iterator[LogLine]:
+    """Parse JSON lines; blank lines are skipped, line numbers count from 1."""
+    for number, text in enumerate(lines, 1):
+        text = text.strip()
+        if not text:
+            continue
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            yield LogLine(number, None, f"line is not JSON ({exc}): {text[:80]!r}")
+            continue
+        if not isinstance(data, dict) or not isinstance(data.get("event"), str):
+            yield LogLine(
+                number, None, f"line is not a log event (a JSON object with an 'event'): {text[:80]!r}"
+            )
+            continue
+        yield LogLine(number, data, None)
+
+
+def read_log(path: str | Path) -> Iterator[LogLine]:
+    """The lines of one JSON-lines log file."""
+    with Path(path).open(encoding="utf-8", errors="replace") as stream:
+        yield from parse_lines(stream)
+
+
+def log_paths(paths: Iterable[str | Path]) -> list[Path]:
+    """Files to read: each path as given, or the `*.jsonl` files of a directory. Raises on a missing path."""
+    out: list[Path] = []
+    for given in dict.fromkeys(paths):  # a file named twice is read once
+        path = Path(given)
+        if path.is_dir():
+            found = sorted(path.glob("*.jsonl"))
+            if not found:
+                raise FileNotFoundError(
+                    f"{path} is a directory with no *.jsonl files; pass the JSON-lines logs written by "
+                    "lifecycle.configure_logging(json_path=...), or the directory that holds them"
+                )
+            out += [p for p in found if p not in out]
+        elif path.is_file():
+            if path not in out:
+                out.append(path)
+        else:
+            raise FileNotFoundError(
+                f"{path} does not exist; pass the JSON-lines logs written by "
+                "lifecycle.configure_logging(json_path=...), or the directory that holds them"
+            )
+    if not out:
+        raise ValueError("no log files given; pass one or more JSON-lines logs or directories")
+    return out
+
+
+def check_lines(lines: Iterable[str], path: str = "<lines>") -> list[Finding]:
+    """Check the lines of one log held in memory; `path` names it in the findings."""
+    checker = LogChecker()
+    checker.feed(path, lines)
+    return checker.finish()
+
+
+def check_files(paths: Iterable[str | Path]) -> list[Finding]:
+    """Check log files (or directories of `*.jsonl`) together; an empty list means the logs are clean."""
+    checker = LogChecker()
+    for path in log_paths(paths):
+        with path.open(encoding="utf-8", errors="replace") as stream:
+            checker.feed(str(path), stream)
+    return checker.finish()
+
+
+# ----------------------------------------------------------------------------------------------
+# Replay state
+
+
+class _Malformed(ValueError):
+    """A field that cannot be read; reported as a finding for its line."""
+
+
+_Key = tuple[str, "int | None", "str | None"]
+
+
+@dataclass
+class _Open:
+    """The body operation in progress: its row, where it started, whether its body was logged."""
+
+    row: Row
+    line: int
+    body_done: bool = False
+
+
+@dataclass
+class _Machine:
+    """What the replay knows about one actor's machine."""
+
+    policy: PolicyView
+    tags: tuple[str, ...]
+    present: frozenset[Hook]
+    state: State
+    residency: dict[str, Residency]
+    groups: Groups | None
+    line: int
+    op: _Open | None = None
+    lost: bool = False  # after a contradiction: follow the log until a transition says where it is
+    last_t: tuple[float, int] | None = None
+    failed: str | None = None  # "line N: hook raised" while FAILED
+    update_version: tuple[int, int, bool] | None = None  # (version, line, ok) of the last one
+    loaded_version: tuple[int, int, bool] | None = None
+
+
+@dataclass(frozen=True)
+class _Update:
+    path: str
+    line: int
+    rank: int | None
+    role: str | None
+    coordinator: bool
+    ranks: tuple[int, ...]
+    transport: str
+    ok: bool
+
+
+# How a missing hook call reads in a finding.
+_DID_NOT = {
+    Hook.GENERATION_PAUSE: "pause generation",
+    Hook.ROUTING_REPLAY_CLEAR: "clear the routing replay",
+    Hook.CLEAR_MEMORY: "clear memory",
+    Hook.PROCESS_GROUPS_DESTROY: "destroy the process groups",
+    Hook.MEMORY_PAUSE: "pause tag {tag}",
+    Hook.MEMORY_RESUME: "resume tag {tag}",
+    Hook.PROCESS_GROUPS_RELOAD: "reload the process groups",
+    Hook.SWITCH_MODEL: "restore the model tag",
+    Hook.GENERATION_RESUME: "resume generation",
+}
+
+
+class LogChecker:
+    """Replays any number of logs; `feed` each file, then `finish` for the sorted findings.
+
+    `rows_seen` counts the table rows the replay matched, so a caller can see which rows a
+    corpus exercised.
+    """
+
+    def __init__(self) -> None:
+        self.rows_seen: collections.Counter[Row] = collections.Counter()
+        self.events = 0
+        self._findings: list[Finding] = []
+        self._order: dict[str, int] = {}
+        self._machines: dict[_Key, _Machine] = {}
+        self._broken: set[_Key] = set()  # configured with a policy we cannot read: not replayed
+        self._updates: dict[tuple[Any, int], list[_Update]] = collections.defaultdict(list)
+
+    @property
+    def machines(self) -> int:
+        """How many machines (file, rank, role) were configured."""
+        return len(self._machines)
+
+    def feed(self, path: str, lines: Iterable[str]) -> None:
+        """Replay the lines of one file."""
+        self._order.setdefault(path, len(self._order))
+        orphans: dict[_Key, LogLine] = {}  # first lifecycle event of a machine not configured yet
+        for entry in parse_lines(lines):
+            if entry.event is None:
+                self._report(path, entry.line, None, None, entry.error or "unreadable line")
+                continue
+            self.events += 1
+            data = entry.event
+            name = data["event"]
+            try:
+                key = self._key(path, data)
+            except _Malformed as exc:
+                self._report(path, entry.line, None, None, f"{name} {exc}")
+                continue
+            if not (name.startswith("lifecycle.") or name.startswith("weight_sync.")):
+                continue
+            try:
+                if name == "lifecycle.configured":
+                    orphan = orphans.pop(key, None)
+                    if orphan is not None and orphan.event is not None:
+                        self._report(
+                            path,
+                            orphan.line,
+                            key[1],
+                            key[2],
+                            f"{orphan.event['event']} comes before this machine's lifecycle.configured "
+                            f"(line {entry.line}); a machine logs nothing before it is configured",
+                        )
+                    self._configured(key, entry.line, data)
+                    continue
+                if key in self._broken:
+                    continue
+                machine = self._machines.get(key)
+                if machine is None:
+                    if name.startswith("lifecycle."):
+                        orphans.setdefault(key, entry)
+                    elif name in ("weight_sync.update", "weight_sync.loaded") and key[1:] != (None, None):
+                        # Without rank or role the event was not logged through Lifecycle.event: no
+                        # actor to check it against. With them, its machine must be in this file.
+                        self._report(
+                            path,
+                            entry.line,
+                            key[1],
+                            key[2],
+                            f"{name} from an actor with no lifecycle machine in this file "
+                            "(no lifecycle.configured with this rank and role before it)",
+                        )
+                    continue
+                self._dispatch(name, key, machine, entry.line, data)
+            except _Malformed as exc:
+                self._report(path, entry.line, key[1], key[2], f"malformed {name}: {exc}")
+                lost = self._machines.get(key)
+                if lost is not None and name.startswith("lifecycle."):
+                    lost.op, lost.lost = None, True
+        for key, orphan in orphans.items():
+            self._report(
+                path,
+                orphan.line,
+                key[1],
+                key[2],
+                "lifecycle events but no lifecycle.configured for this machine (first here); "
+                "its first lines are missing, or the log was written below level info",
+            )
+
+    def finish(self) -> list[Finding]:
+        """Run the cross-rank checks and return every finding, by file then line."""
+        self._check_updates()
+        self._updates.clear()
+        return sorted(
+            self._findings,
+            key=lambda f: (self._order.get(f.path, len(self._order)), f.path, f.line, f.message),
+        )
+
+    # ------------------------------------------------------------------ per event
+
+    def _dispatch(self, name: str, key: _Key, m: _Machine, line: int, d: dict[str, Any]) -> None:
+        if m.lost and name.startswith("lifecycle."):
+            self._follow(key, m, line, name, d)
+        elif name == "lifecycle.transition":
+            self._transition(key, m, line, d)
+        elif name == "lifecycle.failed":
+            self._failed(key, m, line, d)
+        elif name == "lifecycle.body":
+            self._body(key, m, line, d)
+        elif name == "lifecycle.noop":
+            self._noop(key, m, line, d)
+        elif name == "lifecycle.refused":
+            state = _enum(d, "state", State)
+            if state is not m.state:
+                self._at(
+                    key,
+                    line,
+                    f"refusal of {d.get('operation')} logged in {state}, but the replay is in {m.state}",
+                )
+                m.state, m.op, m.lost = state, None, True
+        elif name == "lifecycle.resolved":
+            self._resolved(key, m, line, d)
+        elif name == "weight_sync.update":
+            self._update(key, m, line, d)
+        elif name == "weight_sync.loaded":
+            self._loaded(key, m, line, d)
+
+    def _follow(self, key: _Key, m: _Machine, line: int, name: str, d: dict[str, Any]) -> None:
+        """Take the state from the log, unchecked, until a move or exit transition or a failure."""
+        if name == "lifecycle.transition":
+            m.state = _enum(d, "dst", State)
+            m.lost = _text(d, "phase") == "enter"
+        elif name == "lifecycle.failed":
+            m.state, m.lost, m.failed = State.FAILED, False, f"line {line}: hook {d.get('hook')} raised"
+        elif name in ("lifecycle.body", "lifecycle.noop", "lifecycle.refused"):
+            m.state = _enum(d, "state", State)
+        if name in ("lifecycle.transition", "lifecycle.failed"):
+            residency = _residency(d)
+            if set(residency) == set(m.tags):
+                m.residency = residency
+            m.groups = _optional_enum(d, "groups", Groups)
+        if name == "lifecycle.resolved" and isinstance(d.get("resolved"), dict):
+            for tag, value in d["resolved"].items():
+                if tag in m.residency:
+                    m.residency[tag] = _value(Residency, value, "resolved")
+                elif tag == "process_groups":
+                    m.groups = _value(Groups, value, "resolved")
+        if name in ("lifecycle.transition", "lifecycle.body"):
+            self._check_t(key, m, line, d)
+
+    def _configured(self, key: _Key, line: int, d: dict[str, Any]) -> None:
+        self._broken.discard(key)
+        self._machines.pop(key, None)
+        try:
+            policy = LifecyclePolicy.from_dict(_get(d, "policy"))
+            hooks = _get(d, "hooks")
+            if not isinstance(hooks, list):
+                raise _Malformed(f"hooks={hooks!r} is not a list of hook names")
+            present = frozenset(_value(Hook, h, "hooks") for h in hooks)
+            state = _enum(d, "state", State)
+            residency = _residency(d)
+            groups = _optional_enum(d, "groups", Groups)
+        except (TypeError, ValueError, AttributeError) as exc:  # _Malformed is a ValueError
+            self._broken.add(key)
+            self._at(key, line, f"lifecycle.configured cannot be read ({exc}); this machine is not replayed")
+            return
+        m = _Machine(policy.view(), policy.tags, present, state, residency, groups, line)
+        self._machines[key] = m
+        if state not in (State.AWAKE, State.PAUSED):
+            self._at(key, line, f"a machine starts AWAKE or PAUSED, but this one is configured {state}")
+        if set(residency) != set(policy.tags):
+            self._at(
+                key,
+                line,
+                f"residency names tags {sorted(residency)}, but the policy's tags are {list(policy.tags)}",
+            )
+            m.residency = {t: residency.get(t, Residency.UNKNOWN) for t in policy.tags}
+        if state is State.AWAKE and not all(r is Residency.RESIDENT for r in residency.values()):
+            self._at(
+                key,
+                line,
+                f"configured AWAKE with residency {_fmt_residency(residency)}; AWAKE starts all resident",
+            )
+        has_groups = Hook.PROCESS_GROUPS_DESTROY in present
+        if has_groups != (groups is not None):
+            self._at(
+                key,
+                line,
+                f"groups={groups and groups.value} but the process-group hooks are "
+                f"{'present' if has_groups else 'absent'}",
+            )
+
+    def _transition(self, key: _Key, m: _Machine, line: int, d: dict[str, Any]) -> None:
+        op = _text(d, "operation")
+        phase = _text(d, "phase")
+        src, dst = _enum(d, "src", State), _enum(d, "dst", State)
+        targets = self._targets(m, d)
+        logged = _logged_calls(d)
+        residency, groups = _residency(d), _optional_enum(d, "groups", Groups)
+        self._check_t(key, m, line, d)
+        edge = _EDGE_INDEX.get((src, dst, op, phase))
+
+        def resync() -> None:
+            # The replay is lost here: take the log's word for where the machine now is.
+            m.state, m.op, m.lost = dst, None, phase == "enter"
+            if set(residency) == set(m.tags):
+                m.residency = dict(residency)
+            m.groups = groups
+
+        if edge is None:
+            legal = [f"{e.source}→{e.dest} ({e.phase})" for e in EDGES if e.operation == op]
+            self._at(
+                key,
+                line,
+                f"{op} {phase} {src}→{dst} is not an edge of the transition table"
+                + (f"; {op} moves {', '.join(legal)}" if legal else f"; {op!r} is not an operation"),
+            )
+            resync()
+            return
+        if m.state is State.FAILED and op != "recover":
+            self._at(
+                key,
+                line,
+                f"{op} on a FAILED actor ({m.failed}): only recover, or a refusal, may follow a failure",
+            )
+            return  # a FAILED machine cannot have moved: keep replaying from FAILED
+        if src is not m.state:
+            self._at(key, line, f"{_edge_name(edge)}: log says src={src}, replay says {m.state}")
+            resync()
+            return
+        row = self._row_for(key, m, line, edge, targets, dst)
+        if row is None:
+            resync()
+            return
+        if op == "recover":
+            unknown = [t for t, r in m.residency.items() if r is Residency.UNKNOWN]
+            if unknown or m.groups is Groups.UNKNOWN:
+                self._at(
+                    key,
+                    line,
+                    f"recover ran with unknown {unknown or 'process groups'}; the machine must resolve them "
+                    "from the backend first (no lifecycle.resolved before it)",
+                )
+        expected = self._plan(m, edge, targets)
+        calls = [c for c, _ in logged]
+        if calls != expected:
+            self._at(key, line, _hooks_message(edge, expected, calls, m))
+        failed_ok = [c for c, ok in logged if not ok]
+        if failed_ok:
+            self._at(
+                key,
+                line,
+                f"{_edge_name(edge)} completed, yet hook {_fmt_call(failed_ok[0])} is logged ok=false",
+            )
+        for call in expected:
+            m.groups = apply_call(call, m.residency, m.groups)
+        self._compare_after(key, m, line, _edge_name(edge), residency, groups)
+        m.state = dst
+        if edge.phase == "enter":
+            m.op = _Open(row, line)
+        else:
+            m.op = None
+        if op == "recover":
+            m.failed = None
+
+    def _failed(self, key: _Key, m: _Machine, line: int, d: dict[str, Any]) -> None:
+        op, phase = _text(d, "operation"), _text(d, "phase")
+        src = _enum(d, "src", State)
+        targets = self._targets(m, d)
+        logged = _logged_calls(d)
+        residency, groups = _residency(d), _optional_enum(d, "groups", Groups)
+        hook = _value(Hook, _get(d, "hook"), "hook")
+        where = f"hook {hook}{_tag(d.get('tag'))} raised during {op} from {src}"
+
+        def enter_failed() -> None:
+            m.state, m.op, m.failed = State.FAILED, None, f"line {line}: {where}"
+            if set(residency) == set(m.tags):
+                m.residency = dict(residency)
+            m.groups = groups
+
+        if m.state is State.FAILED and op != "recover":
+            self._at(
+                key,
+                line,
+                f"{op} on a FAILED actor ({m.failed}): only recover, or a refusal, may follow a failure",
+            )
+            return
+        if src is not m.state:
+            self._at(key, line, f"{op} failure: log says src={src}, replay says {m.state}")
+            enter_failed()
+            return
+        if not logged or logged[-1][1] or any(not ok for _, ok in logged[:-1]):
+            self._at(
+                key,
+                line,
+                f"{where}, but its hooks list does not end with the one failed call: {_fmt_logged(logged)}",
+            )
+            enter_failed()
+            return
+        last = logged[-1][0]
+        if last != Call(hook, d.get("tag")):
+            self._at(
+                key,
+                line,
+                f"the failed hook is {hook}{_tag(d.get('tag'))}, but the last call logged is {_fmt_call(last)}",
+            )
+        candidates = self._failed_rows(key, m, line, op, phase, targets)
+        calls = [c for c, _ in logged]
+        plans = [(row, self._plan(m, edge, targets)) for row, edge in candidates]
+        matching = [row for row, plan in plans if plan[: len(calls)] == calls]
+        if matching:
+            self.rows_seen[matching[0]] += 1
+        elif plans:
+            self._at(
+                key,
+                line,
+                f"{op} from {src} failed with hooks that are not a prefix of its plan: expected a prefix of "
+                f"{' or '.join(_fmt_calls(plan) for _, plan in plans)}, logged {_fmt_calls(calls)}",
+            )
+            enter_failed()
+            return
+        for call in calls[:-1]:
+            m.groups = apply_call(call, m.residency, m.groups)
+        m.groups = mark_unknown(last, m.residency, m.groups)
+        self._compare_after(key, m, line, f"{op} failure", residency, groups)
+        m.state, m.op, m.failed = State.FAILED, None, f"line {line}: {where}"
+
+    def _failed_rows(
+        self, key: _Key, m: _Machine, line: int, op: str, phase: str, targets: tuple[str, ...]
+    ) -> list[tuple[Row, Edge]]:
+        """The rows and edges a failure could have happened on (recover: either target)."""
+        if m.op is not None:
+            running = m.op.row
+            if phase == "exit" and op == running.operation and m.op.body_done:
+                return [(running, e) for e in row_edges(running) if e.phase == "exit"]
+            self._at(
+                key,
+                line,
+                f"{op} {phase} failed while {running.operation} (line {m.op.line}) has not finished",
+            )
+            m.op = None
+        if phase == "exit":
+            self._at(key, line, f"{op} exit failed, but no {op} body ran before it")
+            return []
+        out: list[tuple[Row, Edge]] = []
+        for target in (State.AWAKE, State.PAUSED) if op == "recover" else (None,):
+            row = select_row(op, m.state, m.policy, m.residency, targets, target)
+            edges = row_edges(row) if row is not None else ()
+            if row is not None and edges and edges[0].phase == phase:
+                out.append((row, edges[0]))
+        if not out:
+            self._at(key, line, f"{op} {phase} failed from {m.state}, where the table has no such {op} step")
+        return out
+
+    def _body(self, key: _Key, m: _Machine, line: int, d: dict[str, Any]) -> None:
+        op = _text(d, "operation")
+        state = _enum(d, "state", State)
+        self._check_t(key, m, line, d)
+        if m.state is State.FAILED:
+            self._at(
+                key, line, f"{op} body on a FAILED actor ({m.failed}): only recover may follow a failure"
+            )
+            return
+        ready = body_ready(op, m.policy, m.residency)
+        if state is not m.state:
+            released = (
+                "" if ready else f", where {op} would run on released memory {_fmt_residency(m.residency)}"
+            )
+            running = m.op.row if m.op is not None and m.op.row.operation == op else None
+            where = f" (the table runs {op} bodies in {running.body_state})" if running else ""
+            self._at(
+                key, line, f"{op} body logged in {state}, but the replay is in {m.state}{where}{released}"
+            )
+            m.state, m.op, m.lost = state, None, True
+            return
+        if not ready:
+            self._at(
+                key,
+                line,
+                f"{op} body ran on released memory: replayed residency {_fmt_residency(m.residency)}",
+            )
+        row: Row | None = None
+        if m.op is not None and m.op.row.operation == op and not m.op.body_done:
+            row = m.op.row
+        else:
+            if m.op is not None:
+                self._at(
+                    key, line, f"{op} body while {m.op.row.operation} (line {m.op.line}) has not finished"
+                )
+                m.op = None
+            candidate = select_row(op, m.state, m.policy, m.residency, m.tags)
+            if candidate is None or candidate.body_state is None:
+                self._at(
+                    key,
+                    line,
+                    f"{op} body in {m.state}: the table has no {op} row with a body from {m.state} here",
+                )
+            elif row_edges(candidate) and row_edges(candidate)[0].phase == "enter":
+                first = row_edges(candidate)[0]
+                self._at(
+                    key,
+                    line,
+                    f"{op} body without its enter transition: from {m.state} the table first moves {first.source}→{first.dest}",
+                )
+            else:
+                row = candidate
+                self.rows_seen[row] += 1
+                m.op = _Open(row, line)
+        if row is not None and row.body_state is not state:
+            self._at(
+                key, line, f"{op} body logged in {state}, but the table runs {op} bodies in {row.body_state}"
+            )
+        if row is None or m.op is None:
+            return
+        m.op.body_done = True
+        if not any(e.phase == "exit" for e in row_edges(row)):
+            m.op = None
+
+    def _noop(self, key: _Key, m: _Machine, line: int, d: dict[str, Any]) -> None:
+        op, reason = _text(d, "operation"), _text(d, "reason")
+        state = _enum(d, "state", State)
+        if state is not m.state:
+            self._at(key, line, f"{op} no-op logged in {state}, but the replay is in {m.state}")
+            m.state, m.op, m.lost = state, None, True
+            return
+        if reason.startswith("nested in "):
+            running = reason.removeprefix("nested in ")
+            if op not in LIFECYCLE_CALLS:
+                self._at(
+                    key,
+                    line,
+                    f"{op} absorbed as a nested no-op; only {list(LIFECYCLE_CALLS)} are absorbed inside a body",
+                )
+            if m.op is not None and m.op.row.operation == running and not m.op.body_done:
+                return
+            if m.op is None and m.state is not State.FAILED:
+                row = select_row(running, m.state, m.policy, m.residency, m.tags)
+                if (
+                    row is not None
+                    and row.body_state is not None
+                    and not any(e.phase == "enter" for e in row_edges(row))
+                ):
+                    self.rows_seen[row] += 1
+                    m.op = _Open(row, line)
+                    return
+            self._at(
+                key,
+                line,
+                f"{op} no-op 'nested in {running}' outside a {running} body (replay is in {m.state})",
+            )
+            return
+        if reason != "idempotent":
+            self._at(
+                key,
+                line,
+                f"{op} no-op with reason {reason!r}; a no-op is 'idempotent' or 'nested in <operation>'",
+            )
+            return
+        if m.state is State.FAILED:
+            self._at(
+                key,
+                line,
+                f"{op} no-op on a FAILED actor ({m.failed}): only recover, or a refusal, may follow a failure",
+            )
+            return
+        if m.op is not None:
+            self._at(key, line, f"{op} no-op while {m.op.row.operation} (line {m.op.line}) has not finished")
+            m.op = None
+        for targets in self._noop_targets(m, d):
+            row = select_row(op, m.state, m.policy, m.residency, targets)
+            if row is not None and row.noop:
+                self.rows_seen[row] += 1
+                return
+        noop_rows = [r for r in rows_for(op, m.state) if r.noop]
+        why = (
+            f"the table makes it a no-op only when {' or '.join(r.when.value for r in noop_rows)}"
+            if noop_rows
+            else f"the table has no no-op row for {op} from {m.state}"
+        )
+        self._at(
+            key,
+            line,
+            f"{op} from {m.state} is not a no-op here: {why}; replayed residency {_fmt_residency(m.residency)}",
+        )
+
+    def _resolved(self, key: _Key, m: _Machine, line: int, d: dict[str, Any]) -> None:
+        resolved = _get(d, "resolved")
+        if not isinstance(resolved, dict):
+            raise _Malformed(f"resolved={resolved!r} is not a mapping")
+        if m.state is not State.FAILED:
+            self._at(
+                key, line, f"lifecycle.resolved in {m.state}; only recover from FAILED resolves unknown state"
+            )
+        for name, value in resolved.items():
+            if name == "process_groups":
+                if m.groups is not Groups.UNKNOWN:
+                    known = m.groups and m.groups.value
+                    self._at(key, line, f"resolved the process groups, which the replay knows as {known}")
+                m.groups = _value(Groups, value, "resolved")
+            elif name in m.residency:
+                if m.residency[name] is not Residency.UNKNOWN:
+                    self._at(
+                        key,
+                        line,
+                        f"resolved tag {name!r}, which the replay knows as {m.residency[name].value}",
+                    )
+                m.residency[name] = _value(Residency, value, "resolved")
+            else:
+                self._at(
+                    key,
+                    line,
+                    f"resolved tag {name!r}, which is not one of this machine's tags {list(m.tags)}",
+                )
+
+    def _update(self, key: _Key, m: _Machine, line: int, d: dict[str, Any]) -> None:
+        version = _int(d, "version")
+        ranks = _get(d, "ranks")
+        if not isinstance(ranks, list) or not all(isinstance(r, int) for r in ranks):
+            raise _Malformed(f"ranks={ranks!r} is not a list of ranks")
+        coordinator = _get(d, "coordinator")
+        if not isinstance(coordinator, bool):
+            raise _Malformed(f"coordinator={coordinator!r} is not a bool")
+        slot = d.get("slot")
+        if isinstance(slot, (list, dict)):
+            raise _Malformed(f"slot={slot!r} is not a slot index")
+        ok = d.get("ok") is not False
+        if m.state is not State.SYNCING and not m.lost:
+            self._at(
+                key,
+                line,
+                f"weight_sync.update (slot {slot}, version {version}) logged in {m.state}; updates run inside the sync body (SYNCING)",
+            )
+        m.update_version = self._version(key, line, "weight_sync.update", version, ok, m.update_version)
+        if slot is not None:  # a rank outside every slot sends to no engine: nothing to cross-check
+            update = _Update(
+                key[0], line, key[1], key[2], coordinator, tuple(ranks), str(_get(d, "transport")), ok
+            )
+            self._updates[(slot, version)].append(update)
+
+    def _loaded(self, key: _Key, m: _Machine, line: int, d: dict[str, Any]) -> None:
+        version = _int(d, "version")
+        if m.state is not State.SYNCING and not m.lost:
+            self._at(
+                key,
+                line,
+                f"weight_sync.loaded (version {version}) logged in {m.state}; the rollout loads inside its sync body (SYNCING)",
+            )
+        ok = d.get("ok") is not False
+        m.loaded_version = self._version(key, line, "weight_sync.loaded", version, ok, m.loaded_version)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _row_for(
+        self, key: _Key, m: _Machine, line: int, edge: Edge, targets: tuple[str, ...], dst: State
+    ) -> Row | None:
+        """The row a logged edge belongs to: the open operation's, or the one the table selects now."""
+        op = edge.operation
+        if m.op is not None:
+            running = m.op.row
+            if edge.phase == "exit" and op == running.operation:
+                if not m.op.body_done:
+                    self._at(key, line, f"{op} exit before its body ran (started line {m.op.line})")
+                expected = [e for e in row_edges(running) if e.phase == "exit"]
+                if expected and expected[0] == edge:
+                    return running
+                self._at(
+                    key,
+                    line,
+                    f"{op} exit {edge.source}→{edge.dest}, but the row selected at line {m.op.line} "
+                    + (f"exits {expected[0].source}→{expected[0].dest}" if expected else "has no exit step"),
+                )
+                return None
+            self._at(
+                key, line, f"{_edge_name(edge)} while {running.operation} (line {m.op.line}) has not finished"
+            )
+            m.op = None
+        if edge.phase == "exit":
+            self._at(key, line, f"{op} exit {edge.source}→{edge.dest} without its {op} body before it")
+            return None
+        row = select_row(op, m.state, m.policy, m.residency, targets, dst if op == "recover" else None)
+        if row is None:
+            guards = ", ".join(r.when.value for r in rows_for(op, m.state)) or "no row at all"
+            self._at(
+                key,
+                line,
+                f"{op} from {m.state} on {list(targets)} is refused by the table here (rows need: {guards}); "
+                f"replayed residency {_fmt_residency(m.residency)}",
+            )
+            return None
+        if row.noop:
+            self._at(
+                key,
+                line,
+                f"{op} from {m.state} on {list(targets)} is a no-op here ({row.when.value}), yet it ran hooks",
+            )
+            return None
+        first = row_edges(row)[0]
+        if first != edge:
+            self._at(
+                key,
+                line,
+                f"{op} from {m.state} on {list(targets)} takes the row '{row.doc}' ({row.when.value}), which moves "
+                f"{first.source}→{first.dest} ({first.phase}); the log has {edge.source}→{edge.dest} ({edge.phase})",
+            )
+            return None
+        if row.body_state is not None and targets != m.tags:
+            self._at(
+                key, line, f"{op} targets {list(targets)}; a body operation acts on all tags {list(m.tags)}"
+            )
+        self.rows_seen[row] += 1
+        return row
+
+    def _plan(self, m: _Machine, edge: Edge, targets: tuple[str, ...]) -> list[Call]:
+        if edge.plan is None:
+            return []
+        return plan_calls(edge.plan, m.policy, m.residency, m.groups, targets, m.present)
+
+    def _targets(self, m: _Machine, d: Mapping[str, Any]) -> tuple[str, ...]:
+        targets = _get(d, "targets")
+        if not isinstance(targets, list) or not targets or not all(isinstance(t, str) for t in targets):
+            raise _Malformed(f"targets={targets!r} is not a non-empty list of tags")
+        unknown = [t for t in targets if t not in m.tags]
+        if unknown:
+            raise _Malformed(f"targets {unknown} are not among this machine's tags {list(m.tags)}")
+        return tuple(targets)
+
+    def _noop_targets(self, m: _Machine, d: Mapping[str, Any]) -> Iterator[tuple[str, ...]]:
+        """The targets a no-op was called with; when not logged, every non-empty subset of the tags.
+
+        Past 8 tags only the full set and single tags are tried, to bound the work per line.
+        """
+        if "targets" in d:
+            yield self._targets(m, d)
+            return
+        if len(m.tags) > 8:
+            yield m.tags
+            yield from ((t,) for t in m.tags)
+            return
+        for size in range(len(m.tags), 0, -1):
+            yield from itertools.combinations(m.tags, size)
+
+    def _compare_after(
+        self,
+        key: _Key,
+        m: _Machine,
+        line: int,
+        what: str,
+        residency: dict[str, Residency],
+        groups: Groups | None,
+    ) -> None:
+        if residency != m.residency:
+            diffs = [
+                f"{tag}: logged {_fmt_res(residency.get(tag))}, replay {_fmt_res(m.residency.get(tag))}"
+                for tag in dict.fromkeys([*m.residency, *residency])
+                if residency.get(tag) is not m.residency.get(tag)
+            ]
+            self._at(key, line, f"{what}: logged residency differs from the replay ({'; '.join(diffs)})")
+        if groups is not m.groups:
+            self._at(
+                key,
+                line,
+                f"{what}: logged process groups {groups and groups.value}, replay says {m.groups and m.groups.value}",
+            )
+
+    def _check_t(self, key: _Key, m: _Machine, line: int, d: Mapping[str, Any]) -> None:
+        t = _get(d, "t")
+        if not isinstance(t, (int, float)) or isinstance(t, bool):
+            raise _Malformed(f"t={t!r} is not a time in epoch seconds")
+        if m.last_t is not None and t <= m.last_t[0]:
+            self._at(
+                key,
+                line,
+                f"t={t:.6f} does not increase: line {m.last_t[1]} has t={m.last_t[0]:.6f} "
+                f"({(t - m.last_t[0]) * 1e3:+.3f} ms); lines are out of order or the clock stepped back",
+            )
+        m.last_t = (float(t), line)
+
+    def _version(
+        self,
+        key: _Key,
+        line: int,
+        event: str,
+        version: int,
+        ok: bool,
+        previous: tuple[int, int, bool] | None,
+    ) -> tuple[int, int, bool]:
+        # The same version again is a retry, legal only after a failed attempt.
+        if previous is not None and (version < previous[0] or (version == previous[0] and previous[2])):
+            self._at(
+                key,
+                line,
+                f"{event} version {version} does not increase (line {previous[1]} has version {previous[0]})",
+            )
+        return (version, line, ok)
+
+    def _check_updates(self) -> None:
+        for (slot, version), updates in self._updates.items():
+            self._check_update_group(f"slot {slot} version {version}", updates)
+
+    def _check_update_group(self, what: str, updates: list[_Update]) -> None:
+        """One slot's reports of one version: same ranks, all of them, one coordinator, one transport."""
+        coordinators = list({u.rank: u for u in updates if u.coordinator}.values())  # a retry is no second
+        reference = next(
+            (u for u in coordinators if u.ranks and u.rank == min(u.ranks)),
+            coordinators[0] if coordinators else updates[0],
+        )
+        ranks = reference.ranks
+
+        def report(u: _Update, message: str) -> None:
+            self._report(u.path, u.line, u.rank, u.role, f"{what}: {message}")
+
+        ok_reports: collections.Counter[int | None] = collections.Counter()
+        for u in updates:
+            if u.ranks != ranks:
+                report(
+                    u,
+                    f"ranks {list(u.ranks)} differ from {list(ranks)} (line {reference.line} of {reference.path})",
+                )
+            if u.rank not in ranks:
+                report(u, f"rank {u.rank} is not among the slot's ranks {list(ranks)}")
+            if u.transport != reference.transport:
+                report(
+                    u,
+                    f"transport {u.transport!r} differs from {reference.transport!r} of rank {reference.rank}; "
+                    "a slot uses one transport per version",
+                )
+            ok_reports[u.rank] += u.ok
+            if u.ok and ok_reports[u.rank] == 2:
+                report(u, f"rank {u.rank} reported this update twice")
+        # A failed version is already logged with its error; who did not report is part of it.
+        if all(u.ok for u in updates):
+            missing = [r for r in ranks if r not in ok_reports]
+            if missing:
+                report(
+                    reference,
+                    f"ranks {missing} did not report weight_sync.update (the slot's ranks are {list(ranks)})",
+                )
+        if not ranks:
+            return
+        first = min(ranks)
+        if not coordinators:
+            report(reference, f"no rank coordinated; rank {first}, the slot's first rank, must")
+        for u in coordinators:
+            if u.rank != first:
+                twice = (
+                    " (two coordinators: the slot's engine is updated twice, vime #57)"
+                    if len(coordinators) > 1
+                    else ""
+                )
+                report(
+                    u,
+                    f"rank {u.rank} coordinated, but the coordinator is the slot's first rank {first}{twice}",
+                )
+
+    def _key(self, path: str, data: Mapping[str, Any]) -> _Key:
+        rank, role = data.get("rank"), data.get("role")
+        if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool)):
+            raise _Malformed(f"has rank={rank!r}, which is not an integer")
+        if role is not None and not isinstance(role, str):
+            raise _Malformed(f"has role={role!r}, which is not a string")
+        return (path, rank, role)
+
+    def _at(self, key: _Key, line: int, message: str) -> None:
+        self._report(key[0], line, key[1], key[2], message)
+
+    def _report(self, path: str, line: int, rank: int | None, role: str | None, message: str) -> None:
+        self._findings.append(Finding(path, line, rank, role, message))
+
+
+_EDGE_INDEX: dict[tuple[State, State, str, str], Edge] = {
+    (e.source, e.dest, e.operation, e.phase): e for e in EDGES
+}
+assert len(_EDGE_INDEX) == len(EDGES), "two edges share (source, dest, operation, phase)"
+
+
+# ----------------------------------------------------------------------------------------------
+# Field readers: a bad value is a finding for its line, never an exception out of the checker.
+
+
+def _get(d: Mapping[str, Any], name: str) -> Any:
+    if name not in d:
+        raise _Malformed(f"has no {name!r} field")
+    return d[name]
+
+
+def _text(d: Mapping[str, Any], name: str) -> str:
+    value = _get(d, name)
+    if not isinstance(value, str):
+        raise _Malformed(f"{name}={value!r} is not a string")
+    return value
+
+
+def _int(d: Mapping[str, Any], name: str) -> int:
+    value = _get(d, name)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise _Malformed(f"{name}={value!r} is not an integer")
+    return value
+
+
+def _value(kind: type[_E], value: Any, name: str) -> _E:
+    try:
+        return kind(value)
+    except ValueError:
+        raise _Malformed(f"{name} has {value!r}, which is not one of {[e.value for e in kind]}") from None
+
+
+def _enum(d: Mapping[str, Any], name: str, kind: type[_E]) -> _E:
+    return _value(kind, _get(d, name), name)
+
+
+def _optional_enum(d: Mapping[str, Any], name: str, kind: type[_E]) -> _E | None:
+    value = _get(d, name)
+    return None if value is None else _value(kind, value, name)
+
+
+def _residency(d: Mapping[str, Any]) -> dict[str, Residency]:
+    value = _get(d, "residency")
+    if not isinstance(value, dict):
+        raise _Malformed(f"residency={value!r} is not a mapping of tag to residency")
+    return {str(tag): _value(Residency, r, "residency") for tag, r in value.items()}
+
+
+def _logged_calls(d: Mapping[str, Any]) -> list[tuple[Call, bool]]:
+    hooks = _get(d, "hooks")
+    if not isinstance(hooks, list):
+        raise _Malformed(f"hooks={hooks!r} is not a list")
+    out = []
+    for entry in hooks:
+        if not isinstance(entry, dict) or not isinstance(entry.get("ok"), bool):
+            raise _Malformed(f"hook entry {entry!r} is not {{name, ms, ok[, tag]}}")
+        tag = entry.get("tag")
+        if tag is not None and not isinstance(tag, str):
+            raise _Malformed(f"hook entry {entry!r} has a tag that is not a string")
+        out.append((Call(_value(Hook, entry.get("name"), "hooks"), tag), entry["ok"]))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Messages
+
+
+def _tag(tag: Any) -> str:
+    return f"[{tag}]" if tag is not None else ""
+
+
+def _fmt_call(call: Call) -> str:
+    return f"{call.hook.value}{_tag(call.tag)}"
+
+
+def _fmt_calls(calls: Iterable[Call]) -> str:
+    return "[" + ", ".join(_fmt_call(c) for c in calls) + "]"
+
+
+def _fmt_logged(logged: Iterable[tuple[Call, bool]]) -> str:
+    return "[" + ", ".join(f"{_fmt_call(c)}{'' if ok else ' (ok=false)'}" for c, ok in logged) + "]"
+
+
+def _fmt_res(r: Residency | None) -> str:
+    return "absent" if r is None else r.value
+
+
+def _fmt_residency(residency: Mapping[str, Residency]) -> str:
+    return "{" + ", ".join(f"{t}: {r.value}" for t, r in residency.items()) + "}"
+
+
+def _edge_name(edge: Edge) -> str:
+    if edge.phase == "exit":
+        return f"{edge.operation} (exit {edge.source}→{edge.dest})"
+    return f"{edge.operation} from {edge.source}"
+
+
+def _hooks_message(edge: Edge, expected: list[Call], logged: list[Call], m: _Machine) -> str:
+    """Say what a logged hook list got wrong against the plan, in words first."""
+    parts: list[str] = []
+    for call in expected:
+        if call not in logged:
+            parts.append("did not " + _DID_NOT[call.hook].format(tag=call.tag))
+    extra = [c for c in logged if c not in expected]
+    for call in extra:
+        if call.hook is Hook.MEMORY_PAUSE and m.residency.get(call.tag or ALL_TAGS) is Residency.RELEASED:
+            parts.append(
+                f"paused tag {call.tag}, which was already released (torch_memory_saver exits on that)"
+            )
+        elif call.hook is Hook.MEMORY_RESUME and m.residency.get(call.tag or ALL_TAGS) is Residency.RESIDENT:
+            parts.append(f"resumed tag {call.tag}, which was resident (torch_memory_saver exits on that)")
+        else:
+            parts.append(f"called {_fmt_call(call)}, which the plan does not call here")
+    if not parts:
+        same = collections.Counter(expected) == collections.Counter(logged)
+        parts.append("ran its hooks in the wrong order" if same else "repeated a hook")
+    lead = _edge_name(edge)
+    if edge.operation == "recover" and extra:
+        lead = f"recover to {edge.dest} re-ran hooks the residency did not need:"
+    return f"{lead} {', '.join(parts)}: expected hooks {_fmt_calls(expected)}, logged {_fmt_calls(logged)}"

@@ -1,0 +1,463 @@
+"""Timelines of lifecycle logs: a Chrome/Perfetto trace and a PNG, one lane per rank and role.
+
+    write_trace(["logs/"], "timeline.json")  # open in ui.perfetto.dev or chrome://tracing
+    render_png(["logs/"], "timeline.png")
+
+Each machine's states tile its time from its `lifecycle.configured` event to the last timestamp
+of its file; transitions, their hooks and bodies nest inside the state they ran in; no-ops,
+refusals, failures and weight-sync events are instants. Lines that are not events are skipped
+here: `lifecycle.checker` is what reports them.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from lifecycle.checker import log_paths, read_log
+from lifecycle.table import State
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+__all__ = [
+    "STATE_COLORS",
+    "Lane",
+    "Mark",
+    "Span",
+    "TimelinePicture",
+    "build_trace",
+    "draw_figure",
+    "read_lanes",
+    "render_png",
+    "write_trace",
+]
+
+# One colour per state, the same in every picture.
+STATE_COLORS: Mapping[State, str] = {
+    State.AWAKE: "#43a047",
+    State.PAUSED: "#b0bec5",
+    State.SAVING: "#fbc02d",
+    State.SYNCING: "#1e88e5",
+    State.FAILED: "#e53935",
+}
+# Chrome's trace viewer only takes its reserved colour names; Perfetto picks its own colours.
+_TRACE_COLORS: Mapping[State, str] = {
+    State.AWAKE: "good",
+    State.PAUSED: "grey",
+    State.SAVING: "yellow",
+    State.SYNCING: "rail_load",
+    State.FAILED: "terrible",
+}
+# (marker, face colour, size, legend label) per kind of instant in the picture.
+_MARKS: Mapping[str, tuple[str, str, float, str]] = {
+    "failed": ("X", "#b71c1c", 70.0, "failure"),
+    "noop": ("o", "white", 16.0, "no-op"),
+    "refused": ("v", "#ef6c00", 24.0, "refused"),
+    "weight_sync": ("d", "#0d47a1", 12.0, "weight sync"),
+}
+
+
+@dataclass
+class Span:
+    """A slice inside a lane: a transition, one of its hooks, or a body (times in epoch seconds)."""
+
+    name: str
+    cat: str
+    start: float
+    end: float
+    args: dict[str, Any] = field(default_factory=dict)
+    failed: bool = False
+
+
+@dataclass
+class Mark:
+    """An instant: a no-op, a refusal, a failure, a resolution, a weight-sync or other event."""
+
+    kind: str
+    name: str
+    time: float
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Lane:
+    """One machine (file, rank, role): its states tile [start, end]; spans nest inside them."""
+
+    path: str
+    rank: int | None
+    role: str | None
+    states: list[tuple[float, float, State]] = field(default_factory=list)
+    spans: list[Span] = field(default_factory=list)
+    marks: list[Mark] = field(default_factory=list)
+    name: str = ""  # the label, with the file name when two files hold the same rank and role
+    _current: tuple[float, State] | None = None
+
+    @property
+    def label(self) -> str:
+        parts = [p for p in (None if self.rank is None else f"rank {self.rank}", self.role) if p]
+        return " ".join(parts) or Path(self.path).name
+
+    def set_state(self, time: float, state: State) -> None:
+        if self._current is not None and self._current[1] is state:
+            return  # a self-loop (partial wake, sync from PAUSED's exit) keeps one slice
+        if self._current is not None:
+            start, previous = self._current
+            time = max(time, start)  # a clock step back must not make a slice run backwards
+            self.states.append((start, time, previous))
+        self._current = (time, state)
+
+    def close(self, end: float) -> None:
+        if self._current is not None:
+            start, state = self._current
+            self.states.append((start, max(end, start), state))
+            self._current = None
+
+
+# ----------------------------------------------------------------------------------------------
+# Reading logs into lanes
+
+
+def read_lanes(paths: Iterable[str | Path]) -> list[Lane]:
+    """One lane per machine in the logs, ordered by rank, then role, then file."""
+    lanes: list[Lane] = []
+    for path in log_paths(paths):
+        lanes += _read_file(path)
+    if not lanes:
+        raise ValueError(
+            "no lifecycle events with a rank or role in the given logs; pass the JSON-lines files written by "
+            "lifecycle.configure_logging(json_path=...) at level info"
+        )
+    lanes.sort(key=lambda lane: (lane.rank is None, lane.rank or 0, lane.role or "", lane.path))
+    labels = collections.Counter(lane.label for lane in lanes)
+    for lane in lanes:
+        lane.name = lane.label if labels[lane.label] == 1 else f"{lane.label} ({Path(lane.path).name})"
+        _nest(lane)
+    return lanes
+
+
+def _read_file(path: Path) -> list[Lane]:
+    lanes: dict[tuple[Any, Any], Lane] = {}
+    now: float | None = None
+    end = float("-inf")
+    for entry in read_log(path):
+        d = entry.event
+        if d is None:
+            continue
+        when = _timestamp(d.get("timestamp"))
+        if when is None:
+            when = now
+        if when is None:
+            continue  # nothing to place it at yet
+        now = when
+        end = max(end, when)
+        name = d["event"]
+        key = (d.get("rank"), d.get("role"))
+        if not isinstance(key[0], (int, type(None))) or not isinstance(key[1], (str, type(None))):
+            continue
+        lane = lanes.get(key)
+        if lane is None:
+            if key == (None, None) and not name.startswith("lifecycle."):
+                continue  # not an actor's event
+            lane = lanes[key] = Lane(str(path), key[0], key[1])
+        end = max(end, _add_event(lane, name, d, when))
+    for lane in lanes.values():
+        lane.close(end)
+    return list(lanes.values())
+
+
+def _add_event(lane: Lane, name: str, d: dict[str, Any], when: float) -> float:
+    """Add one event to its lane; return the latest time it covers."""
+    try:
+        if name == "lifecycle.configured":
+            lane.set_state(when, State(d["state"]))
+        elif name == "lifecycle.transition":
+            start = float(d["t"])
+            stop = start + max(float(d["duration_ms"]), 0.0) / 1e3
+            src, dst = State(d["src"]), State(d["dst"])
+            lane.spans.append(
+                Span(
+                    f"{d['operation']} {src.value}→{dst.value}",
+                    "transition",
+                    start,
+                    stop,
+                    _pick(d, "operation", "phase", "targets", "residency", "groups"),
+                )
+            )
+            _hook_spans(lane, d.get("hooks") or [], start, stop)
+            lane.set_state(stop, dst)
+            return stop
+        elif name == "lifecycle.failed":
+            hooks = d.get("hooks") or []
+            total = sum(float(h.get("ms", 0.0)) for h in hooks if isinstance(h, dict)) / 1e3
+            _hook_spans(lane, hooks, when - total, when)
+            what = f"{d.get('hook')}{'[' + str(d['tag']) + ']' if d.get('tag') else ''}"
+            lane.marks.append(
+                Mark(
+                    "failed",
+                    f"FAILED: {what} raised in {d.get('operation')}",
+                    when,
+                    _pick(d, "operation", "src", "phase", "hook", "tag", "error", "residency", "groups"),
+                )
+            )
+            lane.set_state(when, State.FAILED)
+        elif name == "lifecycle.body":
+            start = float(d["t"])
+            stop = start + max(float(d["duration_ms"]), 0.0) / 1e3
+            ok = bool(d.get("ok", True))
+            args = _pick(d, "operation", "state", "ok", "error")
+            lane.spans.append(Span(f"{d['operation']} body", "body", start, stop, args, failed=not ok))
+            return stop
+        elif name in ("lifecycle.noop", "lifecycle.refused"):
+            kind = name.removeprefix("lifecycle.")
+            lane.marks.append(
+                Mark(kind, f"{kind} {d.get('operation')}", when, _pick(d, "operation", "state", "reason"))
+            )
+        elif name == "lifecycle.resolved":
+            lane.marks.append(Mark("resolved", "resolved", when, {"resolved": d.get("resolved")}))
+        elif name.startswith("weight_sync."):
+            version = f" v{d['version']}" if "version" in d else ""
+            lane.marks.append(Mark("weight_sync", f"{name}{version}", when, _fields(d)))
+        else:
+            lane.marks.append(Mark("event", name, when, _fields(d)))
+    except (KeyError, TypeError, ValueError):
+        lane.marks.append(Mark("event", f"unreadable {name}", when, {}))
+    return when
+
+
+def _pick(d: Mapping[str, Any], *keys: str) -> dict[str, Any]:
+    return {k: d[k] for k in keys if k in d}
+
+
+def _fields(d: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in d.items() if k not in ("event", "timestamp", "level", "log_level")}
+
+
+def _hook_spans(lane: Lane, hooks: list[Any], start: float, stop: float) -> None:
+    """Hooks ran one after another from the edge's start; each logs only its own duration."""
+    at = start
+    for hook in hooks:
+        if not isinstance(hook, dict):
+            continue
+        ms = max(float(hook.get("ms", 0.0)), 0.0)
+        end = min(at + ms / 1e3, stop)
+        name = f"{hook.get('name')}{'[' + str(hook['tag']) + ']' if hook.get('tag') else ''}"
+        lane.spans.append(Span(name, "hook", at, end, dict(hook), failed=hook.get("ok") is False))
+        at = end
+
+
+def _timestamp(value: Any) -> float | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        # Python 3.10's fromisoformat does not read the "Z" that structlog writes.
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def _nest(lane: Lane) -> None:
+    """Clip spans so that on the lane's track every two slices are disjoint or nested."""
+    if lane.states:
+        first, last = lane.states[0][0], lane.states[-1][1]
+        for span in lane.spans:
+            span.start = min(max(span.start, first), last)
+            span.end = min(max(span.end, span.start), last)
+    roots: list[tuple[float, float, int, Span | None]] = [(s, e, 0, None) for s, e, _ in lane.states]
+    items = roots + [(sp.start, sp.end, 1 + _DEPTH[sp.cat], sp) for sp in lane.spans]
+    items.sort(key=lambda item: (item[0], -item[1], item[2]))
+    stack: list[float] = []  # ends of the open slices
+    for start, end, _, child in items:
+        while stack and stack[-1] <= start:
+            stack.pop()
+        if child is not None and stack and end > stack[-1]:
+            child.end = end = stack[-1]
+        stack.append(end)
+
+
+_DEPTH = {"transition": 0, "body": 0, "hook": 1}
+
+
+# ----------------------------------------------------------------------------------------------
+# Chrome / Perfetto trace
+
+
+def build_trace(paths: Iterable[str | Path]) -> dict[str, Any]:
+    """Chrome trace-event JSON: one process per rank, one thread per role, microseconds from the first event."""
+    lanes = read_lanes(paths)
+    origin = _origin(lanes)
+
+    def us(x: float) -> float:
+        return round((x - origin) * 1e6, 3)
+
+    events: list[dict[str, Any]] = []
+    pids: dict[Any, int] = {}
+    tids: dict[int, int] = {}
+    for lane in lanes:
+        group = lane.rank if lane.rank is not None else f"file:{lane.path}"
+        if group not in pids:
+            pid = lane.rank if lane.rank is not None else 1_000_000 + len(pids)
+            pids[group] = pid
+            pname = f"rank {lane.rank}" if lane.rank is not None else Path(lane.path).name
+            events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": pname}})
+            events.append(
+                {"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": pid}}
+            )
+        pid = pids[group]
+        tid = tids[pid] = tids.get(pid, 0) + 1
+        tname = (lane.role or "actor") + lane.name.removeprefix(lane.label)
+        events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": tname}})
+        events.append(
+            {"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid, "args": {"sort_index": tid}}
+        )
+
+        slices: list[tuple[str, str, float, float, dict[str, Any], str | None]] = [
+            (st.value, "state", s0, s1, {"state": st.value}, _TRACE_COLORS[st]) for s0, s1, st in lane.states
+        ]
+        slices += [
+            (sp.name, sp.cat, sp.start, sp.end, sp.args, "bad" if sp.failed else None) for sp in lane.spans
+        ]
+        for name, cat, start, end, args, cname in slices:
+            ts = us(start)
+            event = {"ph": "X", "name": name, "cat": cat, "pid": pid, "tid": tid, "ts": ts, "args": args}
+            event["dur"] = max(round(us(end) - ts, 3), 0.0)
+            if cname:
+                event["cname"] = cname
+            events.append(event)
+        for mark in lane.marks:
+            # A failure is drawn across the whole rank (scope "p") so it is seen when zoomed out.
+            scope = "p" if mark.kind == "failed" else "t"
+            instant = {"ph": "i", "name": mark.name, "cat": mark.kind, "pid": pid, "tid": tid, "s": scope}
+            instant |= {"ts": us(mark.time), "args": mark.args}
+            if mark.kind == "failed":
+                instant["cname"] = "terrible"
+            events.append(instant)
+    return {
+        "traceEvents": events,
+        "displayTimeUnit": "ms",
+        "otherData": {"origin_epoch_s": origin, "lanes": [lane.name for lane in lanes]},
+    }
+
+
+def write_trace(paths: Iterable[str | Path], out_json: str | Path) -> Path:
+    """Write `build_trace(paths)` to `out_json` (open it in ui.perfetto.dev or chrome://tracing)."""
+    trace = build_trace(paths)
+    out = Path(out_json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(trace, default=str), encoding="utf-8")
+    return out
+
+
+def _origin(lanes: list[Lane]) -> float:
+    times = [s for lane in lanes for s, _, _ in lane.states[:1]]
+    times += [sp.start for lane in lanes for sp in lane.spans] + [
+        m.time for lane in lanes for m in lane.marks
+    ]
+    return min(times) if times else 0.0
+
+
+# ----------------------------------------------------------------------------------------------
+# Picture
+
+
+@dataclass(frozen=True)
+class TimelinePicture:
+    """What `render_png` drew: the lane labels top to bottom, and how many bars and markers."""
+
+    path: Path
+    lanes: tuple[str, ...]
+    bars: int
+    markers: dict[str, int]
+    seconds: float
+
+
+def draw_figure(paths: Iterable[str | Path]) -> Figure:
+    """A matplotlib figure of the logs: one horizontal lane per machine, a bar per state interval."""
+    return _draw(read_lanes(paths))[0]
+
+
+def render_png(paths: Iterable[str | Path], out_png: str | Path, *, dpi: int = 110) -> TimelinePicture:
+    """Draw the logs (see `draw_figure`) into a PNG file with matplotlib's Agg canvas."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    figure, lanes, bars, markers, seconds = _draw(read_lanes(paths))
+    FigureCanvasAgg(figure)
+    out = Path(out_png)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(out, dpi=dpi)
+    return TimelinePicture(out, lanes, bars, markers, seconds)
+
+
+def _draw(lanes: list[Lane]) -> tuple[Figure, tuple[str, ...], int, dict[str, int], float]:
+    # matplotlib is imported here only: the core stays importable without it.
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    origin = _origin(lanes)
+    count = len(lanes)
+    # About a quarter inch per lane keeps 64 lanes readable without a giant image for two.
+    figure = Figure(figsize=(13.0, max(3.0, 1.6 + 0.26 * count)), layout="constrained")
+    axes = figure.add_subplot()
+    markers: dict[str, int] = dict.fromkeys(_MARKS, 0)
+    bars = 0
+    right = 0.0
+    for index, lane in enumerate(lanes):
+        y = count - 1 - index  # first lane at the top
+        for state in State:
+            ranges = [(s - origin, e - s) for s, e, st in lane.states if st is state]
+            if ranges:
+                axes.broken_barh(
+                    ranges,
+                    (y - 0.38, 0.76),
+                    facecolors=STATE_COLORS[state],
+                    edgecolors=STATE_COLORS[state],  # a hairline edge keeps sub-pixel intervals visible
+                    linewidth=0.4,
+                    gid=f"state {state} {index}",
+                )
+                bars += len(ranges)
+        if lane.states:
+            right = max(right, lane.states[-1][1] - origin)
+        for kind, (marker, color, size, _) in _MARKS.items():
+            xs = [m.time - origin for m in lane.marks if m.kind == kind]
+            if xs:
+                axes.scatter(
+                    xs,
+                    [y] * len(xs),
+                    marker=marker,
+                    s=size,
+                    c=color,
+                    edgecolors="black",
+                    linewidths=0.5,
+                    zorder=3,
+                    gid=f"mark {kind} {index}",
+                )
+                markers[kind] += len(xs)
+    labels = [lane.name for lane in lanes]
+    axes.set_yticks(range(count), labels[::-1], fontsize=9 if count <= 24 else 7 if count <= 48 else 6)
+    axes.set_ylim(-0.7, count - 0.3)
+    axes.set_xlim(0.0, max(right, 1e-6))
+    axes.set_xlabel("seconds since the first event")
+    axes.grid(axis="x", linewidth=0.4, alpha=0.5)
+    axes.set_title(f"lifecycle timeline: {count} lane{'s' if count != 1 else ''}, {right:.3g} s")
+    handles: list[Any] = [Patch(facecolor=STATE_COLORS[s], label=s.value) for s in State]
+    handles += [
+        Line2D(
+            [],
+            [],
+            linestyle="",
+            marker=m,
+            markersize=7,
+            markerfacecolor=c,
+            markeredgecolor="black",
+            label=label,
+        )
+        for m, c, _, label in _MARKS.values()
+    ]
+    axes.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, frameon=False)
+    return figure, tuple(labels), bars, markers, right

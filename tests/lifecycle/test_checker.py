@@ -1,0 +1,867 @@
+"""The log checker: real machine logs are clean, and each kind of hand edit is caught at its line."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import random
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lifecycle import (
+    IllegalTransitionError,
+    LifecycleFailedError,
+    LifecyclePolicy,
+    State,
+    configure_logging,
+    flush_logs,
+)
+from lifecycle.checker import Finding, LogChecker, check_files, check_lines, log_paths
+from lifecycle.machine import Lifecycle
+from lifecycle.table import TABLE
+from lifecycle.testing import InjectedFault, Recorders, make_body, recording_lifecycle
+
+TAGS = ("weights", "kv_cache", "cuda_graph")
+SLOTS = {0: (0, 1), 1: (2, 3)}  # slot -> the trainer ranks that feed one rollout engine
+VERSIONS = (1, 2, 3)
+
+
+@contextlib.contextmanager
+def json_log(path: Path) -> Iterator[Path]:
+    """Send lifecycle events to `path` for the block, then close it and go back to quiet (as conftest)."""
+    configure_logging(json_path=path)
+    try:
+        yield path
+    finally:
+        flush_logs()
+        configure_logging(stream=io.StringIO(), level="warning")
+
+
+def body(rec: Recorders, lc: Lifecycle, operation: str) -> Callable[[], Any]:
+    return make_body(rec, lc, operation)
+
+
+def expect(error: type[BaseException], call: Callable[[], Any]) -> None:
+    with pytest.raises(error):
+        call()
+
+
+# ----------------------------------------------------------------------------------------------
+# The clean corpus: real machines on the fakes, every row of the table, faults and recoveries.
+
+
+def trainer_offload(path: Path) -> None:
+    """slime's colocated trainer: starts asleep, sleeps after every train step."""
+    with json_log(path):
+        policy = LifecyclePolicy(offload_train=True, colocate=True, use_routing_replay=True)
+        lc, rec = recording_lifecycle(policy, initial=State.PAUSED, rank=0, role="trainer")
+        lc.run("train", body(rec, lc, "train"))  # PAUSED: wake, train, sleep
+        lc.run("sync", body(rec, lc, "sync"))  # PAUSED: groups up, sync, groups down
+        lc.run("save", body(rec, lc, "save"))  # PAUSED: wake, save, sleep
+        lc.sleep()  # no-op
+        lc.wake_up()
+        lc.wake_up()  # no-op
+        lc.run("save", body(rec, lc, "save"))
+        lc.run("sync", body(rec, lc, "sync"))
+        lc.run("generate", body(rec, lc, "generate"))
+        lc.event("demo.step", step=3)  # another layer's event: ignored by the checker
+        lc.run("train", body(rec, lc, "train"))  # AWAKE: train, sleep
+
+
+def trainer_resident(path: Path) -> None:
+    """A trainer without offload_train, with bodies that call sleep/wake_up (absorbed)."""
+    with json_log(path):
+        policy = LifecyclePolicy(offload_train=False, model_tag=None, destroy_process_groups=False)
+        lc, rec = recording_lifecycle(policy, rank=1, role="trainer")
+
+        def nested(operation: str) -> Callable[[], None]:
+            def run() -> None:
+                lc.sleep()
+                lc.wake_up()
+                expect(IllegalTransitionError, lambda: lc.run("save", body(rec, lc, "save")))
+                rec.check_body(lc, operation)
+
+            return run
+
+        lc.run("train", body(rec, lc, "train"))
+        lc.run("train", nested("train"))  # an in-place body: the no-ops come before its body event
+        lc.sleep()
+        lc.run("save", nested("save"))  # PAUSED: the no-ops come inside SAVING
+        lc.run("train", body(rec, lc, "train"))  # PAUSED, auto-wake, stays AWAKE
+        expect(IllegalTransitionError, lambda: lc.recover(State.AWAKE))  # refused: nothing to recover
+
+
+def rollout_tags(path: Path) -> None:
+    """A rollout engine with per-tag residency: partial wakes, partial sleeps, tag-wise no-ops."""
+    with json_log(path):
+        policy = LifecyclePolicy(memory_tags=TAGS, sync_requires=("weights",), model_tag=None)
+        lc, rec = recording_lifecycle(policy, generation=True, rank=0, role="rollout")
+        lc.run("generate", body(rec, lc, "generate"))
+        lc.sleep()
+        expect(IllegalTransitionError, lambda: lc.run("sync", body(rec, lc, "sync")))  # weights released
+        lc.wake_up(tags=["weights"])  # partial
+        lc.run("sync", body(rec, lc, "sync"))  # PAUSED, weights resident
+        lc.sleep()  # PAUSED with weights resident: pauses weights only
+        lc.sleep(tags=["kv_cache"])  # no-op
+        lc.wake_up(tags=["weights"])
+        lc.wake_up(tags=["kv_cache", "cuda_graph"])  # completes the wake
+        lc.sleep(tags=["kv_cache"])  # AWAKE -> PAUSED releasing one tag
+        lc.sleep(tags=["kv_cache"])  # no-op although weights are resident
+        lc.wake_up()
+
+
+def failures(path: Path) -> None:
+    """Faults before and after a hook's effect, in every phase, and the recoveries."""
+    with json_log(path):
+        policy = LifecyclePolicy(offload_train=True, use_routing_replay=True)
+        lc, rec = recording_lifecycle(policy, rank=2, role="trainer")
+        rec.faults.arm("process_groups.destroy")
+        expect(InjectedFault, lc.sleep)
+        expect(LifecycleFailedError, lc.sleep)  # refused on FAILED
+        lc.recover(State.PAUSED)  # re-runs destroy and pause only
+        rec.faults.arm("memory.resume", after_effect=True)
+        expect(InjectedFault, lc.wake_up)
+        lc.recover(State.AWAKE)  # asks the backend (resolved), then reloads groups, switches model
+
+        def broken() -> None:
+            raise ValueError("loss is nan")
+
+        expect(ValueError, lambda: lc.run("train", broken))  # body fails, exit still sleeps
+        rec.faults.arm("clear_memory")
+        expect(InjectedFault, lambda: lc.run("save", body(rec, lc, "save")))  # enter edge fails
+        lc.recover(State.AWAKE)
+        rec.faults.arm("memory.pause")
+        expect(InjectedFault, lambda: lc.run("train", body(rec, lc, "train")))  # exit edge fails
+        rec.faults.arm("process_groups.reload", after_effect=True)
+        expect(InjectedFault, lambda: lc.recover(State.AWAKE))  # recover itself fails
+        lc.recover(State.PAUSED)
+        rec.faults.arm("process_groups.destroy")
+        expect(InjectedFault, lambda: lc.run("sync", body(rec, lc, "sync")))  # fails leaving SYNCING
+        lc.recover(State.PAUSED)
+
+
+def rollout_failures(path: Path) -> None:
+    with json_log(path):
+        policy = LifecyclePolicy(memory_tags=TAGS, sync_requires=("weights",), model_tag=None)
+        lc, rec = recording_lifecycle(policy, generation=True, rank=1, role="rollout")
+        rec.faults.arm("memory.pause", at=2, after_effect=True)  # kv_cache: the second tag paused
+        expect(InjectedFault, lc.sleep)
+        lc.recover(State.PAUSED)
+        rec.faults.arm("generation.resume")
+        expect(InjectedFault, lc.wake_up)
+        lc.recover(State.AWAKE)
+
+
+def weight_sync(directory: Path) -> list[Path]:
+    """Four trainer ranks in two slots and two rollout engines, three versions."""
+    out = []
+    for slot, ranks in SLOTS.items():
+        for rank in ranks:
+            path = directory / f"trainer{rank}.jsonl"
+            out.append(path)
+            with json_log(path):
+                policy = LifecyclePolicy(offload_train=True, colocate=True)
+                lc, rec = recording_lifecycle(policy, initial=State.PAUSED, rank=rank, role="trainer")
+                lc.event("weight_sync.transport", requested="auto", chosen="cuda_ipc", reason="colocated")
+                for version in VERSIONS:
+                    lc.run("train", body(rec, lc, "train"))
+
+                    def update(
+                        lc: Lifecycle = lc,
+                        rec: Recorders = rec,
+                        version: int = version,
+                        slot: int = slot,
+                        ranks: tuple[int, ...] = ranks,
+                    ) -> None:
+                        rec.check_body(lc, "sync")
+                        lc.event(
+                            "weight_sync.update",
+                            slot=slot,
+                            version=version,
+                            transport="cuda_ipc",
+                            coordinator=lc.context["rank"] == min(ranks),
+                            ranks=list(ranks),
+                            bytes=1 << 20,
+                            buckets=2,
+                            duration_ms=0.5,
+                            gbps=2.1,
+                            ok=True,
+                        )
+
+                    lc.run("sync", update)
+        path = directory / f"engine{slot}.jsonl"
+        out.append(path)
+        with json_log(path):
+            policy = LifecyclePolicy(memory_tags=TAGS, sync_requires=("weights",), model_tag=None)
+            lc, rec = recording_lifecycle(policy, generation=True, rank=slot, role="rollout")
+            for version in VERSIONS:
+                lc.sleep()
+                lc.wake_up(tags=["weights"])
+
+                def load(lc: Lifecycle = lc, rec: Recorders = rec, version: int = version) -> None:
+                    rec.check_body(lc, "sync")
+                    lc.event(
+                        "weight_sync.loaded",
+                        version=version,
+                        bytes=2 << 20,
+                        checksum_ok=True,
+                        duration_ms=0.7,
+                        transport="cuda_ipc",
+                    )
+
+                lc.run("sync", load)
+                lc.wake_up()
+                lc.run("generate", body(rec, lc, "generate"))
+    return out
+
+
+def random_walk(path: Path, seed: int) -> None:
+    """Random operations, tags and faults on a random policy; errors are part of the walk."""
+    rng = random.Random(seed)
+    tagged = rng.random() < 0.5
+    offload = rng.random() < 0.5
+    policy = LifecyclePolicy(
+        offload_train=offload,
+        auto_wake=offload or rng.random() < 0.7,
+        use_routing_replay=rng.random() < 0.5,
+        memory_tags=TAGS if tagged else None,
+        destroy_process_groups=rng.random() < 0.8,
+        model_tag=rng.choice(("actor", None)),
+        sync_requires=("weights",) if tagged and rng.random() < 0.7 else (),
+    )
+    hooks = [
+        "memory.pause",
+        "memory.resume",
+        "process_groups.destroy",
+        "process_groups.reload",
+        "clear_memory",
+    ]
+    with json_log(path):
+        lc, rec = recording_lifecycle(
+            policy,
+            initial=rng.choice((State.AWAKE, State.PAUSED)),
+            generation=tagged,
+            rank=seed,
+            role="walker",
+        )
+        for _ in range(60):
+            if rng.random() < 0.08:
+                rec.faults.disarm()
+                rec.faults.arm(rng.choice(hooks), at=rng.randint(1, 2), after_effect=rng.random() < 0.5)
+            choice = rng.random()
+            tags = list(rng.sample(TAGS, rng.randint(1, 3))) if tagged and rng.random() < 0.6 else None
+            try:
+                if lc.state is State.FAILED and choice < 0.7:
+                    lc.recover(rng.choice((State.AWAKE, State.PAUSED)))
+                elif choice < 0.25:
+                    lc.sleep(tags)
+                elif choice < 0.5:
+                    lc.wake_up(tags)
+                else:
+                    operation = rng.choice(("train", "save", "sync", "generate"))
+                    lc.run(operation, body(rec, lc, operation))
+            except (IllegalTransitionError, LifecycleFailedError, InjectedFault):
+                pass
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    directory = tmp_path_factory.mktemp("corpus")
+    files = {}
+    for scenario in (trainer_offload, trainer_resident, rollout_tags, failures, rollout_failures):
+        files[scenario.__name__] = directory / f"{scenario.__name__}.jsonl"
+        scenario(files[scenario.__name__])
+    for path in weight_sync(directory / "sync"):
+        files[f"sync/{path.stem}"] = path
+    for seed in range(24):
+        files[f"walk{seed}"] = directory / "walks" / f"walk{seed}.jsonl"
+        random_walk(files[f"walk{seed}"], seed)
+    return files
+
+
+# ----------------------------------------------------------------------------------------------
+# Editing a log
+
+
+def load(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def dump(path: Path, lines: list[dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def find(lines: list[dict[str, Any]], event: str, nth: int = 0, **fields: Any) -> int:
+    """Index of the nth event with these fields (a callable field value is a predicate)."""
+    hits = [
+        i
+        for i, line in enumerate(lines)
+        if line["event"] == event
+        and all(v(line.get(k)) if callable(v) else line.get(k) == v for k, v in fields.items())
+    ]
+    assert len(hits) > nth, f"the corpus has no {event} with {fields}"
+    return hits[nth]
+
+
+def edited(corpus: dict[str, Path], name: str, tmp_path: Path) -> tuple[Path, list[dict[str, Any]]]:
+    """A copy of one corpus file to edit, with its lines; the copy is clean before the edit."""
+    path = tmp_path / Path(name).name
+    path = Path(shutil.copy(corpus[name], tmp_path / f"{path.stem}.jsonl"))
+    assert check_files([path]) == []
+    return path, load(path)
+
+
+def assert_finding(findings: list[Finding], path: Path, line: int, *phrases: str) -> Finding:
+    for finding in findings:
+        if finding.path == str(path) and finding.line == line and all(p in finding.message for p in phrases):
+            return finding
+    raise AssertionError(
+        f"no finding at {path.name}:{line} with {phrases}; findings:\n" + "\n".join(map(str, findings))
+    )
+
+
+def hook_names(line: dict[str, Any]) -> list[str]:
+    return [h["name"] for h in line["hooks"]]
+
+
+# ----------------------------------------------------------------------------------------------
+
+
+class TestCleanLogs:
+    def test_real_logs_give_no_findings(self, corpus: dict[str, Path]) -> None:
+        """Logs written by real machines over every scenario, fault and random walk are clean."""
+        checker = LogChecker()
+        for path in corpus.values():
+            checker.feed(str(path), path.read_text().splitlines())
+        findings = checker.finish()
+        assert findings == [], "\n".join(map(str, findings))
+        assert checker.events == sum(len(load(path)) for path in corpus.values()) > 2000
+        assert check_files(corpus.values()) == []
+
+    def test_every_row_of_the_table_is_exercised(self, corpus: dict[str, Path]) -> None:
+        """The clean corpus replays every row of TABLE, so the checker is tested against all of it."""
+        checker = LogChecker()
+        for path in corpus.values():
+            checker.feed(str(path), path.read_text().splitlines())
+        assert checker.finish() == []
+        missing = [
+            f"{r.operation} {r.source}->{r.dest} ({r.when.value})" for r in TABLE if not checker.rows_seen[r]
+        ]
+        assert missing == []
+        assert checker.machines == len(corpus)
+
+    def test_the_corpus_has_what_the_checks_need(self, corpus: dict[str, Path]) -> None:
+        """Failures, recoveries, resolutions, nested no-ops and weight-sync events are all in the corpus."""
+        names = [line["event"] for path in corpus.values() for line in load(path)]
+        reasons = {line.get("reason") for path in corpus.values() for line in load(path)}
+        for event in ("lifecycle.failed", "lifecycle.resolved", "lifecycle.refused", "weight_sync.update"):
+            assert event in names
+        assert {"idempotent", "nested in train", "nested in save"} <= reasons
+
+    def test_a_directory_is_read_as_its_jsonl_files(self, corpus: dict[str, Path]) -> None:
+        """Passing the log directory checks every *.jsonl in it (here: the cross-rank sync logs)."""
+        directory = corpus["sync/trainer0"].parent
+        assert len(log_paths([directory])) == 6
+        assert check_files([directory]) == []
+
+
+class TestReplayFindings:
+    def test_dropped_hook(self, corpus: dict[str, Path], tmp_path: Path) -> None:
+        """A sync from PAUSED whose process-group reload was removed is reported at its line."""
+        path, lines = edited(corpus, "trainer_offload", tmp_path)
+        i = find(lines, "lifecycle.transition", operation="sync", phase="enter", src="PAUSED")
+        assert hook_names(lines[i]) == ["process_groups.reload"]
+        lines[i]["hooks"] = []
+        finding = assert_finding(
+            check_files([dump(path, lines)]),
+            path,
+            i + 1,
+            "sync from PAUSED did not reload the process groups",
+        )
+        assert str(finding).startswith(f"{path}:{i + 1} rank 0 trainer: sync from PAUSED")
+
+    def test_swapped_hooks(self, corpus: dict[str, Path], tmp_path: Path) -> None:
+        """Two hooks of a sleep in the wrong order: routing replay must be cleared before the pause."""
+        path, lines = edited(corpus, "trainer_offload", tmp_path)
+        i = find(lines, "lifecycle.transition", operation="train", phase="exit")
+        assert hook_names(lines[i])[0] == "routing_replay.clear"
+        hooks = lines[i]["hooks"]
+        hooks[0], hooks[-1] = hooks[-1], hooks[0]
+        assert_finding(
+            check_files([dump(path, lines)]),
+            path,
+            i + 1,
+            "wrong order",
+            "expected hooks [routing_replay.clear",
+        )
+
+    def test_missing_routing_replay_clear(self, corpus: dict[str, Path], tmp_path: Path) -> None:
+        """A sleep that paused memory without clearing the routing replay first (slime) is reported."""
+        path, lines = edited(corpus, "trainer_offload", tmp_path)
+        i = find(lines, "lifecycle.transition", operation="train", phase="exit")
+        lines[i]["hooks"] = [h for h in lines[i]["hooks"] if h["name"] != "routing_replay.clear"]
+        findings = check_files([dump(path, lines)])
+        assert_finding(findings, path, i + 1, "train (exit AWAKE→PAUSED) did not clear the routing replay")
+
+    def test_missing_model_tag_restore(self, corpus: dict[str, Path], tmp_path: Path) -> None:
+        """A wake that did not restore the model tag (slime's lost _switch_model) is reported."""
+        path, lines = edited(corpus, "trainer_offload", tmp_path)
+        i = find(lines, "lifecycle.transition", operation="wake_up", src="PAUSED", dst="AWAKE")
+        lines[i]["hooks"] = [h for h in lines[i]["hooks"] if h["name"] != "switch_model"]
+        assert_finding(check_files([dump(path, lines)]), path, i + 1, "did not restore the model tag")
+
+    def test_pause_of_a_released_tag(self, corpus: dict[str, Path], tmp_path: Path) -> None:
+        """A sleep from PAUSED that pauses a tag already released (TMS would exit) is reported."""
+        path, lines = edited(corpus, "rollout_tags", tmp_path)
+        i = find(lines, "lifecycle.transition", operation="sleep", src="PAUSED", dst="PAUSED")
+        assert [h.get("tag") for h in lines[i]["hooks"] if h["name"] == "memory.pause"] == ["weights"]
+        lines[i]["hooks"].append({"name": "memory.pause", "ms": 0.01, "ok": True, "tag": "kv_cache"})
+        assert_finding(
+            check_files([dump(path, lines)]), path, i + 1, "paused tag kv_cache, which was already released"
+        )
+
+    def test_changed_src(self, corpus: dict[str, Path], tmp_path: Path) -> None:
+        """A transition whose src differs from the replayed state: the log says AWAKE, the replay PAUSED."""
+        path, lines = edited(corpus, "rollout_tags", tmp_path)
+        i = find(lines, "lifecycle.transition", operation="sleep", src="PAUSED", dst="PAUSED")
+        lines[i]["src"] = "AWAKE"
+        findings = check_files([dump(path, lines)])
+        assert_finding(findings, path, i + 1, "log says src=AWAKE, replay says PAUSED")
+        assert [f.line for f in findings] == [i + 1]  # the replay follows the log: no cascade
+
+    def test_not_an_edge(self, corpus: dict[str, Path], tmp_path: Path) -> None:
+        """A transition the table has no edge for (sleep into SAVING) is reported."""
+        path, lines = edited(corpus, "trainer_offload", tmp_path)
+        i = find(lines, "lifecycle.transition", operation="wake_up")
+        lines[i]["dst"] = "SAVING"
+        assert_finding(
+            check_files([dump(path, lines)]), path, i + 1, "wake_up move PAUSED→SAVING is not an edge"
+        )
+
+    def test_deleted_line(self, corpus: dict[str, Path], tmp_path: Path) -> None:
+        """Deleting a sleep makes the next wake start from a state the replay is not in."""
+        path, lines = edited(corpus, "trainer_resident", tmp_path)
+        i = find(lines, "lifecycle.transition", operation="sleep")
+        assert lines[i + 1]["event"] == "lifecycle.transition" or lines[i + 1]["event"] == "lifecycle.noop"
+        del lines[i]
+        findings = check_files([dump(path, lines)])
+        assert findings, "a deleted sleep must be noticed"
+        assert findings[0].line == i + 1
+        assert "replay says AWAKE" in findings[0].message
+
+    def test_body_inserted_while_paused(self, corpus: dict[str, Path], tmp_path: Path) -> None:
+        """A train body logged right after a sleep, without a wake, is reported once, at its line."""
+        path, lines = edited(corpus, "trainer_resident", tmp_path)
+        i = find(lines, "lifecycle.transition", operation="sleep")
+        later = next(line["t"] for line in lines[i + 1 :] if "t" in line)
+        inserted = dict(find_body(lines), t=(lines[i]["t"] + later) / 2, state="AWAKE", operation="train")
+        lines.insert(i + 1, inserted)
+        findings = check_files([dump(path, lines)])
+        assert_finding(
+            findings,
+            path,
+            i + 2,
+            "train body logged in AWAKE, but the replay is in PAUSED",
+            "released memory",
+        )
+        assert len(findings) == 1, "\n".join(map(str, findings))
+
+    def test_body_on_released_memory(self, corpus: dict[str, Path], tmp_path: Path) -> None:
+        """A body logged in PAUSED itself: no enter transition, released memory, not its body state."""
+        path, lines = edited(corpus, "trainer_resident", tmp_path)
+        i = find(lines, "lifecycle.transition", operation="sleep")
+        later = next(line["t"] for line in lines[i + 1 :] if "t" in line)
+        lines.insert(
+            i + 1, dict(find_body(lines), t=(lines[i]["t"] + later) / 2, state="PAUSED", operation="train")
+        )
+        findings = check_files([dump(path, lines)])
+        assert_finding(
+            findings, path, i + 2, "train body ran on released memory: replayed residency {*: released}"
+        )
+        assert_finding(findings, path, i + 2, "train body without its enter transition")
+
+    def test_body_in_the_wrong_state(self, corpus: dict[str, Path], tmp_path: Path) -> None:
+        """A save body logged in AWAKE instead of SAVING is reported."""
+        path, lines = edited(corpus, "trainer_offload", tmp_path)
+        i = find(lines, "lifecycle.body", operation="save")
+        lines[i]["state"] = "AWAKE"
+        assert_finding(
+            check_files([dump(path, lines)]),
+            path,
+            i + 1,
+            "save body logged in AWAKE",
+            "runs save bodies in SAVING",
+        )
+
+    def test_flipped_residency(self, corpus: dict[str, Path], tmp_path: Path) -> None:
+        """A transition whose logged residency differs from what its hooks did is reported, once."""
+        path, lines = edited(corpus, "rollout_tags", tmp_path)
+        i = find(lines, "lifecycle.transition", operation="wake_up", dst="PAUSED")
+        assert lines[i]["residency"]["weights"] == "resident"
+        lines[i]["residency"]["weights"] = "released"
+        findings = check_files([dump(path, lines)])
+        assert_finding(
+            findings, path, i + 1, "logged residency differs", "weights: logged released, replay resident"
+        )
+        assert len(findings) == 1
+
+    def test_flipped_groups(self, corpus: dict[str, Path], tmp_path: Path) -> None:
+        """A sleep that logs its process groups alive after destroying them is reported."""
+        path, lines = edited(corpus, "trainer_offload", tmp_path)
+        i = find(lines, "lifecycle.transition", operation="train", phase="exit")
+        lines[i]["groups"] = "alive"
+        assert_finding(
+            check_files([dump(path, lines)]),
+            path,
+            i + 1,
+            "logged process groups alive, replay says destroyed",
+        )
+
+    def test_noop_the_table_would_not_make(self, corpus: dict[str, Path], tmp_path: Path) -> None:
+        """A sleep no-op right after a full wake (every tag resident) is reported."""
+        path, lines = edited(corpus, "rollout_tags", tmp_path)
+        i = find(lines, "lifecycle.transition", operation="wake_up", dst="AWAKE")
+        noop = dict(
+            lines[find(lines, "lifecycle.noop", reason="idempotent")], state="AWAKE", operation="sleep"
+        )
+        lines.insert(i + 1, noop)
+        assert_finding(check_files([dump(path, lines)]), path, i + 2, "sleep from AWAKE is not a no-op here")
+
+    def test_tagged_noop_needs_a_released_tag(self, corpus: dict[str, Path], tmp_path: Path) -> None:
+        """A sleep no-op from PAUSED is fine while some tag is released, not when all are resident."""
+        path, lines = edited(corpus, "rollout_tags", tmp_path)
+        i = find(lines, "lifecycle.noop", operation="sleep", state="PAUSED", nth=1)  # weights still resident
+        assert check_files([path]) == []
+        lines[i]["targets"] = ["weights"]  # the field a machine may log: then no subset is guessed
+        assert_finding(check_files([dump(path, lines)]), path, i + 1, "every targeted tag is released")
+
+    def test_nested_noop_outside_a_body(self, corpus: dict[str, Path], tmp_path: Path) -> None:
+        """A 'nested in train' no-op with no train body running is reported."""
+        path, lines = edited(corpus, "trainer_resident", tmp_path)
+        i = find(lines, "lifecycle.transition", operation="sleep")
+        nested = dict(lines[find(lines, "lifecycle.noop", reason="nested in train")], state="PAUSED")
+        lines.insert(i + 1, nested)
+        assert_finding(
+            check_files([dump(path, lines)]), path, i + 2, "'nested in train' outside a train body"
+        )
+
+    def test_operation_after_a_failure(self, corpus: dict[str, Path], tmp_path: Path) -> None:
+        """A sleep logged after a failure, instead of a recover, is reported as a sleep on a FAILED actor."""
+        path, lines = edited(corpus, "failures", tmp_path)
+        i = find(lines, "lifecycle.failed", operation="sleep")
+        recover = lines[find(lines, "lifecycle.transition", operation="recover")]
+        sleep = dict(recover, operation="sleep", src="AWAKE", dst="PAUSED", t=recover["t"] - 1e-3)
+        lines.insert(i + 1, sleep)
+        assert_finding(
+            check_files([dump(path, lines)]), path, i + 2, "sleep on a FAILED actor", f"line {i + 1}"
+        )
+
+    def test_body_after_a_failure(self, corpus: dict[str, Path], tmp_path: Path) -> None:
+        path, lines = edited(corpus, "failures", tmp_path)
+        i = find(lines, "lifecycle.failed")
+        later = find(lines, "lifecycle.transition", operation="recover")
+        lines.insert(i + 1, dict(find_body(lines), t=lines[later]["t"] - 1e-6))
+        assert_finding(check_files([dump(path, lines)]), path, i + 2, "body on a FAILED actor")
+
+    def test_recover_reran_hooks(self, corpus: dict[str, Path], tmp_path: Path) -> None:
+        """A recover that resumes memory the residency says is resident is reported."""
+        path, lines = edited(corpus, "failures", tmp_path)
+        i = find(lines, "lifecycle.transition", operation="recover", dst="AWAKE")
+        assert "memory.resume" not in hook_names(lines[i])
+        lines[i]["hooks"].insert(0, {"name": "memory.resume", "ms": 0.01, "ok": True, "tag": "*"})
+        assert_finding(
+            check_files([dump(path, lines)]),
+            path,
+            i + 1,
+            "recover to AWAKE re-ran hooks the residency did not need",
+            "resumed tag *",
+        )
+
+    def test_failure_hooks_not_a_prefix(self, corpus: dict[str, Path], tmp_path: Path) -> None:
+        """A failure whose logged calls are not the start of the plan is reported."""
+        path, lines = edited(corpus, "failures", tmp_path)
+        i = find(lines, "lifecycle.failed", hook="clear_memory")
+        assert hook_names(lines[i]) == ["memory.resume", "clear_memory"]
+        del lines[i]["hooks"][0]
+        assert_finding(check_files([dump(path, lines)]), path, i + 1, "not a prefix of its plan")
+
+    def test_unresolved_recover(self, corpus: dict[str, Path], tmp_path: Path) -> None:
+        """A recover from unknown residency with its lifecycle.resolved line deleted is reported."""
+        path, lines = edited(corpus, "failures", tmp_path)
+        i = find(lines, "lifecycle.resolved")
+        del lines[i]
+        assert_finding(
+            check_files([dump(path, lines)]), path, i + 1, "recover ran with unknown", "no lifecycle.resolved"
+        )
+
+    def test_time_going_back(self, corpus: dict[str, Path], tmp_path: Path) -> None:
+        """A transition whose t is not after the previous event's t is reported."""
+        path, lines = edited(corpus, "trainer_offload", tmp_path)
+        i = find(lines, "lifecycle.transition", nth=3)
+        lines[i]["t"] -= 10.0
+        assert_finding(check_files([dump(path, lines)]), path, i + 1, "does not increase")
+
+    def test_not_json(self, corpus: dict[str, Path], tmp_path: Path) -> None:
+        """A line that is not JSON (a cut write, an editor accident) is reported with its number."""
+        path, lines = edited(corpus, "trainer_offload", tmp_path)
+        dump(path, lines)
+        text = path.read_text().splitlines()
+        text[4] = text[4][: len(text[4]) // 2]
+        path.write_text("\n".join(text) + "\n")
+        assert_finding(check_files([path]), path, 5, "line is not JSON")
+
+    def test_event_before_configured(self, corpus: dict[str, Path], tmp_path: Path) -> None:
+        path, lines = edited(corpus, "trainer_offload", tmp_path)
+        lines[0], lines[1] = lines[1], lines[0]
+        assert_finding(
+            check_files([dump(path, lines)]),
+            path,
+            1,
+            "comes before this machine's lifecycle.configured (line 2)",
+        )
+
+    def test_machine_without_configured(self, corpus: dict[str, Path], tmp_path: Path) -> None:
+        path, lines = edited(corpus, "trainer_offload", tmp_path)
+        del lines[0]
+        findings = check_files([dump(path, lines)])
+        assert_finding(findings, path, 1, "no lifecycle.configured")
+        assert len(findings) == 1
+
+    def test_malformed_field(self, corpus: dict[str, Path], tmp_path: Path) -> None:
+        """A hand-typed state that is not a State is a finding, not a crash."""
+        path, lines = edited(corpus, "trainer_offload", tmp_path)
+        i = find(lines, "lifecycle.transition")
+        lines[i]["dst"] = "ASLEEP"
+        assert_finding(
+            check_files([dump(path, lines)]), path, i + 1, "malformed lifecycle.transition", "'ASLEEP'"
+        )
+
+
+class TestEditsAnywhere:
+    """Single edits at random places of the random-walk logs are each caught at the edited line."""
+
+    SAMPLES = 80
+
+    def sites(
+        self, corpus: dict[str, Path], keep: Callable[[dict[str, Any]], bool]
+    ) -> list[tuple[Path, int]]:
+        found = [
+            (path, i)
+            for name, path in corpus.items()
+            if name.startswith("walk")
+            for i, line in enumerate(load(path))
+            if keep(line)
+        ]
+        random.Random(0).shuffle(found)
+        assert len(found) >= self.SAMPLES
+        return found[: self.SAMPLES]
+
+    def test_any_dropped_hook(self, corpus: dict[str, Path], tmp_path: Path) -> None:
+        for path, i in self.sites(corpus, lambda line: line["event"] in _HOOKED and bool(line["hooks"])):
+            lines = load(path)
+            del lines[i]["hooks"][random.Random(i).randrange(len(lines[i]["hooks"]))]
+            copy = dump(tmp_path / path.name, lines)
+            assert any(f.line == i + 1 for f in check_files([copy])), f"{path.name}:{i + 1}"
+
+    def test_any_flipped_residency(self, corpus: dict[str, Path], tmp_path: Path) -> None:
+        flip = {"resident": "released", "released": "resident", "unknown": "resident"}
+        for path, i in self.sites(corpus, lambda line: line["event"] in _HOOKED):
+            lines = load(path)
+            tag = random.Random(i).choice(sorted(lines[i]["residency"]))
+            lines[i]["residency"][tag] = flip[lines[i]["residency"][tag]]
+            copy = dump(tmp_path / path.name, lines)
+            assert any(f.line == i + 1 and "residency" in f.message for f in check_files([copy])), (
+                f"{path.name}:{i + 1}"
+            )
+
+    def test_any_changed_src(self, corpus: dict[str, Path], tmp_path: Path) -> None:
+        for path, i in self.sites(corpus, lambda line: line["event"] in _HOOKED):
+            lines = load(path)
+            others = [s.value for s in State if s.value != lines[i]["src"]]
+            lines[i]["src"] = random.Random(i).choice(others)
+            copy = dump(tmp_path / path.name, lines)
+            assert any(f.line == i + 1 for f in check_files([copy])), f"{path.name}:{i + 1}"
+
+    def test_any_deleted_state_change(self, corpus: dict[str, Path], tmp_path: Path) -> None:
+        """Deleting a transition that changes the state is noticed at or after its line."""
+        for path, i in self.sites(
+            corpus, lambda line: line["event"] in _HOOKED and line["src"] != line["dst"]
+        ):
+            lines = load(path)
+            if not any(line["event"].startswith("lifecycle.") for line in lines[i + 1 :]):
+                continue  # nothing after it to contradict
+            del lines[i]
+            copy = dump(tmp_path / path.name, lines)
+            assert any(f.line >= i + 1 for f in check_files([copy])), f"{path.name}:{i + 1}"
+
+
+_HOOKED = ("lifecycle.transition", "lifecycle.failed")
+
+
+def find_body(lines: list[dict[str, Any]]) -> dict[str, Any]:
+    return dict(lines[find(lines, "lifecycle.body")])
+
+
+class TestWeightSyncFindings:
+    def test_second_coordinator(self, corpus: dict[str, Path], tmp_path: Path) -> None:
+        """A second rank claiming to coordinate a slot's version (vime #57) is reported at its line."""
+        paths = copy_sync(corpus, tmp_path)
+        path = paths["trainer1"]
+        lines = load(path)
+        i = find(lines, "weight_sync.update", version=2)
+        lines[i]["coordinator"] = True
+        dump(path, lines)
+        findings = check_files(list(paths.values()))
+        finding = assert_finding(
+            findings,
+            path,
+            i + 1,
+            "rank 1 coordinated, but the coordinator is the slot's first rank 0",
+            "vime #57",
+        )
+        assert (finding.rank, finding.role) == (1, "trainer")
+
+    def test_rank_dropped_from_a_version(self, corpus: dict[str, Path], tmp_path: Path) -> None:
+        """A rank whose update line is missing is reported at the coordinator's line."""
+        paths = copy_sync(corpus, tmp_path)
+        lines = load(paths["trainer3"])
+        del lines[find(lines, "weight_sync.update", version=3)]
+        dump(paths["trainer3"], lines)
+        coordinator = load(paths["trainer2"])
+        j = find(coordinator, "weight_sync.update", version=3)
+        findings = check_files(list(paths.values()))
+        assert_finding(findings, paths["trainer2"], j + 1, "slot 1 version 3: ranks [3] did not report")
+
+    def test_rank_dropped_from_the_ranks_field(self, corpus: dict[str, Path], tmp_path: Path) -> None:
+        paths = copy_sync(corpus, tmp_path)
+        lines = load(paths["trainer1"])
+        i = find(lines, "weight_sync.update", version=1)
+        lines[i]["ranks"] = [0]
+        dump(paths["trainer1"], lines)
+        findings = check_files(list(paths.values()))
+        assert_finding(findings, paths["trainer1"], i + 1, "ranks [0] differ from [0, 1]")
+
+    def test_two_transports(self, corpus: dict[str, Path], tmp_path: Path) -> None:
+        paths = copy_sync(corpus, tmp_path)
+        lines = load(paths["trainer3"])
+        i = find(lines, "weight_sync.update", version=2)
+        lines[i]["transport"] = "gloo"
+        dump(paths["trainer3"], lines)
+        assert_finding(
+            check_files(list(paths.values())),
+            paths["trainer3"],
+            i + 1,
+            "transport 'gloo' differs from 'cuda_ipc'",
+        )
+
+    def test_update_outside_syncing(self, corpus: dict[str, Path], tmp_path: Path) -> None:
+        """An update moved out of its sync body (after the sync's exit) is reported."""
+        paths = copy_sync(corpus, tmp_path)
+        lines = load(paths["trainer0"])
+        i = find(lines, "weight_sync.update", version=1)
+        update = lines.pop(i)
+        j = find(lines, "lifecycle.transition", operation="sync", phase="exit")
+        lines.insert(j + 1, update)
+        dump(paths["trainer0"], lines)
+        assert_finding(
+            check_files(list(paths.values())), paths["trainer0"], j + 2, "logged in PAUSED", "SYNCING"
+        )
+
+    def test_loaded_outside_syncing(self, corpus: dict[str, Path], tmp_path: Path) -> None:
+        paths = copy_sync(corpus, tmp_path)
+        lines = load(paths["engine0"])
+        i = find(lines, "weight_sync.loaded", version=2)
+        loaded = lines.pop(i)
+        lines.insert(find(lines, "lifecycle.body", operation="generate"), loaded)
+        dump(paths["engine0"], lines)
+        j = find(load(paths["engine0"]), "weight_sync.loaded", version=2)
+        assert_finding(
+            check_files(list(paths.values())),
+            paths["engine0"],
+            j + 1,
+            "weight_sync.loaded (version 2) logged in AWAKE",
+        )
+
+    def test_versions_must_increase(self, corpus: dict[str, Path], tmp_path: Path) -> None:
+        paths = copy_sync(corpus, tmp_path)
+        lines = load(paths["engine1"])
+        i = find(lines, "weight_sync.loaded", version=3)
+        lines[i]["version"] = 1
+        dump(paths["engine1"], lines)
+        assert_finding(
+            check_files(list(paths.values())), paths["engine1"], i + 1, "version 1 does not increase"
+        )
+
+    def test_a_failed_version_may_be_retried(self, corpus: dict[str, Path], tmp_path: Path) -> None:
+        """A failed update (ok=false) followed by the same version again is a retry; two good ones are not."""
+        paths = copy_sync(corpus, tmp_path)
+        lines = load(paths["trainer0"])
+        i = find(lines, "weight_sync.update", version=2)
+        lines.insert(i, dict(lines[i], ok=False, error="WeightSyncTimeout('rank 1 did not arrive')"))
+        dump(paths["trainer0"], lines)
+        assert check_files(list(paths.values())) == []
+        lines[i]["ok"] = True
+        dump(paths["trainer0"], lines)
+        findings = check_files(list(paths.values()))
+        assert_finding(findings, paths["trainer0"], i + 2, "version 2 does not increase")
+        assert_finding(findings, paths["trainer0"], i + 2, "rank 0 reported this update twice")
+
+    def test_a_rank_outside_every_slot_is_not_cross_checked(
+        self, corpus: dict[str, Path], tmp_path: Path
+    ) -> None:
+        """Updates with slot=None (a rank whose GPU hosts no engine) have no slot to agree with."""
+        path = Path(shutil.copy(corpus["sync/trainer3"], tmp_path / "trainer3.jsonl"))
+        findings = check_files([path])
+        assert_finding(findings, path, find(load(path), "weight_sync.update") + 1, "ranks [2] did not report")
+        lines = load(path)
+        for line in lines:
+            if line["event"] == "weight_sync.update":
+                line |= {"slot": None, "ranks": [], "coordinator": False}
+        assert check_files([dump(path, lines)]) == []
+
+    def test_update_without_a_machine(self, tmp_path: Path) -> None:
+        line = {"event": "weight_sync.update", "rank": 5, "role": "trainer", "slot": 0, "version": 1}
+        line |= {"transport": "gloo", "coordinator": True, "ranks": [5]}
+        findings = check_lines([json.dumps(line)], "x.jsonl")
+        assert [(f.line, f.rank) for f in findings] == [(1, 5)]
+        assert "no lifecycle machine" in findings[0].message
+        del line["rank"], line["role"]  # logged without a lifecycle: nothing to check it against
+        assert check_lines([json.dumps(line)], "x.jsonl") == []
+
+
+def copy_sync(corpus: dict[str, Path], tmp_path: Path) -> dict[str, Path]:
+    out = {}
+    for name, path in corpus.items():
+        if name.startswith("sync/"):
+            out[path.stem] = Path(shutil.copy(path, tmp_path / path.name))
+    assert check_files(list(out.values())) == []
+    return out
+
+
+class TestInput:
+    def test_finding_reads_as_file_line_who_what(self) -> None:
+        finding = Finding("rank3.jsonl", 42, 3, "trainer", "sleep on a FAILED actor")
+        assert str(finding) == "rank3.jsonl:42 rank 3 trainer: sleep on a FAILED actor"
+        assert str(Finding("a.jsonl", 1, None, None, "x")) == "a.jsonl:1: x"
+
+    def test_missing_file_is_refused_before_reading(self, tmp_path: Path) -> None:
+        good = tmp_path / "good.jsonl"
+        good.write_text("")
+        with pytest.raises(FileNotFoundError, match="does not exist"):
+            check_files([good, tmp_path / "missing.jsonl"])
+        (tmp_path / "empty_dir").mkdir()
+        with pytest.raises(FileNotFoundError, match=r"no \*\.jsonl"):
+            check_files([tmp_path / "empty_dir"])
+        with pytest.raises(ValueError, match="no log files"):
+            check_files([])
+
+    def test_lines_that_are_not_events(self) -> None:
+        findings = check_lines(["", "[1, 2]", '{"no": "event"}', "{oops"], "f.jsonl")
+        assert [f.line for f in findings] == [2, 3, 4]
+        assert "not JSON" in findings[2].message

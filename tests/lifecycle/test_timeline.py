@@ -1,0 +1,386 @@
+"""The timeline: a valid Chrome/Perfetto trace and a PNG, drawn from logs of real machines."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import io
+import itertools
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lifecycle import (
+    IllegalTransitionError,
+    LifecycleFailedError,
+    LifecyclePolicy,
+    State,
+    configure_logging,
+    flush_logs,
+)
+from lifecycle.machine import Lifecycle
+from lifecycle.testing import InjectedFault, Recorders, make_body, recording_lifecycle
+from lifecycle.timeline import STATE_COLORS, build_trace, draw_figure, read_lanes, render_png, write_trace
+
+TAGS = ("weights", "kv_cache", "cuda_graph")
+US = 1e-3  # tolerance in microseconds: the trace rounds times to nanoseconds
+
+
+@contextlib.contextmanager
+def json_log(path: Path) -> Iterator[None]:
+    configure_logging(json_path=path)
+    try:
+        yield
+    finally:
+        flush_logs()
+        configure_logging(stream=io.StringIO(), level="warning")  # quiet again, as tests/conftest.py
+
+
+def sync_body(lc: Lifecycle, rec: Recorders, version: int, ranks: tuple[int, ...]) -> Any:
+    def run() -> None:
+        rec.check_body(lc, "sync")
+        rank = lc.context["rank"]
+        lc.event(
+            "weight_sync.update",
+            slot=0,
+            version=version,
+            transport="cuda_ipc",
+            coordinator=rank == min(ranks),
+            ranks=list(ranks),
+            bytes=4 << 20,
+            buckets=1,
+            duration_ms=0.2,
+            gbps=20.0,
+            ok=True,
+        )
+
+    return run
+
+
+def trainer(path: Path, rank: int, ranks: tuple[int, ...]) -> None:
+    with json_log(path):
+        policy = LifecyclePolicy(offload_train=True, colocate=True)
+        lc, rec = recording_lifecycle(policy, initial=State.PAUSED, rank=rank, role="trainer")
+        for version in (1, 2):
+            if rank == 2 and version == 2:
+                rec.faults.arm("memory.resume")
+                with pytest.raises(InjectedFault):
+                    lc.run("train", make_body(rec, lc, "train"))
+                with pytest.raises(LifecycleFailedError):
+                    lc.sleep()
+                lc.recover(State.PAUSED)
+                lc.sleep()  # no-op
+            lc.run("train", make_body(rec, lc, "train"))
+            lc.run("sync", sync_body(lc, rec, version, ranks))
+        if rank == 3:
+            with pytest.raises(IllegalTransitionError):
+                lc.recover(State.AWAKE)
+        lc.run("save", make_body(rec, lc, "save"))
+
+
+def engine(path: Path, rank: int) -> None:
+    with json_log(path):
+        policy = LifecyclePolicy(memory_tags=TAGS, sync_requires=("weights",), model_tag=None)
+        lc, rec = recording_lifecycle(policy, generation=True, rank=rank, role="rollout")
+        for version in (1, 2):
+            lc.sleep()
+            lc.wake_up(tags=["weights"])
+
+            def load(version: int = version) -> None:
+                rec.check_body(lc, "sync")
+                lc.event(
+                    "weight_sync.loaded", version=version, bytes=8 << 20, checksum_ok=True, duration_ms=0.3
+                )
+
+            lc.run("sync", load)
+            lc.wake_up()
+            lc.run("generate", make_body(rec, lc, "generate"))
+
+
+def shared_file(path: Path) -> None:
+    """Three critics logging into one file: three machines, three lanes."""
+    with json_log(path):
+        machines = [
+            recording_lifecycle(LifecyclePolicy(offload_train=True), rank=rank, role="critic")
+            for rank in (10, 11, 12)
+        ]
+        for _ in range(2):
+            for lc, rec in machines:
+                lc.run("train", make_body(rec, lc, "train"))
+        lc, rec = machines[0]
+        rec.faults.arm("process_groups.reload", after_effect=True)
+        with pytest.raises(InjectedFault):
+            lc.wake_up()
+        lc.recover(State.AWAKE)
+
+
+@pytest.fixture(scope="module")
+def logs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    directory = tmp_path_factory.mktemp("timeline")
+    paths = []
+    for rank in range(4):
+        paths.append(directory / f"trainer{rank}.jsonl")
+        trainer(paths[-1], rank, (0, 1, 2, 3))
+    for rank in range(2):
+        paths.append(directory / f"engine{rank}.jsonl")
+        engine(paths[-1], rank)
+    paths.append(directory / "critics.jsonl")
+    shared_file(paths[-1])
+    return paths
+
+
+@pytest.fixture(scope="module")
+def trace(logs: list[Path]) -> dict[str, Any]:
+    return build_trace(logs)
+
+
+# ----------------------------------------------------------------------------------------------
+# What the logs say, read independently of the timeline module
+
+
+def raw_lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def epoch(stamp: str) -> float:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def machines(logs: list[Path]) -> dict[tuple[str, int, str], list[dict[str, Any]]]:
+    out: dict[tuple[str, int, str], list[dict[str, Any]]] = collections.defaultdict(list)
+    for path in logs:
+        for line in raw_lines(path):
+            out[(path.name, line["rank"], line["role"])].append(line)
+    return out
+
+
+def expected_states(lines: list[dict[str, Any]]) -> list[str]:
+    """The state after each change, with repeats merged: what the state slices must spell."""
+    states: list[str] = []
+    for line in lines:
+        new = {
+            "lifecycle.configured": line.get("state"),
+            "lifecycle.transition": line.get("dst"),
+            "lifecycle.failed": "FAILED",
+        }.get(line["event"])
+        if new is not None and (not states or states[-1] != new):
+            states.append(new)
+    return states
+
+
+def tracks(trace: dict[str, Any]) -> dict[tuple[int, int], list[dict[str, Any]]]:
+    out: dict[tuple[int, int], list[dict[str, Any]]] = collections.defaultdict(list)
+    for event in trace["traceEvents"]:
+        if event["ph"] in ("X", "i"):
+            out[(event["pid"], event["tid"])].append(event)
+    return out
+
+
+def track_names(trace: dict[str, Any]) -> dict[tuple[int, int], str]:
+    processes = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"}
+    return {
+        (e["pid"], e["tid"]): f"{processes[e['pid']]} {e['args']['name']}"
+        for e in trace["traceEvents"]
+        if e["name"] == "thread_name"
+    }
+
+
+def track_of(trace: dict[str, Any], rank: int, role: str) -> list[dict[str, Any]]:
+    (key,) = [k for k, name in track_names(trace).items() if name == f"rank {rank} {role}"]
+    return tracks(trace)[key]
+
+
+# ----------------------------------------------------------------------------------------------
+
+
+class TestTrace:
+    def test_every_event_has_the_keys_of_its_phase(self, trace: dict[str, Any]) -> None:
+        required = {
+            "X": {"name", "ph", "ts", "dur", "pid", "tid", "cat"},
+            "i": {"name", "ph", "ts", "pid", "tid", "s"},
+            "M": {"name", "ph", "pid", "args"},
+        }
+        assert trace["displayTimeUnit"] == "ms"
+        phases = collections.Counter(e["ph"] for e in trace["traceEvents"])
+        assert set(phases) == {"X", "i", "M"} and phases["X"] > 50
+        for event in trace["traceEvents"]:
+            assert required[event["ph"]] <= set(event), event
+            if event["ph"] == "X":
+                assert event["dur"] >= 0 and event["ts"] >= 0, event
+            if event["ph"] == "i":
+                assert event["s"] in ("t", "p", "g")
+            if event["ph"] == "M":
+                assert event["name"] in (
+                    "process_name",
+                    "thread_name",
+                    "process_sort_index",
+                    "thread_sort_index",
+                )
+        json.loads(json.dumps(trace))  # plain JSON all the way down
+
+    def test_one_process_per_rank_and_one_thread_per_role(
+        self, trace: dict[str, Any], logs: list[Path]
+    ) -> None:
+        processes = [e for e in trace["traceEvents"] if e["name"] == "process_name"]
+        assert sorted(e["args"]["name"] for e in processes) == [f"rank {r}" for r in (0, 1, 10, 11, 12, 2, 3)]
+        assert sorted(track_names(trace).values()) == sorted(
+            f"rank {r} {role}" for _, r, role in machines(logs)
+        )
+        assert set(tracks(trace)) == set(track_names(trace))  # every slice and instant sits on a named track
+
+    def test_slices_on_a_track_are_disjoint_or_nested(self, trace: dict[str, Any]) -> None:
+        for key, events in tracks(trace).items():
+            slices = sorted((e for e in events if e["ph"] == "X"), key=lambda e: (e["ts"], -e["dur"]))
+            open_ends: list[float] = []
+            for event in slices:
+                start, end = event["ts"], event["ts"] + event["dur"]
+                while open_ends and open_ends[-1] <= start + US:
+                    open_ends.pop()
+                assert not open_ends or end <= open_ends[-1] + US, f"{key}: {event} overlaps its parent"
+                open_ends.append(end)
+
+    def test_state_slices_tile_each_machine(self, trace: dict[str, Any], logs: list[Path]) -> None:
+        """From its configured event to its file's last timestamp, each machine is in exactly one state."""
+        origin = trace["otherData"]["origin_epoch_s"]
+        for (file, rank, role), lines in machines(logs).items():
+            states = [e for e in track_of(trace, rank, role) if e.get("cat") == "state"]
+            assert [e["name"] for e in states] == expected_states(lines)
+            for before, after in itertools.pairwise(states):
+                assert after["ts"] == pytest.approx(before["ts"] + before["dur"], abs=US)
+            first = (epoch(lines[0]["timestamp"]) - origin) * 1e6
+            path = next(p for p in logs if p.name == file)
+            last = max(epoch(line["timestamp"]) for line in raw_lines(path))
+            assert states[0]["ts"] == pytest.approx(first, abs=1.0)
+            assert states[-1]["ts"] + states[-1]["dur"] == pytest.approx((last - origin) * 1e6, abs=1.0)
+
+    def test_transitions_hooks_and_bodies_are_slices(self, trace: dict[str, Any], logs: list[Path]) -> None:
+        lines = [line for path in logs for line in raw_lines(path)]
+        cats = collections.Counter(e.get("cat") for e in trace["traceEvents"] if e["ph"] == "X")
+        assert cats["transition"] == sum(line["event"] == "lifecycle.transition" for line in lines)
+        assert cats["body"] == sum(line["event"] == "lifecycle.body" for line in lines)
+        hooks = sum(
+            len(line["hooks"])
+            for line in lines
+            if line["event"] in ("lifecycle.transition", "lifecycle.failed")
+        )
+        assert cats["hook"] == hooks
+        failed_hooks = [e for e in trace["traceEvents"] if e.get("cat") == "hook" and e.get("cname") == "bad"]
+        assert len(failed_hooks) == sum(line["event"] == "lifecycle.failed" for line in lines)
+
+    def test_failures_noops_and_refusals_are_instants(self, trace: dict[str, Any], logs: list[Path]) -> None:
+        lines = [line for path in logs for line in raw_lines(path)]
+        instants = collections.Counter(e["cat"] for e in trace["traceEvents"] if e["ph"] == "i")
+        failed = [e for e in trace["traceEvents"] if e["ph"] == "i" and e["cat"] == "failed"]
+        assert len(failed) == sum(line["event"] == "lifecycle.failed" for line in lines) == 2
+        assert all(e["cname"] == "terrible" and e["name"].startswith("FAILED: ") for e in failed)
+        assert {e["args"]["hook"] for e in failed} == {"memory.resume", "process_groups.reload"}
+        assert instants["noop"] == sum(line["event"] == "lifecycle.noop" for line in lines) > 0
+        assert instants["refused"] == sum(line["event"] == "lifecycle.refused" for line in lines) > 0
+
+    def test_weight_sync_events_carry_version_and_bytes(self, trace: dict[str, Any]) -> None:
+        updates = [e for e in trace["traceEvents"] if e["name"].startswith("weight_sync.update")]
+        assert len(updates) == 8  # 4 ranks x 2 versions
+        assert {(e["args"]["version"], e["args"]["bytes"]) for e in updates} == {(1, 4 << 20), (2, 4 << 20)}
+        assert all(e["cat"] == "weight_sync" for e in updates)
+
+    def test_write_trace_writes_loadable_json(self, logs: list[Path], tmp_path: Path) -> None:
+        out = write_trace(logs, tmp_path / "sub" / "trace.json")
+        assert json.loads(out.read_text()) == json.loads(json.dumps(build_trace(logs)))
+
+    def test_a_clock_step_back_still_gives_a_valid_trace(self, logs: list[Path], tmp_path: Path) -> None:
+        """A transition whose t went back (NTP step, hand edit) is clipped, never drawn overlapping."""
+        lines = raw_lines(logs[0])
+        i = [n for n, line in enumerate(lines) if line["event"] == "lifecycle.transition"][3]
+        lines[i]["t"] -= 5.0
+        edited = tmp_path / "stepped.jsonl"
+        edited.write_text("".join(json.dumps(line) + "\n" for line in lines))
+        self.test_slices_on_a_track_are_disjoint_or_nested(build_trace([edited]))
+
+    def test_a_machine_without_rank_or_role_is_named_after_its_file(self, tmp_path: Path) -> None:
+        path = tmp_path / "solo.jsonl"
+        with json_log(path):
+            lc, _ = recording_lifecycle(LifecyclePolicy())
+            lc.sleep()
+            lc.wake_up()
+        trace = build_trace([path])
+        assert list(track_names(trace).values()) == ["solo.jsonl actor"]
+        assert [e["name"] for e in trace["traceEvents"] if e.get("cat") == "state"] == [
+            "AWAKE",
+            "PAUSED",
+            "AWAKE",
+        ]
+
+    def test_bad_input_is_refused(self, tmp_path: Path) -> None:
+        with pytest.raises(FileNotFoundError, match="does not exist"):
+            build_trace([tmp_path / "nope.jsonl"])
+        empty = tmp_path / "empty.jsonl"
+        empty.write_text('{"event": "unrelated", "timestamp": "2026-01-01T00:00:00Z"}\nnot json\n')
+        with pytest.raises(ValueError, match="no lifecycle events"):
+            build_trace([empty])
+
+
+class TestPicture:
+    def test_png_is_written(self, logs: list[Path], tmp_path: Path) -> None:
+        picture = render_png(logs, tmp_path / "timeline.png")
+        data = picture.path.read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n"
+        assert len(data) > 20_000
+        assert picture.markers["failed"] == 2 and picture.markers["noop"] > 0
+
+    def test_one_lane_per_machine(self, logs: list[Path], trace: dict[str, Any]) -> None:
+        from matplotlib.colors import to_hex
+
+        figure = draw_figure(logs)
+        (axes,) = figure.axes
+        labels = [t.get_text() for t in axes.get_yticklabels()]
+        assert sorted(labels) == sorted(f"rank {r} {role}" for _, r, role in machines(logs))
+        assert len(labels) == len(read_lanes(logs)) == 9
+        # every lane has bars, each state in its fixed colour, one bar per state slice of the trace
+        bars = [c for c in axes.collections if (c.get_gid() or "").startswith("state ")]
+        lanes_with_bars = {int(c.get_gid().split()[2]) for c in bars}
+        assert lanes_with_bars == set(range(len(labels)))
+        for collection in bars:
+            state = State(collection.get_gid().split()[1])
+            assert to_hex(collection.get_facecolor()[0]) == STATE_COLORS[state]
+        assert {c.get_gid().split()[1] for c in bars} == {s.value for s in State}
+        states = sum(1 for e in trace["traceEvents"] if e.get("cat") == "state")
+        assert sum(len(c.get_paths()) for c in bars) == states
+        legend = [t.get_text() for t in axes.get_legend().get_texts()]
+        assert legend[:5] == [s.value for s in State] and "failure" in legend and "no-op" in legend
+
+    def test_sixty_four_lanes_stay_readable(self, tmp_path: Path) -> None:
+        """A 64-rank job gets one lane each, at least ~20 pixels apart, with legible labels."""
+        path = tmp_path / "job.jsonl"
+        with json_log(path):
+            job = [
+                recording_lifecycle(LifecyclePolicy(offload_train=True), rank=r, role="trainer")
+                for r in range(64)
+            ]
+            for lc, rec in job:
+                lc.run("train", make_body(rec, lc, "train"))
+        picture = render_png([path], tmp_path / "job.png", dpi=110)
+        assert len(picture.lanes) == 64 and picture.lanes[0] == "rank 0 trainer"
+        figure = draw_figure([path])
+        height_px = figure.get_size_inches()[1] * 110
+        assert height_px / 64 >= 20
+        (axes,) = figure.axes
+        assert min(t.get_fontsize() for t in axes.get_yticklabels()) >= 6
+        from PIL import Image
+
+        with Image.open(picture.path) as image:
+            assert image.size[1] >= 64 * 20
+
+    def test_the_core_imports_neither_matplotlib_nor_torch(self) -> None:
+        """matplotlib is imported only when a picture is drawn; torch and ray never."""
+        code = (
+            "import sys, lifecycle.timeline, lifecycle.checker; "
+            "bad = [m for m in ('matplotlib', 'torch', 'ray') if m in sys.modules]; "
+            "assert not bad, bad"
+        )
+        subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[2])
