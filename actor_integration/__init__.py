@@ -29,6 +29,11 @@ _EXPORTS = {
     "ModelTagSwitch": "actor_integration.model_tag",
     "RoutingReplayCache": "actor_integration.routing_replay",
     "RoutingReplayClear": "actor_integration.routing_replay",
+    "GroupHandle": "actor_integration.process_groups",
+    "ReloadableProcessGroups": "actor_integration.process_groups",
+    "RendezvousMismatchError": "actor_integration.process_groups",
+    "RendezvousTimeoutError": "actor_integration.process_groups",
+    "MegatronParallelState": "actor_integration.megatron",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,0 +1,199 @@
+"""`MegatronParallelState`: the process-group backend of a Megatron trainer, and a tiny GPTModel.
+
+Megatron keeps its groups in `parallel_state` module globals. Sleep calls
+`destroy_model_parallel()` and destroys WORLD (which shuts every Megatron group down); wake
+rebuilds WORLD and calls `initialize_model_parallel(**kwargs)` again, so Megatron creates fresh
+groups the honest way instead of slime's monkey-patched group wrappers.
+
+Megatron modules also cache group objects at construction (`self.tp_group`, `pg_collection`).
+Those are stale after a reload: with NCCL they are aborted communicators, with gloo they keep the
+old connections alive. Objects given to `register()` get their cached groups swapped for the new
+ones after every reload.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from types import ModuleType
+from typing import Any, cast
+
+import torch
+from torch.distributed import ProcessGroup
+
+from actor_integration.process_groups import ReloadableProcessGroups
+
+__all__ = ["MegatronParallelState", "tiny_gpt_model"]
+
+_INSTALL_HINT = "pip install rl-lifecycle[megatron]"
+
+
+def _parallel_state() -> ModuleType:
+    try:
+        from megatron.core import parallel_state
+    except ImportError as exc:
+        raise ImportError(
+            f"MegatronParallelState needs megatron-core, which is not importable ({exc}); {_INSTALL_HINT}"
+        ) from exc
+    return cast(ModuleType, parallel_state)
+
+
+class MegatronParallelState:
+    """destroy()/reload()/is_alive() for `lifecycle.Lifecycle(process_groups=...)` on a Megatron trainer.
+
+    `init_kwargs` are passed to `parallel_state.initialize_model_parallel` now (unless Megatron
+    is initialised already) and again on every reload.
+    """
+
+    def __init__(self, groups: ReloadableProcessGroups, **init_kwargs: Any) -> None:
+        if not isinstance(groups, ReloadableProcessGroups):
+            raise TypeError(
+                f"MegatronParallelState needs ReloadableProcessGroups, got {type(groups).__name__}"
+            )
+        self._ps = _parallel_state()
+        self.groups = groups
+        self.init_kwargs = dict(init_kwargs)
+        self._registered: list[Any] = []
+        self._stale: dict[str, Any] = {}
+        if not groups.is_alive():
+            raise RuntimeError(
+                f"MegatronParallelState: the process groups are {groups.state}; build it while they are alive"
+            )
+        if not self._ps.model_parallel_is_initialized():
+            self._ps.initialize_model_parallel(**self.init_kwargs)
+
+    def register(self, *objects: Any) -> None:
+        """Models, optimizers or group collections whose cached Megatron groups follow each reload."""
+        self._registered.extend(objects)
+
+    def is_alive(self) -> bool:
+        return bool(self.groups.is_alive() and self._ps.model_parallel_is_initialized())
+
+    def destroy(self) -> None:
+        """Forget Megatron's groups, then destroy WORLD and every communicator. Collective."""
+        if self._ps.model_parallel_is_initialized():
+            self._stale = _megatron_groups(self._ps)
+            self._ps.destroy_model_parallel()
+        if self.groups.state != "destroyed":
+            self.groups.destroy()
+
+    def reload(self) -> None:
+        """Rebuild WORLD, re-run `initialize_model_parallel`, re-point registered objects. Collective."""
+        # Each step is skipped when already done, so recover() can finish a half-done reload.
+        if not self.groups.is_alive():
+            self.groups.reload()
+        if not self._ps.model_parallel_is_initialized():
+            self._ps.initialize_model_parallel(**self.init_kwargs)
+        if self._stale and self._registered:
+            fresh = _megatron_groups(self._ps)
+            swap: dict[int, Any] = {}
+            for name, old in self._stale.items():
+                new = fresh.get(name)
+                if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+                    swap.update((id(o), n) for o, n in zip(old, new, strict=True))
+                elif isinstance(old, ProcessGroup) and isinstance(new, ProcessGroup):
+                    swap[id(old)] = new
+            _rebind(self._registered, swap)
+        self._stale = {}
+
+    def __repr__(self) -> str:
+        return f"<MegatronParallelState alive={self.is_alive()} {self.init_kwargs} groups={self.groups!r}>"
+
+
+def _megatron_groups(ps: ModuleType) -> dict[str, Any]:
+    """Megatron's group globals, keyed by global name (ids would change with the objects)."""
+    found: dict[str, Any] = {}
+    for name, value in vars(ps).items():
+        if isinstance(value, ProcessGroup):
+            found[name] = value
+        elif isinstance(value, list) and value and all(isinstance(v, ProcessGroup) for v in value):
+            found[name] = list(value)
+    return found
+
+
+def _rebind(roots: Iterable[Any], swap: dict[int, Any]) -> None:
+    """Replace every attribute (or list/dict/tuple item) that is a stale group, walking object graphs."""
+    seen: set[int] = set()
+    stack = list(roots)
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen or isinstance(obj, (torch.Tensor, str, bytes, int, float, bool, type(None))):
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, ProcessGroup):
+            continue
+        if isinstance(obj, dict):
+            for key, value in obj.items():
+                if id(value) in swap:
+                    obj[key] = swap[id(value)]
+                else:
+                    stack.append(value)
+        elif isinstance(obj, list):
+            for i, value in enumerate(obj):
+                if id(value) in swap:
+                    obj[i] = swap[id(value)]
+                else:
+                    stack.append(value)
+        elif isinstance(obj, tuple):
+            stack.extend(obj)  # tuples cannot be patched in place; their mutable items can
+        elif hasattr(obj, "__dict__") and not isinstance(obj, (type, ModuleType)):
+            attrs = vars(obj)
+            for key, value in list(attrs.items()):
+                if id(value) in swap:
+                    # Past nn.Module.__setattr__ and frozen dataclasses (ProcessGroupCollection).
+                    object.__setattr__(obj, key, swap[id(value)])
+                else:
+                    stack.append(value)
+
+
+def tiny_gpt_model(
+    *,
+    num_layers: int = 2,
+    hidden_size: int = 64,
+    num_attention_heads: int = 4,
+    vocab_size: int = 128,
+    max_sequence_length: int = 64,
+    seed: int = 1234,
+) -> torch.nn.Module:
+    """A small megatron-core GPTModel on the local layer spec (no Transformer Engine), on CUDA.
+
+    Needs CUDA and initialised model parallelism: megatron-core's attention allocates its buffer
+    with `torch.cuda.current_device()` (measured with megatron-core 0.16.1 on a CPU build).
+    """
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            "tiny_gpt_model needs CUDA: megatron-core's GPTModel attention allocates on "
+            "torch.cuda.current_device(); run it on a GPU host"
+        )
+    ps = _parallel_state()
+    if not ps.model_parallel_is_initialized():
+        raise RuntimeError(
+            "tiny_gpt_model: Megatron model parallelism is not initialised; build MegatronParallelState "
+            "(or call initialize_model_parallel) first"
+        )
+    if hidden_size % num_attention_heads:
+        raise ValueError(
+            f"hidden_size {hidden_size} must be a multiple of num_attention_heads {num_attention_heads}"
+        )
+    from megatron.core import tensor_parallel
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer import TransformerConfig
+
+    tensor_parallel.model_parallel_cuda_manual_seed(seed)
+    config = TransformerConfig(
+        num_layers=num_layers,
+        hidden_size=hidden_size,
+        num_attention_heads=num_attention_heads,
+        tensor_model_parallel_size=ps.get_tensor_model_parallel_world_size(),
+        pipeline_model_parallel_size=ps.get_pipeline_model_parallel_world_size(),
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        params_dtype=torch.float32,
+    )
+    model = GPTModel(
+        config=config,
+        transformer_layer_spec=get_gpt_layer_local_spec(),
+        vocab_size=vocab_size,
+        max_sequence_length=max_sequence_length,
+    )
+    return cast(torch.nn.Module, model.cuda())

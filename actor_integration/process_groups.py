@@ -1,0 +1,509 @@
+"""`ReloadableProcessGroups`: torch.distributed groups that sleep can destroy and wake_up rebuild.
+
+NCCL communicators hold GPU memory, so a sleeping trainer destroys them. The design, without
+monkey-patching torch.distributed:
+
+- Awake, WORLD runs on the accelerator backend; `new_group` records each subgroup's spec and
+  returns a `GroupHandle` whose `.group` is the live torch group of the current generation.
+- `destroy()` destroys WORLD, which shuts down every subgroup with it (one ordered teardown:
+  destroying subgroups one by one deadlocked slime on pure PP=4), then re-initialises WORLD as
+  gloo so `dist.get_rank()` and CPU collectives keep working while asleep.
+- `reload()` rebuilds the accelerator WORLD and every recorded subgroup, in registration order.
+- Every WORLD generation rendezvouses under a fresh `PrefixStore` namespace of the one store kept
+  from `init`, so stale keys of an earlier generation never collide.
+- Every wait among ranks (destroy, reload, new_group, barrier) meets on that store with a
+  deadline. Each rank that arrives posts what it is doing, so on a timeout every waiting rank
+  names the ranks that never came, and a rank doing something else is named as a mismatch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any, cast
+
+import torch
+import torch.distributed as dist
+from torch.distributed import ProcessGroup
+from torch.distributed.distributed_c10d import PrefixStore, Store
+from torch.distributed.rendezvous import rendezvous
+
+from lifecycle import events
+
+__all__ = [
+    "GroupHandle",
+    "ReloadableProcessGroups",
+    "RendezvousMismatchError",
+    "RendezvousTimeoutError",
+]
+
+_NAMESPACE = "rl-lifecycle/process-groups"
+_ALIVE, _DESTROYED, _BROKEN, _CLOSED = "alive", "destroyed", "broken", "closed"
+_NEW_GROUP_CAUSE = (
+    "dist.new_group is collective: every rank must call new_group with the same arguments in the same "
+    "order, even ranks that are not in `ranks`. Likely cause: new_group called inside a rank branch "
+    "(e.g. `if rank in ranks:`), or those ranks crashed or are stuck in earlier work"
+)
+_LIFECYCLE_CAUSE = (
+    "every rank must sleep()/wake_up() (destroy()/reload()) together. Likely cause: the lifecycle was "
+    "driven on some ranks only, or those ranks crashed or are still busy (a longer step than the deadline)"
+)
+_BARRIER_CAUSE = (
+    "Likely cause: those ranks skipped this barrier (a rank branch), crashed, or are slower than the deadline"
+)
+
+
+class RendezvousTimeoutError(TimeoutError):
+    """Some ranks did not reach a meeting point before its deadline."""
+
+    def __init__(self, message: str, *, what: str, missing: Sequence[int], waited_s: float) -> None:
+        super().__init__(message)
+        self.what = what
+        self.missing = tuple(missing)
+        self.waited_s = waited_s
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Ray ships exceptions between processes by pickling; keep the attributes.
+        return (_rebuild_timeout, (str(self), self.what, self.missing, self.waited_s))
+
+
+def _rebuild_timeout(
+    message: str, what: str, missing: Sequence[int], waited_s: float
+) -> RendezvousTimeoutError:
+    return RendezvousTimeoutError(message, what=what, missing=missing, waited_s=waited_s)
+
+
+class RendezvousMismatchError(RuntimeError):
+    """Ranks met, but were doing different things (e.g. different new_group arguments)."""
+
+    def __init__(self, message: str, *, what: str, other_rank: int, other_what: str) -> None:
+        super().__init__(message)
+        self.what = what
+        self.other_rank = other_rank
+        self.other_what = other_what
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_mismatch, (str(self), self.what, self.other_rank, self.other_what))
+
+
+def _rebuild_mismatch(message: str, what: str, other_rank: int, other_what: str) -> RendezvousMismatchError:
+    return RendezvousMismatchError(message, what=what, other_rank=other_rank, other_what=other_what)
+
+
+class _Meeting:
+    """Store-based meeting points with deadlines; every arriving rank can name the missing ones."""
+
+    def __init__(self, store: Store, rank: int, world_size: int) -> None:
+        self._store = PrefixStore(f"{_NAMESPACE}/meet", store)
+        self._rank = rank
+        self._world_size = world_size
+        self._round = 0
+
+    def meet(self, what: str, timeout: timedelta, cause: str) -> None:
+        """Block until every rank called `meet` with the same `what` at this position."""
+        n, s, me = self._round, self._store, self._rank
+        self._round += 1
+        t0 = time.monotonic()
+        s.set(f"{n}/rank{me}", what)
+        first = s.compare_set(f"{n}/what", "", f"{me}\n{what}").decode()
+        first_rank, first_what = first.split("\n", 1)
+        if first_what != what:
+            s.set(f"{n}/mismatch", f"{me}\n{what}")
+            s.set(f"{n}/done", "mismatch")  # wake the ranks already waiting
+            raise self._mismatch(what, int(first_rank), first_what)
+        if s.add(f"{n}/count", 1) == self._world_size:
+            s.set(f"{n}/done", "ok")
+        try:
+            s.wait([f"{n}/done"], timeout)
+        except dist.DistNetworkError as exc:
+            raise RuntimeError(
+                f"rank {me} lost the rendezvous store while waiting in {what} ({exc}); the store lives in "
+                "rank 0's process (or the launcher's), which probably exited"
+            ) from exc
+        except dist.DistStoreError as exc:
+            raise self._timeout(n, what, time.monotonic() - t0, timeout, cause) from exc
+        if s.check([f"{n}/mismatch"]):
+            other_rank, other_what = s.get(f"{n}/mismatch").decode().split("\n", 1)
+            raise self._mismatch(what, int(other_rank), other_what)
+        # Everyone has left round n-2 once anyone is here in round n: its keys are dead.
+        if n >= 2:
+            s.delete_key(f"{n - 2}/rank{me}")
+            if me == 0:
+                for key in ("what", "count", "done"):
+                    s.delete_key(f"{n - 2}/{key}")
+
+    def _timeout(
+        self, n: int, what: str, waited: float, timeout: timedelta, cause: str
+    ) -> RendezvousTimeoutError:
+        try:
+            missing = [r for r in range(self._world_size) if not self._store.check([f"{n}/rank{r}"])]
+        except dist.DistError:
+            missing = []
+        who = f"ranks {missing}" if missing else "some ranks (the store could not be read)"
+        message = (
+            f"rank {self._rank} waited {waited:.1f} s (deadline {timeout.total_seconds():.1f} s) in {what} "
+            f"for {who} of world size {self._world_size} to reach the same call; they never arrived. {cause}."
+        )
+        return RendezvousTimeoutError(message, what=what, missing=missing, waited_s=waited)
+
+    def _mismatch(self, what: str, other_rank: int, other_what: str) -> RendezvousMismatchError:
+        message = (
+            f"rank {self._rank} is in {what}, but rank {other_rank} reached the same point in {other_what}. "
+            "new_group, barrier, destroy and reload are collective: every rank must make the same calls "
+            "in the same order (for new_group with the same arguments, even ranks not in `ranks`). "
+            "Likely cause: one of them is called inside a rank branch (e.g. `if rank in ranks:`). "
+            "The groups are now out of step: close() them and restart the actors."
+        )
+        return RendezvousMismatchError(message, what=what, other_rank=other_rank, other_what=other_what)
+
+
+class GroupHandle:
+    """A subgroup that survives sleep: `.group` is the torch group of the current generation."""
+
+    __slots__ = ("_group", "backend", "generation", "name", "ranks")
+
+    def __init__(self, name: str, ranks: tuple[int, ...], backend: str) -> None:
+        self.name = name
+        self.ranks = ranks
+        self.backend = backend
+        self.generation = -1
+        self._group: ProcessGroup | None = None
+
+    @property
+    def group(self) -> ProcessGroup:
+        """The live group; for a rank outside `ranks`, torch's `GroupMember.NON_GROUP_MEMBER`."""
+        if self._group is None:
+            raise RuntimeError(
+                f"process group {self.name} was destroyed by sleep(); call wake_up() first "
+                f"(ranks {list(self.ranks)}, backend {self.backend}, last generation {self.generation})"
+            )
+        return self._group
+
+    @property
+    def alive(self) -> bool:
+        return self._group is not None
+
+    def __repr__(self) -> str:
+        state = "alive" if self._group is not None else "destroyed"
+        return f"<GroupHandle {self.name} ranks={list(self.ranks)} backend={self.backend} gen={self.generation} {state}>"
+
+
+class ReloadableProcessGroups:
+    """WORLD plus the subgroups an actor uses, destroyable and reloadable in lockstep on all ranks.
+
+    Build it with `init(...)` (initialises torch.distributed) or `adopt()` (an already
+    initialised default group). It fits `lifecycle.Lifecycle(process_groups=...)`.
+    """
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        backend: str,
+        rank: int,
+        world_size: int,
+        timeout: timedelta,
+        device_id: torch.device | None = None,
+    ) -> None:
+        # Use init() or adopt(); this constructor expects WORLD to be initialised on `store` already.
+        self._store = store
+        self.backend = backend
+        self.rank = rank
+        self.world_size = world_size
+        self.timeout = timeout
+        self.generation = 0
+        self._state = _ALIVE
+        self._meeting = _Meeting(store, rank, world_size)
+        self._handles: list[GroupHandle] = []
+        self._device_id = device_id
+        self._worlds = 1  # WORLDs built on this store so far; each gets its own key namespace
+        self._side: ProcessGroup | None = self._new_side_channel()
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def init(
+        cls,
+        *,
+        backend: str,
+        rank: int,
+        world_size: int,
+        init_method: str | None = None,
+        store: Store | None = None,
+        timeout: timedelta = dist.default_pg_timeout,
+        device_id: torch.device | None = None,
+    ) -> ReloadableProcessGroups:
+        """Initialise torch.distributed (WORLD on `backend`) and keep its rendezvous store.
+
+        `device_id` binds every accelerator WORLD to that device (NCCL then connects eagerly).
+        """
+        _check_backend(backend)
+        if not isinstance(world_size, int) or world_size < 1:
+            raise ValueError(f"world_size must be a positive int, got {world_size!r}")
+        if not isinstance(rank, int) or not 0 <= rank < world_size:
+            raise ValueError(f"rank must be an int in [0, {world_size}), got {rank!r}")
+        if store is not None and init_method is not None:
+            raise ValueError("pass either store= or init_method=, not both")
+        if not isinstance(timeout, timedelta) or timeout.total_seconds() <= 0:
+            raise ValueError(f"timeout must be a positive timedelta, got {timeout!r}")
+        if dist.is_initialized():
+            raise RuntimeError(
+                "torch.distributed is already initialised in this process; use "
+                "ReloadableProcessGroups.adopt() to take over its default group"
+            )
+        if store is None:
+            # What init_process_group does inside; done here so the store outlives every WORLD.
+            store, rank, world_size = next(
+                rendezvous(init_method or "env://", rank, world_size, timeout=timeout)
+            )
+            store.set_timeout(timeout)
+        _init_world(backend, store, "world0", rank, world_size, timeout, device_id)
+        return cls(
+            store=store,
+            backend=backend,
+            rank=rank,
+            world_size=world_size,
+            timeout=timeout,
+            device_id=device_id,
+        )
+
+    @classmethod
+    def adopt(
+        cls, *, timeout: timedelta = dist.default_pg_timeout, untracked_subgroups: bool = False
+    ) -> ReloadableProcessGroups:
+        """Take over an initialised default group and keep its store (`_get_default_store()`).
+
+        Subgroups that exist already are destroyed with WORLD on every `destroy()` and never
+        rebuilt; that is refused unless `untracked_subgroups=True` says their owner rebuilds them
+        (as `MegatronParallelState` does for Megatron's groups).
+        """
+        if not dist.is_initialized():
+            raise RuntimeError(
+                "adopt() needs an initialised default group; call dist.init_process_group first, or use "
+                "ReloadableProcessGroups.init(...)"
+            )
+        existing = _subgroup_count()
+        if existing and not untracked_subgroups:
+            raise RuntimeError(
+                f"adopt() found {existing} process groups besides WORLD that it did not create; destroy() "
+                "would destroy them with WORLD and reload() could not rebuild them. Create subgroups after "
+                "adopt() with new_group(), or pass untracked_subgroups=True if their owner rebuilds them "
+                "(MegatronParallelState does for Megatron's)."
+            )
+        backend = str(dist.get_backend())
+        _check_backend(backend)
+        return cls(
+            store=dist.distributed_c10d._get_default_store(),
+            backend=backend,
+            rank=dist.get_rank(),
+            world_size=dist.get_world_size(),
+            timeout=timeout,
+            device_id=dist.distributed_c10d._get_default_group().bound_device_id,
+        )
+
+    # ------------------------------------------------------------------ groups
+
+    def new_group(
+        self,
+        ranks: Sequence[int],
+        *,
+        backend: str | None = None,
+        name: str | None = None,
+        timeout: timedelta | None = None,
+    ) -> GroupHandle:
+        """Create a subgroup now and rebuild it on every reload. Collective: call it on every rank."""
+        self._require(_ALIVE, "new_group")
+        given: tuple[object, ...] = (ranks,) if isinstance(ranks, (str, bytes)) else tuple(ranks)
+        if not all(isinstance(r, int) and not isinstance(r, bool) for r in given):
+            raise ValueError(f"new_group: ranks must be a sequence of ints, got {ranks!r}")
+        wanted = cast(tuple[int, ...], given)
+        if not wanted:
+            raise ValueError("new_group: ranks is empty")
+        if len(set(wanted)) != len(wanted):
+            raise ValueError(f"new_group: ranks {list(wanted)} repeat a rank")
+        outside = [r for r in wanted if not 0 <= r < self.world_size]
+        if outside:
+            raise ValueError(f"new_group: ranks {outside} are outside the world of size {self.world_size}")
+        if backend is not None:
+            _check_backend(backend)
+        index = len(self._handles)
+        name = name if name is not None else f"group{index}"
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"new_group: name must be a non-empty string, got {name!r}")
+        if any(h.name == name for h in self._handles):
+            raise ValueError(f"new_group: a group named {name!r} exists already; names must be unique")
+        handle = GroupHandle(name, wanted, backend or self.backend)
+        what = f"new_group #{index}(name={name!r}, ranks={list(wanted)}, backend={handle.backend!r})"
+        self._meeting.meet(what, timeout or self.timeout, _NEW_GROUP_CAUSE)
+        self._create(handle)
+        self._handles.append(handle)
+        return handle
+
+    @property
+    def handles(self) -> tuple[GroupHandle, ...]:
+        return tuple(self._handles)
+
+    @property
+    def world(self) -> ProcessGroup:
+        """The accelerator WORLD; raises while destroyed (WORLD is then a gloo stand-in)."""
+        self._require(_ALIVE, "world")
+        return dist.distributed_c10d._get_default_group()
+
+    @property
+    def side_channel(self) -> ProcessGroup:
+        """A gloo group of all ranks that works awake and asleep; read it again after each sleep/wake."""
+        self._require((_ALIVE, _DESTROYED), "side_channel")
+        assert self._side is not None
+        return self._side
+
+    def barrier(self, timeout: timedelta | None = None, *, name: str = "barrier") -> None:
+        """Wait for every rank, in either state, with a deadline that names the missing ranks."""
+        self._require((_ALIVE, _DESTROYED), "barrier")
+        self._meeting.meet(f"barrier({name!r})", timeout or self.timeout, _BARRIER_CAUSE)
+
+    # ------------------------------------------------------------------ lifecycle hooks
+
+    def is_alive(self) -> bool:
+        return self._state == _ALIVE
+
+    @property
+    def state(self) -> str:
+        """One of "alive", "destroyed" (asleep), "broken" (destroy/reload failed half-way), "closed"."""
+        return self._state
+
+    def destroy(self) -> None:
+        """Free every communicator; WORLD becomes gloo until `reload()`. Collective."""
+        self._require((_ALIVE, _BROKEN), "destroy")
+        t0 = time.perf_counter()
+        self._meeting.meet(f"destroy(generation {self.generation})", self.timeout, _LIFECYCLE_CAUSE)
+        self._state = _BROKEN  # until the gloo stand-in is up
+        self._drop_groups()
+        self._init_world("gloo", None)
+        self._side = dist.distributed_c10d._get_default_group()
+        # Leave only once every rank's gloo stand-in is connected: a rank that moved on (or exited)
+        # while a peer was still in connectFullMesh made that peer fail with "closed by peer".
+        self._meeting.meet(f"destroyed(generation {self.generation})", self.timeout, _LIFECYCLE_CAUSE)
+        self._state = _DESTROYED
+        self._log("process_groups.destroyed", t0)
+
+    def reload(self) -> None:
+        """Rebuild the accelerator WORLD and every subgroup in registration order. Collective."""
+        self._require((_DESTROYED, _BROKEN), "reload")
+        t0 = time.perf_counter()
+        self._meeting.meet(f"reload(generation {self.generation})", self.timeout, _LIFECYCLE_CAUSE)
+        self._state = _BROKEN  # until every subgroup is back
+        self._drop_groups()
+        self.generation += 1
+        self._init_world(self.backend, self._device_id)
+        self._side = self._new_side_channel()
+        for handle in self._handles:
+            self._create(handle)
+        self._meeting.meet(f"reloaded(generation {self.generation})", self.timeout, _LIFECYCLE_CAUSE)
+        self._state = _ALIVE
+        self._log("process_groups.reloaded", t0)
+
+    def close(self) -> None:
+        """Final teardown, local and idempotent: destroy every group and WORLD."""
+        if self._state == _CLOSED:
+            return
+        self._drop_groups()
+        self._state = _CLOSED
+
+    # ------------------------------------------------------------------ internals
+
+    def _init_world(self, backend: str, device_id: torch.device | None) -> None:
+        # A fresh namespace even when a failed destroy/reload is retried: stale keys never collide.
+        namespace = f"world{self._worlds}"
+        self._worlds += 1
+        _init_world(backend, self._store, namespace, self.rank, self.world_size, self.timeout, device_id)
+
+    def _create(self, handle: GroupHandle) -> None:
+        group = dist.new_group(
+            list(handle.ranks), timeout=self.timeout, backend=handle.backend, group_desc=handle.name
+        )
+        # Non-members get torch's NON_GROUP_MEMBER sentinel, which collectives skip.
+        handle._group = cast(ProcessGroup, group)
+        handle.generation = self.generation
+
+    def _new_side_channel(self) -> ProcessGroup:
+        group = dist.new_group(
+            list(range(self.world_size)), timeout=self.timeout, backend="gloo", group_desc="side_channel"
+        )
+        return cast(ProcessGroup, group)
+
+    def _drop_groups(self) -> None:
+        # Destroying WORLD shuts down every subgroup in torch's registration order (NCCL once
+        # needed ncclCommAbort to be called collectively in that order).
+        for handle in self._handles:
+            handle._group = None
+        self._side = None
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    def _require(self, states: str | tuple[str, ...], operation: str) -> None:
+        allowed = (states,) if isinstance(states, str) else states
+        if self._state in allowed:
+            return
+        advice = {
+            _DESTROYED: "the groups are destroyed (asleep); call wake_up() (reload()) first",
+            _ALIVE: "the groups are alive; destroy() first",
+            _BROKEN: "a previous destroy()/reload() failed half-way; call reload() (Lifecycle.recover) or close()",
+            _CLOSED: "the groups were closed; build new ReloadableProcessGroups",
+        }[self._state]
+        raise RuntimeError(f"ReloadableProcessGroups.{operation} on rank {self.rank}: {advice}")
+
+    def _log(self, event: str, t0: float) -> None:
+        # Debug: the Lifecycle already logs each hook's duration at info.
+        if events.enabled(events.LEVELS["debug"]):
+            events.emit(
+                "debug",
+                event,
+                {
+                    "rank": self.rank,
+                    "generation": self.generation,
+                    "groups": len(self._handles),
+                    "duration_ms": round((time.perf_counter() - t0) * 1e3, 3),
+                },
+            )
+
+    def __repr__(self) -> str:
+        return (
+            f"<ReloadableProcessGroups rank {self.rank}/{self.world_size} {self.backend} {self._state} "
+            f"generation={self.generation} groups={[h.name for h in self._handles]}>"
+        )
+
+
+def _init_world(
+    backend: str,
+    store: Store,
+    namespace: str,
+    rank: int,
+    world_size: int,
+    timeout: timedelta,
+    device_id: torch.device | None = None,
+) -> None:
+    dist.init_process_group(
+        backend=backend,
+        store=PrefixStore(f"{_NAMESPACE}/{namespace}", store),
+        rank=rank,
+        world_size=world_size,
+        timeout=timeout,
+        device_id=device_id,
+    )
+
+
+def _subgroup_count() -> int:
+    pg_map: dict[Any, Any] = dist.distributed_c10d._world.pg_map
+    return max(len(pg_map) - 1, 0)
+
+
+def _check_backend(backend: str) -> None:
+    if not isinstance(backend, str) or not backend:
+        raise ValueError(f"backend must be a name such as 'nccl' or 'gloo', got {backend!r}")
+    # Device maps such as "cpu:gloo,cuda:nccl" are checked by torch itself.
+    if ":" not in backend and not dist.is_backend_available(backend):
+        raise ValueError(
+            f"torch.distributed backend {backend!r} is not available in this torch build "
+            "(CPU-only builds have gloo, not nccl)"
+        )

@@ -1,0 +1,184 @@
+"""MegatronParallelState on real torch.distributed (gloo) and megatron-core's parallel_state, 2 ranks."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.distributed.distributed_c10d import Store
+
+import lifecycle
+from actor_integration.megatron import MegatronParallelState, tiny_gpt_model
+from actor_integration.process_groups import ReloadableProcessGroups
+
+
+def _megatron_installed() -> bool:
+    try:
+        return importlib.util.find_spec("megatron.core") is not None
+    except ModuleNotFoundError:
+        return False
+
+
+# find_spec, not an import: importing megatron.core costs ~6 s, and only the ranks need it.
+requires_megatron = pytest.mark.skipif(
+    not _megatron_installed(), reason="megatron-core is not installed (pip install rl-lifecycle[megatron])"
+)
+CYCLES = 10
+Worker = Callable[..., dict[str, Any]]
+
+
+def run_world(worker: Worker, world_size: int, *args: Any, deadline_s: float = 60.0) -> list[dict[str, Any]]:
+    """Run `worker(rank, world_size, store, *args)` in one spawned process per rank; kill them at the deadline."""
+    store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False)
+    with tempfile.TemporaryDirectory() as out:
+        context = mp.start_processes(
+            _entry,
+            args=(worker, world_size, store.port, out, args),
+            nprocs=world_size,
+            join=False,
+            start_method="spawn",
+        )
+        end = time.monotonic() + deadline_s
+        while not context.join(timeout=0.5):
+            if time.monotonic() > end:
+                for process in context.processes:
+                    process.kill()
+                pytest.fail(f"ranks still running after {deadline_s} s: a rendezvous hung")
+        results = [json.loads((Path(out) / f"rank{r}.json").read_text()) for r in range(world_size)]
+    crashes = {r: res["crash"] for r, res in enumerate(results) if "crash" in res}
+    assert not crashes, crashes
+    return results
+
+
+def _entry(rank: int, worker: Worker, world_size: int, port: int, out: str, args: tuple[Any, ...]) -> None:
+    lifecycle.configure_logging(stream=io.StringIO(), level="warning")
+    warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not installed")
+    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=30))
+    try:
+        result = worker(rank, world_size, store, *args)
+    except BaseException as exc:
+        result = {"crash": f"{exc!r}\n{traceback.format_exc()}"}
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    (Path(out) / f"rank{rank}.json").write_text(json.dumps(result))
+
+
+def _tp_worker(rank: int, world_size: int, store: Store) -> dict[str, Any]:
+    from megatron.core import ModelParallelConfig
+    from megatron.core import parallel_state as ps
+    from megatron.core.tensor_parallel import RowParallelLinear
+
+    groups = ReloadableProcessGroups.init(
+        backend="gloo", rank=rank, world_size=world_size, store=store, timeout=timedelta(seconds=30)
+    )
+    state = MegatronParallelState(groups, tensor_model_parallel_size=2)
+    config = ModelParallelConfig(tensor_model_parallel_size=2, use_cpu_initialization=True)
+
+    def row_linear() -> RowParallelLinear:
+        # 8 inputs split 4 per rank; all-ones weights, so each output is 8 only if the TP all_reduce ran.
+        return RowParallelLinear(
+            8,
+            3,
+            config=config,
+            init_method=torch.nn.init.ones_,
+            bias=False,
+            input_is_parallel=True,
+            skip_bias_add=True,
+        )
+
+    tracked, untracked = row_linear(), row_linear()
+    state.register(tracked)
+    out: dict[str, Any] = {"tp_sum": [], "row": [], "tracked_current": [], "untracked_registered": []}
+    for _ in range(CYCLES):
+        state.destroy()
+        out.setdefault("alive_asleep", []).append(state.is_alive())
+        out.setdefault("megatron_asleep", []).append(ps.model_parallel_is_initialized())
+        state.reload()
+        tp = ps.get_tensor_model_parallel_group()
+        value = torch.tensor([float(rank + 1)])
+        dist.all_reduce(value, group=tp)
+        out["tp_sum"].append(value.item())
+        result, _ = tracked(torch.ones(2, 4))
+        out["row"].append(result[0].tolist())
+        out["tracked_current"].append(tracked.tp_group is tp)
+        out["untracked_registered"].append(
+            dist.distributed_c10d._world.pg_map.get(untracked.tp_group) is not None
+        )
+    out["alive"] = state.is_alive()
+    out["tp_world_size"] = ps.get_tensor_model_parallel_world_size()
+    ps.destroy_model_parallel()
+    groups.close()
+    return out
+
+
+@pytest.fixture(scope="module")
+def tp_cycles() -> list[dict[str, Any]]:
+    return run_world(_tp_worker, 2, deadline_s=90)
+
+
+@requires_megatron
+class TestTensorParallelCycles:
+    """initialize_model_parallel(tensor_model_parallel_size=2), then 10 destroy/reload cycles."""
+
+    def test_tp_group_all_reduce_is_correct_after_every_reload(self, tp_cycles: list[dict[str, Any]]) -> None:
+        for res in tp_cycles:
+            assert res["tp_sum"] == [3.0] * CYCLES
+            assert res["tp_world_size"] == 2 and res["alive"] is True
+
+    def test_destroy_forgets_megatron_groups(self, tp_cycles: list[dict[str, Any]]) -> None:
+        for res in tp_cycles:
+            assert res["alive_asleep"] == [False] * CYCLES
+            assert res["megatron_asleep"] == [False] * CYCLES
+
+    def test_registered_modules_follow_the_new_groups(self, tp_cycles: list[dict[str, Any]]) -> None:
+        for res in tp_cycles:
+            assert res["tracked_current"] == [True] * CYCLES
+            assert res["row"] == [[8.0, 8.0, 8.0]] * CYCLES
+
+    def test_unregistered_modules_keep_destroyed_groups(self, tp_cycles: list[dict[str, Any]]) -> None:
+        # Why register() exists: under NCCL such a module would call an aborted communicator.
+        for res in tp_cycles:
+            assert res["untracked_registered"] == [False] * CYCLES
+
+
+class TestErrors:
+    @pytest.fixture
+    def groups(self) -> Iterator[ReloadableProcessGroups]:
+        store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False)
+        groups = ReloadableProcessGroups.init(
+            backend="gloo", rank=0, world_size=1, store=store, timeout=timedelta(seconds=10)
+        )
+        yield groups
+        groups.close()
+
+    def test_missing_megatron_says_how_to_install(
+        self, groups: ReloadableProcessGroups, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setitem(sys.modules, "megatron", None)
+        monkeypatch.setitem(sys.modules, "megatron.core", None)
+        with pytest.raises(ImportError, match=r"pip install rl-lifecycle\[megatron\]"):
+            MegatronParallelState(groups, tensor_model_parallel_size=1)
+
+    def test_needs_reloadable_groups(self) -> None:
+        with pytest.raises(TypeError, match="needs ReloadableProcessGroups"):
+            MegatronParallelState(object())  # type: ignore[arg-type]
+
+    @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only refusal")
+    def test_tiny_gpt_model_needs_cuda(self) -> None:
+        with pytest.raises(RuntimeError, match="needs CUDA"):
+            tiny_gpt_model()
