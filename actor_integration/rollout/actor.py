@@ -1,0 +1,181 @@
+"""`RolloutActor`: an engine driven by the same lifecycle machine as the trainer.
+
+Sleep = pause generation → flush the cache → drop cached IPC handles → release `weights` and
+`kv_cache`. A colocated wake runs `wake_up(["weights"])`, `update_weights(...)`, then
+`wake_up(["kv_cache"])`, so the KV cache is not allocated while the weights arrive. A plain class:
+wrap it with `ray.remote` to make it an actor.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from actor_integration.rollout.engine import EngineGeneration, EngineMemory, RolloutEngine
+from actor_integration.weight_sync.protocol import (
+    CorruptBucketError,
+    RankPayload,
+    VersionGate,
+    WeightReceiver,
+)
+from lifecycle import Lifecycle, LifecyclePolicy, State
+
+ROLLOUT_POLICY = LifecyclePolicy(
+    memory_tags=("weights", "kv_cache"),
+    sync_requires=("weights",),
+    model_tag=None,
+    destroy_process_groups=False,
+)
+
+
+class RolloutActor:
+    """Owns an engine, its lifecycle and the weight receiver."""
+
+    def __init__(
+        self,
+        engine: RolloutEngine | Callable[[], RolloutEngine],
+        *,
+        rank: int = 0,
+        generation_mode: str = "abort",
+        receiver: WeightReceiver | None = None,
+        max_new_tokens: int = 8,
+        initial: State = State.AWAKE,
+    ) -> None:
+        # A factory builds the engine inside the actor process (Ray ships the class, not a model).
+        built: Any = engine() if not hasattr(engine, "load_weights") and callable(engine) else engine
+        missing = [m for m in _ENGINE_METHODS if not callable(getattr(built, m, None))]
+        if missing:
+            raise TypeError(
+                f"RolloutActor: the engine {type(built).__name__} lacks {missing} (see RolloutEngine)"
+            )
+        self.engine: RolloutEngine = built
+        self.receiver = receiver if receiver is not None else WeightReceiver()
+        self.gate = VersionGate(committed=getattr(built, "weight_version", None))
+        self.max_new_tokens = max_new_tokens
+        self.lifecycle = Lifecycle(
+            ROLLOUT_POLICY,
+            memory=EngineMemory(built),
+            # Cached IPC handles keep the trainer's staging memory mapped: drop them on every sleep.
+            generation=EngineGeneration(built, mode=generation_mode, on_pause=self.receiver.release),
+            role="rollout",
+            rank=rank,
+            initial=initial,
+        )
+        self._loaded_bytes = 0
+        self._unopened = False
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def sleep(self, tags: Sequence[str] | None = None) -> None:
+        self.lifecycle.sleep(tags)
+
+    def wake_up(self, tags: Sequence[str] | None = None) -> None:
+        self.lifecycle.wake_up(tags)
+
+    def lifecycle_state(self) -> tuple[str, dict[str, str]]:
+        return self.lifecycle.state.value, {t: r.value for t, r in self.lifecycle.residency.items()}
+
+    # ------------------------------------------------------------------ serving
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], max_new_tokens: int | None = None
+    ) -> list[list[int]]:
+        tokens = self.max_new_tokens if max_new_tokens is None else max_new_tokens
+        result: list[list[int]] = self.lifecycle.run("generate", self._generate, prompts, tokens)
+        return result
+
+    def _generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[list[int]]:
+        return self.engine.generate(prompts, max_new_tokens=max_new_tokens)
+
+    def update_weights(self, version: int, payloads: list[RankPayload]) -> dict[str, Any]:
+        """Load one round of a versioned update (the coordinator's `engine_call` lands here)."""
+        self._unopened = True
+        try:
+            ack: dict[str, Any] = self.lifecycle.run("sync", self._load, version, payloads)
+        finally:
+            if self._unopened:
+                # Refused before the receiver saw the payloads (lifecycle, stale version): release
+                # the senders' IPC grants and drain broadcasts, or their buffers could never be freed.
+                self._unopened = False
+                self.receiver.discard(payloads)
+        return ack
+
+    def _load(self, version: int, payloads: list[RankPayload]) -> dict[str, Any]:
+        if not payloads:
+            raise ValueError(f"update_weights(version={version}): no payloads")
+        round_index = payloads[0].round
+        if any(p.version != version for p in payloads):
+            raise ValueError(
+                f"update_weights(version={version}): payloads carry versions {sorted({p.version for p in payloads})}"
+            )
+        self.gate.admit(version, round_index)
+        if round_index == 0:
+            self._loaded_bytes = 0
+        self._unopened = False  # from here on the receiver accounts for every bucket
+        try:
+            with self.receiver.open(payloads) as received:
+                self.engine.load_weights(
+                    version, received.shards, round_index=received.round, final=received.final
+                )
+                self._loaded_bytes += received.nbytes
+                final, transport = received.final, received.transport
+        except CorruptBucketError:
+            elapsed = time.perf_counter() - self.gate.started
+            self.gate.abort()
+            self.lifecycle.event(
+                "weight_sync.loaded",
+                "error",
+                version=version,
+                bytes=self._loaded_bytes,
+                checksum_ok=False,
+                duration_ms=round(elapsed * 1e3, 3),
+                transport=payloads[0].transport,
+                ok=False,
+            )
+            raise
+        except BaseException:
+            self.gate.abort()
+            raise
+        if final:
+            elapsed = self.gate.commit(version)
+            self.lifecycle.event(
+                "weight_sync.loaded",
+                version=version,
+                bytes=self._loaded_bytes,
+                checksum_ok=self.receiver.verify,
+                duration_ms=round(elapsed * 1e3, 3),
+                transport=transport,
+                ok=True,
+            )
+        return {"version": version, "round": round_index, "final": final, "bytes": self._loaded_bytes}
+
+    # ------------------------------------------------------------------ inspection
+
+    def weights_checksum(self) -> str:
+        return self.engine.weights_checksum()
+
+    def weight_version(self) -> int | None:
+        return self.gate.committed
+
+    def open_handles(self) -> int:
+        """Cached handles or mappings the receiver holds (0 after a sleep)."""
+        return self.receiver.open_handles()
+
+    def engine_calls(self) -> list[str]:
+        return list(getattr(self.engine, "calls", []))
+
+    def ping(self) -> float:
+        return time.time()
+
+
+_ENGINE_METHODS = (
+    "generate",
+    "release_memory_occupation",
+    "resume_memory_occupation",
+    "pause_generation",
+    "continue_generation",
+    "flush_cache",
+    "load_weights",
+    "weights_checksum",
+)

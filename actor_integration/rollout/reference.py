@@ -1,0 +1,361 @@
+"""A reference rollout engine on plain torch, and `TinyLM`, the model it serves.
+
+The engine behaves like SGLang where the lifecycle cares: `weights` and `kv_cache` memory are
+released and resumed per tag (released weights lose their contents unless `weights_backup`;
+resuming a resident tag raises KeyError as SGLang does), generation can be paused and the
+cache flushed, and weight updates are versioned and staged: the previous weights stay loaded
+until the final round of a new version has arrived complete. One engine rank per GPU of its
+slot; each rank holds a full replica (as each SGLang TP rank receives the full tensors from the
+trainer rank on its GPU, minus the sharding).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from actor_integration.rollout.engine import ENGINE_TAGS, GENERATION_MODES, NamedTensors
+
+
+@dataclass(frozen=True, kw_only=True)
+class TinyLMConfig:
+    vocab_size: int = 97
+    dim: int = 32
+    n_layers: int = 2
+    n_heads: int = 2
+    max_seq_len: int = 64
+    dtype: str = "float32"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "dim", "n_layers", "n_heads", "max_seq_len"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"TinyLMConfig.{name} must be a positive int, got {value!r}")
+        if self.dim % self.n_heads:
+            raise ValueError(f"TinyLMConfig: dim={self.dim} must be divisible by n_heads={self.n_heads}")
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"TinyLMConfig.dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[self.dtype]
+
+
+class _Block(nn.Module):
+    def __init__(self, dim: int, n_heads: int) -> None:
+        super().__init__()
+        self.n_heads = n_heads
+        self.norm1 = nn.LayerNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.norm2 = nn.LayerNorm(dim)
+        self.up = nn.Linear(dim, 4 * dim)
+        self.down = nn.Linear(4 * dim, dim)
+
+    def forward(self, x: torch.Tensor, cache: torch.Tensor, start: int) -> torch.Tensor:
+        """x: [T, dim] for positions start..start+T-1; cache: [2, max_tokens, dim], written in place."""
+        steps, dim = x.shape
+        q, k, v = self.qkv(self.norm1(x)).split(dim, dim=-1)
+        cache[0, start : start + steps] = k
+        cache[1, start : start + steps] = v
+        end = start + steps
+        heads, head_dim = self.n_heads, dim // self.n_heads
+        qh = q.view(steps, heads, head_dim).transpose(0, 1)
+        kh = cache[0, :end].view(end, heads, head_dim).transpose(0, 1)
+        vh = cache[1, :end].view(end, heads, head_dim).transpose(0, 1)
+        scores = qh @ kh.transpose(1, 2) / head_dim**0.5
+        positions = torch.arange(start, end, device=x.device)[:, None]
+        visible = torch.arange(end, device=x.device)[None, :] <= positions
+        scores = scores.masked_fill(~visible, float("-inf"))
+        attended = (scores.softmax(dim=-1) @ vh).transpose(0, 1).reshape(steps, dim)
+        x = x + self.proj(attended)
+        out: torch.Tensor = x + self.down(nn.functional.gelu(self.up(self.norm2(x))))
+        return out
+
+
+class TinyLM(nn.Module):
+    """A small causal transformer LM with a KV cache; the demo's trainer trains the same class."""
+
+    def __init__(self, config: TinyLMConfig | None = None) -> None:
+        super().__init__()
+        self.config = config = config or TinyLMConfig()
+        generator_state = torch.random.get_rng_state()
+        torch.manual_seed(config.seed)
+        try:
+            self.embed = nn.Embedding(config.vocab_size, config.dim)
+            self.position = nn.Embedding(config.max_seq_len, config.dim)
+            self.blocks = nn.ModuleList(_Block(config.dim, config.n_heads) for _ in range(config.n_layers))
+            self.norm = nn.LayerNorm(config.dim)
+            self.head = nn.Linear(config.dim, config.vocab_size, bias=False)
+        finally:
+            torch.random.set_rng_state(generator_state)
+        self.to(config.torch_dtype)
+
+    def new_cache(self, tokens: int | None = None, device: torch.device | str | None = None) -> torch.Tensor:
+        """A KV cache: [n_layers, 2, tokens, dim]."""
+        cfg = self.config
+        device = device if device is not None else self.head.weight.device
+        return torch.zeros(
+            cfg.n_layers, 2, tokens or cfg.max_seq_len, cfg.dim, dtype=cfg.torch_dtype, device=device
+        )
+
+    def forward(
+        self, tokens: torch.Tensor, cache: torch.Tensor | None = None, start: int = 0
+    ) -> torch.Tensor:
+        """Logits [T, vocab] for a 1-D token sequence at positions start..start+T-1."""
+        if cache is None:
+            cache = self.new_cache(start + tokens.shape[0], tokens.device)
+        positions = torch.arange(start, start + tokens.shape[0], device=tokens.device)
+        x = self.embed(tokens) + self.position(positions)
+        for i, block in enumerate(self.blocks):
+            x = block(x, cache[i], start)
+        logits: torch.Tensor = self.head(self.norm(x))
+        return logits
+
+    @torch.no_grad()
+    def generate(
+        self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, cache: torch.Tensor | None = None
+    ) -> list[list[int]]:
+        """Greedy continuation of each prompt (new tokens only), reusing `cache` if given."""
+        device = self.head.weight.device
+        out = []
+        for prompt in prompts:
+            if not prompt:
+                raise ValueError("TinyLM.generate: empty prompt")
+            total = len(prompt) + max_new_tokens
+            if total > self.config.max_seq_len:
+                raise ValueError(
+                    f"TinyLM.generate: prompt of {len(prompt)} + {max_new_tokens} new tokens exceeds "
+                    f"max_seq_len={self.config.max_seq_len}"
+                )
+            kv = cache if cache is not None else self.new_cache(total)
+            if kv.shape[2] < total:
+                raise ValueError(f"TinyLM.generate: the KV cache holds {kv.shape[2]} tokens, {total} needed")
+            tokens = torch.tensor(list(prompt), dtype=torch.long, device=device)
+            logits = self(tokens, kv, 0)
+            new: list[int] = []
+            position = len(prompt)
+            for _ in range(max_new_tokens):
+                token = int(logits[-1].float().argmax())
+                new.append(token)
+                logits = self(torch.tensor([token], device=device), kv, position)
+                position += 1
+            out.append(new)
+        return out
+
+    def named_weights(self) -> dict[str, torch.Tensor]:
+        """The tensors a weight update carries (detached parameters)."""
+        return {name: p.detach() for name, p in self.named_parameters()}
+
+
+def weights_checksum(named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> str:
+    """SHA-256 over names, dtypes, shapes and bytes, in name order: equal iff bit-identical."""
+    items = dict(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
+    digest = hashlib.sha256()
+    for name in sorted(items):
+        tensor = items[name].detach()
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(tensor.contiguous().reshape(-1).view(torch.uint8).cpu().numpy().tobytes())
+    return digest.hexdigest()
+
+
+class ReferenceEngine:
+    """A `RolloutEngine` serving `TinyLM` replicas, one per device in `devices`."""
+
+    def __init__(
+        self,
+        config: TinyLMConfig | None = None,
+        *,
+        devices: Sequence[str | torch.device] = ("cpu",),
+        kv_cache_tokens: int | None = None,
+        weights_backup: bool = False,
+    ) -> None:
+        if isinstance(devices, (str, torch.device)) or not devices:
+            raise ValueError(
+                f"ReferenceEngine: devices must be a non-empty list, one per engine rank, got {devices!r}"
+            )
+        self.config = config or TinyLMConfig()
+        self.devices = [torch.device(d) for d in devices]
+        self.models = [TinyLM(self.config).to(d).eval() for d in self.devices]
+        self._shapes = {name: (p.shape, p.dtype) for name, p in self.models[0].named_parameters()}
+        self.kv_cache_tokens = kv_cache_tokens or self.config.max_seq_len
+        self._kv: list[torch.Tensor | None] = [m.new_cache(self.kv_cache_tokens) for m in self.models]
+        self.weights_backup = weights_backup
+        self._backup: list[dict[str, torch.Tensor]] | None = None
+        self._resident = dict.fromkeys(ENGINE_TAGS, True)
+        self._weights_valid = True
+        self._paused = False
+        self._staged: list[dict[str, torch.Tensor]] | None = None
+        self._staged_version: int | None = None
+        self.weight_version = 0
+        self.calls: list[str] = []  # engine calls in order, for tests and the demo's log
+
+    @property
+    def num_ranks(self) -> int:
+        return len(self.models)
+
+    # ------------------------------------------------------------------ memory
+
+    def release_memory_occupation(self, tags: Sequence[str] | None = None) -> None:
+        tags = self._tags(tags)
+        self.calls.append(f"release_memory_occupation{tags}")
+        for tag in tags:
+            if not self._resident[tag]:
+                raise RuntimeError(
+                    f"ReferenceEngine: {tag!r} is already released (torch_memory_saver would exit the process)"
+                )
+        for tag in tags:
+            if tag == "weights":
+                if self.weights_backup and self._weights_valid:
+                    self._backup = [
+                        {n: p.detach().to("cpu", copy=True) for n, p in m.named_parameters()}
+                        for m in self.models
+                    ]
+                for model, device in zip(self.models, self.devices, strict=True):
+                    for p in model.parameters():
+                        p.data = torch.empty(0, dtype=p.dtype, device=device)
+                self._staged = None
+                self._weights_valid = False
+            else:
+                self._kv = [None] * self.num_ranks
+            self._resident[tag] = False
+
+    def resume_memory_occupation(self, tags: Sequence[str] | None = None) -> None:
+        tags = self._tags(tags)
+        self.calls.append(f"resume_memory_occupation{tags}")
+        for tag in tags:
+            if self._resident[tag]:
+                raise KeyError(
+                    f"ReferenceEngine: resume of {tag!r}, which was not released (SGLang raises too)"
+                )
+        for tag in tags:
+            if tag == "weights":
+                for rank, (model, device) in enumerate(zip(self.models, self.devices, strict=True)):
+                    for name, p in model.named_parameters():
+                        shape, dtype = self._shapes[name]
+                        p.data = torch.empty(shape, dtype=dtype, device=device)
+                        if self._backup is not None:
+                            p.data.copy_(self._backup[rank][name])
+                self._weights_valid = self._backup is not None
+                self._backup = None
+            else:
+                self._kv = [m.new_cache(self.kv_cache_tokens) for m in self.models]
+            self._resident[tag] = True
+
+    def _tags(self, tags: Sequence[str] | None) -> list[str]:
+        if tags is None:
+            return list(ENGINE_TAGS)
+        if isinstance(tags, str):
+            raise TypeError(f"tags must be a list of tag names, got the string {tags!r}")
+        unknown = [t for t in tags if t not in ENGINE_TAGS]
+        if unknown:
+            raise ValueError(f"ReferenceEngine: unknown memory tags {unknown}; tags are {list(ENGINE_TAGS)}")
+        return list(tags)
+
+    @property
+    def residency(self) -> dict[str, bool]:
+        return dict(self._resident)
+
+    # ------------------------------------------------------------------ generation
+
+    def pause_generation(self, mode: str = "abort") -> None:
+        if mode not in GENERATION_MODES:
+            raise ValueError(f"pause_generation: mode must be one of {list(GENERATION_MODES)}, got {mode!r}")
+        self.calls.append(f"pause_generation({mode})")
+        self._paused = True
+
+    def continue_generation(self) -> None:
+        self.calls.append("continue_generation")
+        self._paused = False
+
+    def flush_cache(self) -> None:
+        self.calls.append("flush_cache")
+        for kv in self._kv:
+            if kv is not None:
+                kv.zero_()
+
+    def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int = 8) -> list[list[int]]:
+        if self._paused:
+            raise RuntimeError("ReferenceEngine: generation is paused; continue_generation() first")
+        if not self._resident["weights"] or not self._resident["kv_cache"]:
+            released = [t for t, r in self._resident.items() if not r]
+            raise RuntimeError(
+                f"ReferenceEngine: cannot generate with {released} released; resume them first"
+            )
+        if not self._weights_valid:
+            raise RuntimeError(
+                "ReferenceEngine: the weights were released without a backup and no update was loaded since; "
+                "sync weights before generating"
+            )
+        self.calls.append("generate")
+        kv = self._kv[0]
+        assert kv is not None
+        return self.models[0].generate(prompts, max_new_tokens=max_new_tokens, cache=kv)
+
+    # ------------------------------------------------------------------ weights
+
+    def load_weights(
+        self, version: int, shards: Sequence[NamedTensors], *, round_index: int, final: bool
+    ) -> None:
+        if len(shards) != self.num_ranks:
+            raise ValueError(
+                f"ReferenceEngine has {self.num_ranks} ranks but the update carries {len(shards)} shards: the "
+                "trainer's slot and the engine disagree on the number of GPUs"
+            )
+        if not self._resident["weights"]:
+            raise RuntimeError(
+                "ReferenceEngine: weights are released; resume_memory_occupation(['weights']) first"
+            )
+        if round_index == 0:
+            self._staged, self._staged_version = [{} for _ in self.models], version
+        elif self._staged is None or self._staged_version != version:
+            raise RuntimeError(
+                f"ReferenceEngine: round {round_index} of version {version} without its round 0; resend the version"
+            )
+        self.calls.append(f"load_weights(v{version}, round {round_index}{', final' if final else ''})")
+        for rank, named in enumerate(shards):
+            staged = self._staged[rank]
+            for name, tensor in named:
+                if name not in self._shapes:
+                    known = sorted(self._shapes)
+                    self._staged = None
+                    raise ValueError(
+                        f"ReferenceEngine: unknown tensor {name!r}; the model has {known[:6]}..."
+                    )
+                shape, dtype = self._shapes[name]
+                if tuple(tensor.shape) != tuple(shape) or tensor.dtype != dtype:
+                    self._staged = None
+                    raise ValueError(
+                        f"ReferenceEngine: {name!r} arrived as {tuple(tensor.shape)} {tensor.dtype}, the model "
+                        f"has {tuple(shape)} {dtype}"
+                    )
+                staged[name] = torch.empty(shape, dtype=dtype, device=self.devices[rank]).copy_(tensor)
+        if not final:
+            return
+        staged_all, self._staged = self._staged, None
+        for rank, staged in enumerate(staged_all):
+            missing = sorted(set(self._shapes) - set(staged))
+            if missing:
+                raise ValueError(
+                    f"ReferenceEngine: version {version} is incomplete on rank {rank}: missing {missing[:6]}; "
+                    "the previous weights stay loaded"
+                )
+        with torch.no_grad():
+            for model, staged in zip(self.models, staged_all, strict=True):
+                for name, p in model.named_parameters():
+                    p.copy_(staged[name])
+        self._weights_valid = True
+        self.weight_version = version
+
+    def weights_checksum(self) -> str:
+        if not self._resident["weights"] or not self._weights_valid:
+            raise RuntimeError("ReferenceEngine: no valid weights to checksum (released or never loaded)")
+        sums = [weights_checksum(m.named_weights()) for m in self.models]
+        if len(set(sums)) != 1:
+            raise RuntimeError(f"ReferenceEngine: engine ranks hold different weights: {sums}")
+        return sums[0]

@@ -1,0 +1,178 @@
+"""`RolloutEngine` over a real `sglang.Engine` (imported lazily: sglang is an optional extra).
+
+Weights reach SGLang through its own `update_weights_from_tensor(load_format="flattened_bucket")`:
+per engine TP rank, the tensors that arrived for that rank are flattened with SGLang's
+`FlattenedTensorBucket` and serialized with its `MultiprocessingSerializer`, so each TP rank
+loads what the trainer rank on its GPU sent. That costs one device copy per bucket on top of the
+transport (SGLang's schedulers run in their own processes and cannot use our cached handles).
+SGLang loads each call in place, so a round that fails after an earlier round of the same
+version leaves mixed weights: the adapter then refuses to generate until a version loads whole.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from actor_integration.rollout.engine import ENGINE_TAGS, GENERATION_MODES, NamedTensors
+
+Codec = Callable[[NamedTensors], Any]
+
+
+def _import_sglang() -> Any:
+    try:
+        import sglang
+    except ImportError as exc:
+        raise ImportError(
+            "the SGLang rollout adapter needs sglang: `pip install 'rl-lifecycle[sglang]'` (or `pip install "
+            "sglang`); without it use actor_integration.rollout.ReferenceEngine"
+        ) from exc
+    return sglang
+
+
+def sglang_codec() -> tuple[Codec, bool]:
+    """SGLang's flattened-bucket serializer, and whether one bucket may mix dtypes."""
+    _import_sglang()
+    from sglang.srt.utils import MultiprocessingSerializer
+    from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket
+
+    def encode(named: NamedTensors) -> Any:
+        bucket = FlattenedTensorBucket(named_tensors=list(named))
+        data = {"flattened_tensor": bucket.get_flattened_tensor(), "metadata": bucket.get_metadata()}
+        return MultiprocessingSerializer.serialize(data, output_str=True)
+
+    return encode, bool(getattr(FlattenedTensorBucket, "supports_multi_dtypes", False))
+
+
+class SGLangEngine:
+    """Adapts `sglang.Engine` to `RolloutEngine`. Pass an engine, or keyword arguments to build one."""
+
+    def __init__(
+        self,
+        engine: Any = None,
+        *,
+        codec: Codec | None = None,
+        multi_dtype_buckets: bool | None = None,
+        **engine_kwargs: Any,
+    ) -> None:
+        if engine is None:
+            engine = _import_sglang().Engine(**engine_kwargs)
+        elif engine_kwargs:
+            raise ValueError(
+                f"SGLangEngine: got an engine and engine arguments {sorted(engine_kwargs)}; give one"
+            )
+        if codec is None:
+            codec, multi = sglang_codec()
+            multi_dtype_buckets = multi if multi_dtype_buckets is None else multi_dtype_buckets
+        self.engine = engine
+        self._encode = codec
+        self._multi_dtype = bool(multi_dtype_buckets)
+        self._takes_version = (
+            "weight_version" in inspect.signature(engine.update_weights_from_tensor).parameters
+        )
+        self.weight_version = 0
+        self._mixed: int | None = None  # version whose rounds were partly applied
+
+    # ------------------------------------------------------------------ memory and generation
+
+    def release_memory_occupation(self, tags: Sequence[str] | None = None) -> None:
+        self.engine.release_memory_occupation(tags=None if tags is None else list(tags))
+
+    def resume_memory_occupation(self, tags: Sequence[str] | None = None) -> None:
+        self.engine.resume_memory_occupation(tags=None if tags is None else list(tags))
+
+    def pause_generation(self, mode: str = "abort") -> None:
+        if mode not in GENERATION_MODES:
+            raise ValueError(f"pause_generation: mode must be one of {list(GENERATION_MODES)}, got {mode!r}")
+        if hasattr(self.engine, "pause_generation"):
+            self.engine.pause_generation(mode=mode)
+            return
+        from sglang.srt.managers.io_struct import PauseGenerationReqInput
+
+        manager = self.engine.tokenizer_manager
+        self.engine.loop.run_until_complete(manager.pause_generation(PauseGenerationReqInput(mode=mode)))
+
+    def continue_generation(self) -> None:
+        if hasattr(self.engine, "continue_generation"):
+            self.engine.continue_generation()
+            return
+        from sglang.srt.managers.io_struct import ContinueGenerationReqInput
+
+        manager = self.engine.tokenizer_manager
+        self.engine.loop.run_until_complete(manager.continue_generation(ContinueGenerationReqInput()))
+
+    def flush_cache(self) -> None:
+        self.engine.flush_cache()
+
+    def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int = 8) -> list[list[int]]:
+        if self._mixed is not None:
+            raise RuntimeError(
+                f"SGLangEngine: version {self._mixed} was applied in part (a later round failed); load a whole "
+                "version before generating"
+            )
+        outputs = self.engine.generate(
+            input_ids=[list(p) for p in prompts],
+            sampling_params={"temperature": 0.0, "max_new_tokens": max_new_tokens},
+        )
+        return [list(out["output_ids"]) for out in outputs]
+
+    # ------------------------------------------------------------------ weights
+
+    def load_weights(
+        self, version: int, shards: Sequence[NamedTensors], *, round_index: int, final: bool
+    ) -> None:
+        groups = self._groups(shards)
+        if round_index == 0:
+            self._mixed = None
+        for i, per_rank in enumerate(groups):
+            last = final and i == len(groups) - 1
+            kwargs: dict[str, Any] = {
+                "named_tensors": [self._encode(named) for named in per_rank],
+                "load_format": "flattened_bucket",
+                "flush_cache": last,
+            }
+            if self._takes_version and last:
+                kwargs["weight_version"] = str(version)
+            try:
+                result = self.engine.update_weights_from_tensor(**kwargs)
+                _check(result, version)
+            except BaseException:
+                if round_index > 0 or i > 0:
+                    self._mixed = version
+                raise
+        if final:
+            self.weight_version = version
+            self._mixed = None
+
+    def _groups(self, shards: Sequence[NamedTensors]) -> list[list[NamedTensors]]:
+        """Calls to make, each with one tensor list per TP rank (split by dtype if SGLang needs it)."""
+        if self._multi_dtype:
+            return [list(shards)]
+        dtypes: list[torch.dtype] = []
+        for _name, tensor in shards[0] if shards else ():
+            if tensor.dtype not in dtypes:
+                dtypes.append(tensor.dtype)
+        return [[[(n, t) for n, t in named if t.dtype == dtype] for named in shards] for dtype in dtypes]
+
+    def weights_checksum(self) -> str:
+        raise NotImplementedError(
+            "SGLang offers no bit-exact readback of its weights (get_weights_by_name truncates and converts); "
+            "compare greedy generations instead"
+        )
+
+
+def _check(result: Any, version: int) -> None:
+    """SGLang answers (success, message) or a dict with `success`; a failure must not pass silently."""
+    success, message = True, ""
+    if isinstance(result, tuple) and result and isinstance(result[0], bool):
+        success, message = result[0], str(result[1]) if len(result) > 1 else ""
+    elif isinstance(result, dict) and "success" in result:
+        success, message = bool(result["success"]), str(result.get("message", ""))
+    if not success:
+        raise RuntimeError(f"SGLang refused weight version {version}: {message}")
+
+
+__all__ = ["ENGINE_TAGS", "SGLangEngine", "sglang_codec"]

@@ -1,0 +1,769 @@
+"""The versioned sync protocol: senders, the slot coordinator, the receiver, deadlines, errors.
+
+One update carries its version with its data. Each round, every rank of a slot packs its buckets;
+the ranks check in with the slot's coordinator through the job's c10d store, which has clean
+deadlines, and once all are there the coordinator gathers their payloads (manifests and transport
+descriptors) over the slot's gloo group. The coordinator alone calls the engine, with one payload
+per slot rank in rank order, and reports the outcome to the others. Every wait has a deadline; a
+timeout names the slot, the version, what was awaited, from whom, for how long, and the likely
+cause. A rank outside every slot does nothing.
+
+On the engine side `WeightReceiver` opens and verifies every bucket of a round before the
+engine sees any of it, and `VersionGate` refuses stale, repeated and out-of-order updates.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import datetime
+import itertools
+import math
+import pickle
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from actor_integration.weight_sync.buckets import Bucket, BucketManifest, checksum, iter_buckets, unpack
+from actor_integration.weight_sync.topology import RankSlot
+from actor_integration.weight_sync.transport import (
+    CorruptBucketError,
+    EventSink,
+    ReceiverTransport,
+    SenderTransport,
+    WeightSyncError,
+    emit,
+    receiver_class,
+)
+
+__all__ = [
+    "CorruptBucketError",
+    "RankPayload",
+    "ReceivedRound",
+    "StaleVersionError",
+    "SyncReport",
+    "VersionGate",
+    "WeightReceiver",
+    "WeightSender",
+    "WeightSyncError",
+    "WeightSyncTimeout",
+]
+
+
+class WeightSyncTimeout(WeightSyncError):
+    """A cross-process wait passed its deadline. Fields: slot, version, awaited, waiting_rank,
+    missing (the ranks or party that did not answer), waited_s, cause."""
+
+
+class StaleVersionError(WeightSyncError):
+    """The engine refused a version that is not newer than the one it has loaded."""
+
+
+@dataclass(frozen=True)
+class RankPayload:
+    """What one slot rank contributes to one round: manifests and transport descriptors."""
+
+    version: int
+    round: int
+    final: bool  # the last round of this version
+    slot: int | None
+    rank: int
+    transport: str
+    sender: str
+    gpu: int | None  # machine-wide GPU id of the exported buffers (cuda_ipc)
+    buckets: tuple[BucketManifest, ...]
+    descriptors: tuple[Any, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.nbytes for b in self.buckets)
+
+
+@dataclass(frozen=True)
+class SyncReport:
+    """What `WeightSender.send` did on this rank."""
+
+    version: int
+    slot: int | None
+    rank: int
+    coordinator: bool
+    transport: str
+    nbytes: int
+    buckets: int
+    rounds: int
+    duration_s: float
+    engine_results: tuple[Any, ...] = ()  # the coordinator's engine_call results, one per round
+
+    @property
+    def gbps(self) -> float:
+        return self.nbytes / self.duration_s / 1e9 if self.duration_s > 0 else 0.0
+
+
+class _Peekable:
+    def __init__(self, it: Iterator[Bucket]) -> None:
+        self._it = it
+        self._next: Bucket | None = next(it, None)
+
+    def take(self) -> Bucket | None:
+        current = self._next
+        if current is not None:
+            self._next = next(self._it, None)
+        return current
+
+    @property
+    def exhausted(self) -> bool:
+        return self._next is None
+
+
+class WeightSender:
+    """The trainer side of one rank; use inside the trainer's `run("sync", ...)` body.
+
+    `engine_call(version, payloads)` is called on the coordinator only, once per round, with one
+    payload per slot rank in rank order; in Ray it is
+    `ray.get(rollout.update_weights.remote(version, payloads), timeout=...)`. `named_tensors`
+    given to `send` are the full (TP-gathered) tensors this rank provides for its GPU, from GPU
+    memory or a CPU backup; they are consumed one bucket at a time.
+
+    `slot_group` is the slot's gloo group, or a handle whose `.group` is the live one (the
+    `GroupHandle` of `ReloadableProcessGroups.new_group`, which survives a process-group reload).
+    `deadline_s` bounds every wait on other ranks, `engine_deadline_s` (default: `deadline_s`)
+    the engine's acknowledgement. `round_buckets` is how many buckets one round carries (default:
+    the transport's: all for cuda_ipc and disk, one for shm and nccl). `store` is the c10d store
+    for check-ins (default: the job's default store; only multi-rank slots use it).
+    """
+
+    def __init__(
+        self,
+        topology_slot: RankSlot,
+        slot_group: Any,
+        transport: SenderTransport,
+        *,
+        rank: int,
+        engine_call: Callable[[int, list[RankPayload]], Any] | None,
+        bucket_bytes: int,
+        deadline_s: float,
+        engine_deadline_s: float | None = None,
+        round_buckets: int | None = -1,
+        lifecycle: EventSink | None = None,
+        store: Any = None,
+    ) -> None:
+        if not isinstance(topology_slot, RankSlot):
+            raise TypeError(
+                f"WeightSender: topology_slot must be a RankSlot, got {type(topology_slot).__name__}"
+            )
+        if topology_slot.rank != rank:
+            raise ValueError(
+                f"WeightSender: rank={rank} but the topology slot is for rank {topology_slot.rank}; "
+                "pass topology.for_rank(rank)"
+            )
+        if not isinstance(transport, SenderTransport):
+            raise TypeError(
+                f"WeightSender: transport must be a SenderTransport, got {type(transport).__name__}"
+            )
+        if not isinstance(bucket_bytes, int) or isinstance(bucket_bytes, bool) or bucket_bytes < 1:
+            raise ValueError(f"WeightSender: bucket_bytes must be a positive int, got {bucket_bytes!r}")
+        for name, value in (("deadline_s", deadline_s), ("engine_deadline_s", engine_deadline_s)):
+            if value is not None and (
+                not isinstance(value, (int, float)) or not value > 0 or math.isinf(value)
+            ):
+                raise ValueError(f"WeightSender: {name} must be a positive number of seconds, got {value!r}")
+        if topology_slot.is_coordinator and not callable(engine_call):
+            raise ValueError(
+                f"WeightSender: rank {rank} coordinates slot {topology_slot.slot} and must be given "
+                "engine_call(version, payloads), the call that reaches the rollout engine"
+            )
+        if len(topology_slot.ranks) > 1 and slot_group is None:
+            raise ValueError(
+                f"WeightSender: slot {topology_slot.slot} has ranks {list(topology_slot.ranks)}; pass its gloo "
+                "group (SlotTopology.create_groups on every rank, then groups[slot])"
+            )
+        if transport.name == "nccl" and len(topology_slot.ranks) > 1:
+            raise ValueError(
+                "WeightSender: the nccl transport broadcasts from one source rank; give it a one-rank slot "
+                "(RankSlot.single(rank)) on the source rank"
+            )
+        if round_buckets == -1:
+            round_buckets = transport.default_round_buckets
+        if round_buckets is not None and (not isinstance(round_buckets, int) or round_buckets < 1):
+            raise ValueError(
+                f"WeightSender: round_buckets must be a positive int or None, got {round_buckets!r}"
+            )
+        self.slot = topology_slot
+        self.group = slot_group
+        self.transport = transport
+        self.rank = rank
+        self.engine_call = engine_call
+        self.bucket_bytes = bucket_bytes
+        self.deadline_s = float(deadline_s)
+        self.engine_deadline_s = float(engine_deadline_s if engine_deadline_s is not None else deadline_s)
+        self.round_buckets = round_buckets
+        self.lifecycle = lifecycle
+        self.store = store  # c10d store for arrivals and reports; default: the job's default store
+        self.last_version: int | None = None
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._broken: str | None = None
+
+    # ------------------------------------------------------------------ public
+
+    def send(
+        self, version: int, named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
+    ) -> SyncReport:
+        """Send one version of the weights; returns when the engine acknowledged every round."""
+        if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+            raise ValueError(f"WeightSender.send: version must be a non-negative int, got {version!r}")
+        if self.last_version is not None and version <= self.last_version:
+            raise ValueError(
+                f"WeightSender.send: version {version} is not newer than {self.last_version}, the last one this "
+                "rank sent; versions must strictly increase"
+            )
+        if self._broken is not None:
+            raise WeightSyncError(
+                f"WeightSender of rank {self.rank} is unusable: {self._broken}. The slot group and the engine "
+                "state are unknown after that; restart the job (or recreate the slot groups and the sender).",
+                slot=self.slot.slot,
+                version=version,
+            )
+        start = time.perf_counter()
+        nbytes = buckets = rounds = 0
+        results: list[Any] = []
+        error: BaseException | None = None
+        try:
+            if self.slot.slot is not None:
+                nbytes, buckets, rounds = self._send_rounds(version, named_tensors, results)
+            self.last_version = version
+            return SyncReport(
+                version=version,
+                slot=self.slot.slot,
+                rank=self.rank,
+                coordinator=self.slot.is_coordinator,
+                transport=self.transport.name,
+                nbytes=nbytes,
+                buckets=buckets,
+                rounds=rounds,
+                duration_s=time.perf_counter() - start,
+                engine_results=tuple(results),
+            )
+        except BaseException as exc:
+            error = exc
+            if isinstance(exc, WeightSyncTimeout):
+                self._broken = f"version {version} timed out ({exc.details.get('awaited')})"
+            raise
+        finally:
+            elapsed = time.perf_counter() - start
+            fields: dict[str, Any] = {
+                "slot": self.slot.slot,
+                "version": version,
+                "transport": self.transport.name,
+                "coordinator": self.slot.is_coordinator,
+                "ranks": list(self.slot.ranks),
+                "bytes": nbytes,
+                "buckets": buckets,
+                "rounds": rounds,
+                "duration_ms": round(elapsed * 1e3, 3),
+                "gbps": round(nbytes / elapsed / 1e9, 3) if elapsed > 0 and nbytes else 0.0,
+                "ok": error is None,
+            }
+            if error is not None:
+                fields["error"] = repr(error)
+            emit(self.lifecycle, "weight_sync.update", "info" if error is None else "error", **fields)
+
+    def release(self) -> None:
+        """Free the transport's staging buffers (call when the trainer sleeps, if configured)."""
+        self.transport.release()
+
+    def close(self) -> None:
+        self.transport.close()
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)
+            self._executor = None
+
+    # ------------------------------------------------------------------ rounds
+
+    def _send_rounds(
+        self,
+        version: int,
+        named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
+        results: list[Any],
+    ) -> tuple[int, int, int]:
+        planned = _Peekable(iter_buckets(named_tensors, self.bucket_bytes))
+        if planned.exhausted:
+            raise ValueError(f"WeightSender.send(version={version}): no tensors given")
+        nbytes = buckets = 0
+        for round_index in itertools.count():
+            self.transport.begin_round(version, round_index)
+            manifests: list[BucketManifest] = []
+            descriptors: list[Any] = []
+            limit = self.round_buckets if self.round_buckets is not None else math.inf
+            while len(manifests) < limit:
+                bucket = planned.take()
+                if bucket is None:
+                    break
+                manifest, descriptor = self.transport.export(len(manifests), bucket)
+                manifests.append(manifest)
+                descriptors.append(descriptor)
+            self.transport.ready()
+            payload = RankPayload(
+                version=version,
+                round=round_index,
+                final=planned.exhausted,
+                slot=self.slot.slot,
+                rank=self.rank,
+                transport=self.transport.name,
+                sender=self.transport.sender_id,
+                gpu=self.transport.gpu,
+                buckets=tuple(manifests),
+                descriptors=tuple(descriptors),
+            )
+            if self.slot.is_coordinator:
+                results.append(self._coordinate(payload))
+            else:
+                self._follow(payload)
+            self.transport.end_round()
+            nbytes += payload.nbytes
+            buckets += len(manifests)
+            if payload.final:
+                return nbytes, buckets, round_index + 1
+        raise AssertionError("unreachable")
+
+    def _coordinate(self, payload: RankPayload) -> Any:
+        others = [r for r in self.slot.ranks if r != self.rank]
+        t0 = time.monotonic()
+        if others:
+            board = self._board(payload)
+            missing = board.await_arrivals(others, t0 + self.deadline_s)
+            if missing:
+                error = self._timeout(
+                    payload,
+                    awaited="the slot ranks to call send()",
+                    missing=missing,
+                    waited_s=time.monotonic() - t0,
+                    cause=(
+                        "those ranks did not call send() for this version: they skipped the sync, crashed, are "
+                        "blocked in another collective, or built a different slot topology"
+                    ),
+                    extra=f"arrived: {sorted(set(self.slot.ranks) - set(missing))}",
+                )
+                board.post("go", [r for r in others if r not in missing], error)
+                raise error
+            board.post("go", others, None)
+        try:
+            payloads = self._gather(payload, t0 + 2 * self.deadline_s) if others else [payload]
+            result = self._call_engine(payload, payloads)
+        except WeightSyncError as error:
+            if others:
+                board.post("status", others, error)
+            raise
+        if others:
+            board.post("status", others, None)
+        return result
+
+    def _call_engine(self, payload: RankPayload, payloads: list[RankPayload]) -> Any:
+        mismatch = _mismatch(payloads)
+        if mismatch is not None:
+            raise WeightSyncError(
+                f"weight sync of slot {self.slot.slot}, version {payload.version}, round {payload.round}: {mismatch}",
+                slot=self.slot.slot,
+                version=payload.version,
+            )
+        if self._executor is None:
+            self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="weight-sync-engine")
+        assert self.engine_call is not None
+        future = self._executor.submit(self.engine_call, payload.version, payloads)
+        t1 = time.monotonic()
+        try:
+            self.transport.push()
+            return future.result(timeout=max(self.engine_deadline_s - (time.monotonic() - t1), 0.0))
+        except concurrent.futures.TimeoutError:
+            raise self._timeout(
+                payload,
+                awaited="the engine's acknowledgement",
+                missing=["engine"],
+                waited_s=time.monotonic() - t1,
+                cause=(
+                    "the rollout engine did not finish loading in time: it may still be generating (pause "
+                    "generation before syncing), have its weights released (wake_up(tags=['weights']) first), "
+                    "be blocked on another call, or be dead; or engine_deadline_s is too short for this model"
+                ),
+            ) from None
+        except Exception as exc:
+            raise WeightSyncError(
+                f"weight sync of slot {self.slot.slot}: the engine refused version {payload.version} "
+                f"(round {payload.round}): {exc}",
+                slot=self.slot.slot,
+                version=payload.version,
+            ) from exc
+
+    def _follow(self, payload: RankPayload) -> None:
+        coordinator = self.slot.coordinator
+        assert coordinator is not None
+        board = self._board(payload)
+        t0 = time.monotonic()
+        board.arrive(self.rank)
+        # The coordinator may enter up to deadline_s after us and then wait deadline_s for others.
+        go = board.await_message("go", self.rank, t0 + 2 * self.deadline_s)
+        if go is _MISSING:
+            raise self._timeout(
+                payload,
+                awaited="the coordinator to start the round",
+                missing=[coordinator],
+                waited_s=time.monotonic() - t0,
+                cause="the coordinator did not call send() for this version, or died",
+            )
+        if go is not None:
+            raise go
+        self._gather(payload, t0 + 3 * self.deadline_s)
+        status = board.await_message("status", self.rank, t0 + 3 * self.deadline_s + self.engine_deadline_s)
+        if status is _MISSING:
+            raise self._timeout(
+                payload,
+                awaited="the coordinator's report",
+                missing=[coordinator],
+                waited_s=time.monotonic() - t0,
+                cause="the coordinator died while calling the engine (its own engine deadline should have fired)",
+            )
+        if status is not None:
+            raise status
+
+    def _gather(self, payload: RankPayload, deadline: float) -> list[RankPayload]:
+        """One payload per slot rank onto the coordinator, over the slot's gloo group."""
+        coordinator = self.slot.coordinator
+        gathered: list[Any] | None = [None] * len(self.slot.ranks) if self.slot.is_coordinator else None
+        t0 = time.monotonic()
+        # A handle whose `.group` is the live group (ReloadableProcessGroups) survives a reload.
+        group = (
+            self.group
+            if isinstance(self.group, dist.ProcessGroup)
+            else getattr(self.group, "group", self.group)
+        )
+        try:
+            _with_deadline(
+                lambda: dist.gather_object(payload, gathered, dst=coordinator, group=group), deadline
+            )
+        except (TimeoutError, RuntimeError) as exc:
+            raise self._timeout(
+                payload,
+                awaited="the gather of payloads over the slot group",
+                missing=[r for r in self.slot.ranks if r != self.rank],
+                waited_s=time.monotonic() - t0,
+                cause=f"a slot rank died or stalled after it arrived ({exc})",
+            ) from exc
+        return list(gathered) if gathered is not None else []
+
+    def _board(self, payload: RankPayload) -> _Board:
+        # Looked up per round: reloading the process groups (after a sleep) replaces the store.
+        store = self.store if self.store is not None else dist.distributed_c10d._get_default_store()
+        prefix = f"weight_sync/{'-'.join(map(str, self.slot.ranks))}/v{payload.version}/r{payload.round}"
+        return _Board(store, prefix)
+
+    def _timeout(
+        self,
+        payload: RankPayload,
+        *,
+        awaited: str,
+        missing: Sequence[int | str],
+        waited_s: float,
+        cause: str,
+        extra: str = "",
+    ) -> WeightSyncTimeout:
+        who = ", ".join(str(m) for m in missing)
+        message = (
+            f"weight sync timed out: rank {self.rank} of slot {self.slot.slot} (ranks {list(self.slot.ranks)}), "
+            f"version {payload.version}, round {payload.round}, waited {waited_s:.1f} s for {awaited}; "
+            f"no answer from: {who}{f' ({extra})' if extra else ''}. Likely cause: {cause}. After a timeout "
+            "the slot group is broken: restart the job, or recreate the groups and the senders."
+        )
+        return WeightSyncTimeout(
+            message,
+            slot=self.slot.slot,
+            version=payload.version,
+            awaited=awaited,
+            waiting_rank=self.rank,
+            missing=list(missing),
+            waited_s=round(waited_s, 3),
+            cause=cause,
+        )
+
+
+# ----------------------------------------------------------------------------------------------
+# Rendezvous with deadlines.
+#
+# Arrivals and reports go through the job's c10d store: `Store.wait(keys, timeout)` fails cleanly
+# and `check` names who is missing. Gloo alone cannot do this: a `Work.wait(timeout)` that expires
+# closes every pair of the group, and an abandoned send or receive aborts the process when the
+# group is destroyed. So the slot group carries the payloads only once every rank is known to be
+# there.
+
+_MISSING = object()
+
+
+class _Board:
+    """Keys under one (slot, version, round): arrived/<rank>, go/<rank>, status/<rank>."""
+
+    def __init__(self, store: Any, prefix: str) -> None:
+        self.store = store
+        self.prefix = prefix
+
+    def _key(self, kind: str, rank: int) -> str:
+        return f"{self.prefix}/{kind}/{rank}"
+
+    def arrive(self, rank: int) -> None:
+        self.store.set(self._key("arrived", rank), b"1")
+
+    def await_arrivals(self, ranks: list[int], deadline: float) -> list[int]:
+        """The ranks whose arrival key is not there by the deadline (arrival keys are consumed)."""
+        missing = []
+        for rank in ranks:
+            key = self._key("arrived", rank)
+            remaining = deadline - time.monotonic()
+            try:
+                if remaining <= 0:
+                    raise TimeoutError
+                self.store.wait([key], datetime.timedelta(seconds=remaining))
+            except (TimeoutError, RuntimeError):
+                if not self.store.check([key]):
+                    missing.append(rank)
+                    continue
+            self.store.delete_key(key)
+        return missing
+
+    def post(self, kind: str, ranks: list[int], message: WeightSyncError | None) -> None:
+        blob = pickle.dumps(message)
+        for rank in ranks:
+            self.store.set(self._key(kind, rank), blob)
+
+    def await_message(self, kind: str, rank: int, deadline: float) -> Any:
+        key = self._key(kind, rank)
+        try:
+            self.store.wait([key], datetime.timedelta(seconds=max(deadline - time.monotonic(), 0.001)))
+        except (TimeoutError, RuntimeError):
+            if not self.store.check([key]):
+                return _MISSING
+        message = pickle.loads(self.store.get(key))
+        self.store.delete_key(key)
+        return message
+
+
+def _with_deadline(fn: Callable[[], Any], deadline: float) -> Any:
+    """Run a blocking collective in a daemon thread; TimeoutError at the deadline."""
+    done = threading.Event()
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append((True, fn()))
+        except BaseException as exc:  # handed to the waiting thread
+            outcome.append((False, exc))
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="weight-sync-gather", daemon=True).start()
+    if not done.wait(max(deadline - time.monotonic(), 0.0)):
+        raise TimeoutError("deadline passed")
+    ok, value = outcome[0]
+    if not ok:
+        raise RuntimeError(str(value).splitlines()[0] if str(value) else repr(value)) from value
+    return value
+
+
+def _mismatch(payloads: list[RankPayload]) -> str | None:
+    first = payloads[0]
+    for p in payloads[1:]:
+        for attr in ("version", "round", "transport"):
+            if getattr(p, attr) != getattr(first, attr):
+                return (
+                    f"rank {p.rank} sent {attr} {getattr(p, attr)!r} but rank {first.rank} sent "
+                    f"{getattr(first, attr)!r}; every rank of a slot must call send() with the same version "
+                    "and transport"
+                )
+        if p.final != first.final:
+            short = p.rank if p.final else first.rank
+            return (
+                f"the slot ranks disagree on the number of buckets: rank {short} sent its last bucket in this "
+                "round while others have more; every rank of a slot must send the same tensors (sizes included)"
+            )
+    return None
+
+
+# ----------------------------------------------------------------------------------------------
+# Engine side
+
+
+@dataclass
+class ReceivedRound:
+    """One verified round: per engine rank (slot rank order), the named tensors to load."""
+
+    version: int
+    round: int
+    final: bool
+    transport: str
+    nbytes: int
+    shards: list[list[tuple[str, torch.Tensor]]]
+
+
+class WeightReceiver:
+    """Opens the payloads of a round through their transport and verifies every bucket.
+
+    Transport receivers are created on first use; give `transports={"nccl": NcclReceiver(...)}`
+    for the broadcast transport, which needs its process group. `release()` drops every cached
+    handle and mapping: the rollout calls it when it sleeps.
+    """
+
+    def __init__(
+        self, *, verify: bool = True, transports: Mapping[str, ReceiverTransport] | None = None
+    ) -> None:
+        self.verify = verify
+        self._transports: dict[str, ReceiverTransport] = dict(transports or {})
+
+    def transport(self, name: str) -> ReceiverTransport:
+        found = self._transports.get(name)
+        if found is None:
+            if name == "nccl":
+                raise ValueError(
+                    "WeightReceiver: payloads came by 'nccl', which needs the process group joining the "
+                    "engine to the trainer's source rank: WeightReceiver(transports={'nccl': "
+                    "NcclReceiver(group, src=...)})"
+                )
+            found = self._transports[name] = receiver_class(name)()
+        return found
+
+    @contextlib.contextmanager
+    def open(self, payloads: Sequence[RankPayload]) -> Iterator[ReceivedRound]:
+        """Open, check and unpack one round; the views are valid inside the block only.
+
+        Every bucket's transport resources are accounted for whether this succeeds or raises:
+        opened, or discarded (a cuda_ipc grant released, a broadcast drained).
+        """
+        if not isinstance(payloads, (list, tuple)) or not payloads:
+            raise ValueError("WeightReceiver.open: payloads must be a non-empty list, one per slot rank")
+        for p in payloads:
+            if not isinstance(p, RankPayload):
+                self.discard(payloads)
+                raise TypeError(f"WeightReceiver.open: expected RankPayload items, got {type(p).__name__}")
+        mismatch = _mismatch(list(payloads))
+        if mismatch is not None:
+            self.discard(payloads)
+            raise WeightSyncError(f"inconsistent payloads: {mismatch}", version=payloads[0].version)
+        first = payloads[0]
+        transport = self.transport(first.transport)
+        pending = [(p, m, d) for p in payloads for m, d in zip(p.buckets, p.descriptors, strict=True)]
+        try:
+            opened: list[torch.Tensor] = []
+            try:
+                for p, m, d in pending:
+                    opened.append(self._open(transport, p, m, d))
+            except BaseException:
+                for _p, _m, d in pending[len(opened) + 1 :]:
+                    transport.discard(d)
+                raise
+            if self.verify:
+                for (p, manifest, _d), region in zip(pending, opened, strict=True):
+                    actual = checksum(region, manifest.nbytes, manifest.checksum_kind)
+                    if actual != manifest.checksum:
+                        raise CorruptBucketError(
+                            f"bucket {manifest.index} of version {p.version} from rank {p.rank} (slot {p.slot}, "
+                            f"transport {p.transport}) fails its {manifest.checksum_kind} checksum: expected "
+                            f"{manifest.checksum:#x}, got {actual:#x}; it was corrupted or truncated in transit",
+                            version=p.version,
+                            rank=p.rank,
+                            bucket=manifest.index,
+                        )
+            shards: list[list[tuple[str, torch.Tensor]]] = [[] for _ in payloads]
+            index = {id(p): i for i, p in enumerate(payloads)}
+            for (p, manifest, _d), region in zip(pending, opened, strict=True):
+                shards[index[id(p)]].extend(unpack(region, manifest))
+            del opened
+            yield ReceivedRound(
+                version=first.version,
+                round=first.round,
+                final=first.final,
+                transport=first.transport,
+                nbytes=sum(p.nbytes for p in payloads),
+                shards=shards,
+            )
+            del shards
+        finally:
+            transport.close_round()
+
+    def discard(self, payloads: Sequence[Any]) -> None:
+        """Release what the senders hold for payloads the engine refused before opening them."""
+        for p in payloads if isinstance(payloads, (list, tuple)) else ():
+            if isinstance(p, RankPayload):
+                transport = self._transports.get(p.transport)
+                if transport is None and p.transport != "nccl":
+                    transport = self.transport(p.transport)
+                for d in p.descriptors if transport is not None else ():
+                    transport.discard(d)  # type: ignore[union-attr]
+
+    @staticmethod
+    def _open(
+        transport: ReceiverTransport, payload: RankPayload, manifest: BucketManifest, descriptor: Any
+    ) -> torch.Tensor:
+        try:
+            return transport.open(manifest, descriptor, gpu=payload.gpu)
+        except CorruptBucketError as exc:
+            raise CorruptBucketError(
+                f"bucket {manifest.index} of version {payload.version} from rank {payload.rank} (slot "
+                f"{payload.slot}): {exc}",
+                version=payload.version,
+                rank=payload.rank,
+                bucket=manifest.index,
+            ) from exc
+
+    def release(self) -> None:
+        for transport in self._transports.values():
+            transport.release()
+
+    def open_handles(self) -> int:
+        """Cached IPC handles and shared-memory mappings held now (0 after `release()`)."""
+        return sum(int(getattr(t, "open_handles", 0)) for t in self._transports.values())
+
+
+@dataclass
+class VersionGate:
+    """Versions strictly increase; rounds of one version arrive in order, starting at 0."""
+
+    committed: int | None = None
+    staging: int | None = None  # version being received
+    next_round: int = 0
+    started: float = field(default=0.0)
+
+    def admit(self, version: int, round_index: int) -> None:
+        if not isinstance(version, int) or isinstance(version, bool):
+            raise WeightSyncError(f"weight version must be an int, got {version!r}")
+        if self.committed is not None and version <= self.committed:
+            what = "repeats" if version == self.committed else "is older than"
+            raise StaleVersionError(
+                f"weight version {version} refused: it {what} version {self.committed}, which is loaded. "
+                "Versions must strictly increase: a retried call, or a trainer restarted without restoring its "
+                "version counter; send a newer version.",
+                version=version,
+                committed=self.committed,
+            )
+        if round_index == 0:
+            self.staging, self.next_round, self.started = version, 1, time.perf_counter()
+            return
+        if self.staging != version or self.next_round != round_index:
+            expected = (
+                f"round {self.next_round} of version {self.staging}"
+                if self.staging is not None
+                else "a round 0"
+            )
+            raise WeightSyncError(
+                f"round {round_index} of version {version} arrived, but {expected} was expected: the update "
+                "was interrupted or reordered; send the whole version again (from round 0)",
+                version=version,
+            )
+        self.next_round += 1
+
+    def commit(self, version: int) -> float:
+        """Record `version` as loaded; returns seconds since its round 0."""
+        self.committed, self.staging, self.next_round = version, None, 0
+        return time.perf_counter() - self.started
+
+    def abort(self) -> None:
+        self.staging, self.next_round = None, 0

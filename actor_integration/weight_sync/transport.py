@@ -1,0 +1,297 @@
+"""The transport interface, the registry, `select_transport` and the `auto` probe.
+
+A sender transport packs buckets into buffers another process can read and describes them with
+small picklable descriptors; the matching receiver transport turns a descriptor back into a
+uint8 region. The protocol (`protocol.py`) moves only manifests and descriptors between
+processes; the bytes go through the transport.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import importlib
+import os
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+import torch
+
+from actor_integration.weight_sync.buckets import Bucket, BucketManifest
+from lifecycle import events
+
+TRANSPORTS: tuple[str, ...] = ("cuda_ipc", "shm", "disk", "nccl")
+REQUESTABLE: tuple[str, ...] = ("auto", *TRANSPORTS)
+
+_SENDERS = {
+    "cuda_ipc": "actor_integration.weight_sync.cuda_ipc:CudaIpcSender",
+    "shm": "actor_integration.weight_sync.shm:ShmSender",
+    "disk": "actor_integration.weight_sync.disk:DiskSender",
+    "nccl": "actor_integration.weight_sync.nccl:NcclSender",
+}
+_RECEIVERS = {
+    "cuda_ipc": "actor_integration.weight_sync.cuda_ipc:CudaIpcReceiver",
+    "shm": "actor_integration.weight_sync.shm:ShmReceiver",
+    "disk": "actor_integration.weight_sync.disk:DiskReceiver",
+    "nccl": "actor_integration.weight_sync.nccl:NcclReceiver",
+}
+
+
+class EventSink(Protocol):
+    """What `Lifecycle.event` offers; weight-sync events go through it when a lifecycle is given."""
+
+    def event(self, name: str, level: str = "info", **fields: Any) -> None: ...
+
+
+class DisableContext(Protocol):
+    """The part of a memory backend the senders use: torch_memory_saver's `disable()`."""
+
+    def disable(self) -> contextlib.AbstractContextManager[Any]: ...
+
+
+def emit(sink: EventSink | None, name: str, level: str = "info", **fields: Any) -> None:
+    """Log a weight-sync event with the actor's context when a lifecycle is given."""
+    if sink is not None:
+        sink.event(name, level, **fields)
+    elif events.enabled(events.LEVELS[level]):
+        events.emit(level, name, fields)
+
+
+class WeightSyncError(RuntimeError):
+    """A weight update failed; `details` holds the structured fields (slot, version, ...)."""
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.details = details
+        for key, value in details.items():
+            setattr(self, key, value)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Ray and torch.multiprocessing ship errors by pickling; keep the fields.
+        return (_rebuild_error, (type(self), str(self), self.details))
+
+
+def _rebuild_error(cls: type[WeightSyncError], message: str, details: dict[str, Any]) -> WeightSyncError:
+    return cls(message, **details)
+
+
+class CorruptBucketError(WeightSyncError):
+    """A received bucket is truncated or fails its checksum; nothing of the round was loaded."""
+
+
+class SenderTransport(abc.ABC):
+    """Packs buckets where a receiver can read them.
+
+    Per round: `begin_round`, `export` for each bucket (position counts from 0 inside the
+    round), `ready`, then the protocol hands the descriptors over, `push` runs while the engine
+    receives (nccl only), and `end_round` runs after the engine acknowledged.
+    """
+
+    name: ClassVar[str]
+    default_round_buckets: ClassVar[int | None]  # buckets per round; None: the whole update
+
+    def __init__(self) -> None:
+        self.sender_id = uuid.uuid4().hex[:12]
+        self.version: int | None = None
+        self.round_index = 0
+
+    @property
+    def gpu(self) -> int | None:
+        """Machine-wide GPU id of the exported buffers (cuda_ipc), else None."""
+        return None
+
+    def begin_round(self, version: int, round_index: int) -> None:
+        self.version, self.round_index = version, round_index
+
+    @abc.abstractmethod
+    def export(self, position: int, bucket: Bucket) -> tuple[BucketManifest, Any]:
+        """Pack `bucket` into the buffer for `position`; return its manifest and descriptor."""
+
+    def ready(self) -> None:  # noqa: B027 - optional step, a no-op unless a transport needs it
+        """Make everything exported this round visible to the receiver."""
+
+    def push(self) -> None:  # noqa: B027 - optional step, a no-op unless a transport needs it
+        """Move the round's bytes while the engine receives (transports that push)."""
+
+    def end_round(self) -> None:  # noqa: B027 - optional step, a no-op unless a transport needs it
+        """The engine acknowledged the round; buffers may be reused."""
+
+    def release(self) -> None:  # noqa: B027 - optional step, a no-op unless a transport needs it
+        """Free the staging buffers; the next export uses new buffers (receivers reopen)."""
+
+    def close(self) -> None:
+        self.release()
+
+
+class ReceiverTransport(abc.ABC):
+    """Opens the regions a sender exported, caching what may be reused."""
+
+    name: ClassVar[str]
+
+    @abc.abstractmethod
+    def open(self, manifest: BucketManifest, descriptor: Any, *, gpu: int | None) -> torch.Tensor:
+        """A uint8 tensor holding the bucket's bytes at offset 0 (valid until `close_round`)."""
+
+    def close_round(self) -> None:  # noqa: B027 - optional step, a no-op unless a transport needs it
+        """The round's tensors were consumed (device copies must be finished here)."""
+
+    def discard(self, descriptor: Any) -> None:  # noqa: B027 - optional step, a no-op unless a transport needs it
+        """The engine refused a bucket without opening it: release what the sender holds for it."""
+
+    def release(self) -> None:  # noqa: B027 - optional step, a no-op unless a transport needs it
+        """Drop every cached handle or mapping (called when the rollout sleeps)."""
+
+
+def _load(path: str) -> Any:
+    module, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def sender_class(name: str) -> type[SenderTransport]:
+    _check_name(name, TRANSPORTS)
+    cls: type[SenderTransport] = _load(_SENDERS[name])
+    return cls
+
+
+def receiver_class(name: str) -> type[ReceiverTransport]:
+    _check_name(name, TRANSPORTS)
+    cls: type[ReceiverTransport] = _load(_RECEIVERS[name])
+    return cls
+
+
+def _check_name(name: object, allowed: tuple[str, ...]) -> None:
+    if name not in allowed:
+        raise ValueError(f"unknown weight transport {name!r}; choose one of {list(allowed)}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Selection
+
+
+_probe_cache: dict[bool, tuple[bool, str]] = {}
+
+
+def probe_cuda_ipc(memory: DisableContext | None = None) -> tuple[bool, str]:
+    """Whether this process can export a CUDA IPC handle for a buffer the senders would allocate.
+
+    Probed once per process (per with/without memory backend): under torch_memory_saver's preload
+    hook every allocation is cuMem virtual memory and `_share_cuda_()` fails (slime #2188), so the
+    probe allocates the way `CudaIpcSender` does, inside `memory.disable()`.
+    """
+    key = memory is not None
+    if key in _probe_cache:
+        return _probe_cache[key]
+    if not torch.cuda.is_available():
+        result = (False, "CUDA is not available in this process")
+    else:
+        try:
+            context = memory.disable() if memory is not None else contextlib.nullcontext()
+            with context:
+                probe = torch.empty(4096, dtype=torch.uint8, device="cuda")
+                share = probe.untyped_storage()._share_cuda_()  # type: ignore[no-untyped-call]
+            # Nobody will open this export: release its grant, or the probe would never be freed.
+            torch.UntypedStorage._release_ipc_counter_cuda(share[4], share[5])
+            del probe
+            result = (
+                True,
+                "a CUDA buffer allocated outside torch_memory_saver regions exports an IPC handle",
+            )
+        except Exception as exc:  # the CUDA error is the reason
+            result = (False, f"exporting a CUDA IPC handle failed: {exc}")
+    _probe_cache[key] = result
+    return result
+
+
+def select_transport(
+    requested: str,
+    *,
+    colocated: bool,
+    memory: DisableContext | None = None,
+    lifecycle: EventSink | None = None,
+) -> str:
+    """Resolve a requested transport (default `auto`) for an engine, or refuse it with the reason.
+
+    `nccl` toward a colocated engine is refused: NCCL cannot connect two ranks on one GPU
+    ("Duplicate GPU detected"). `cuda_ipc` toward a remote engine is refused: its handles only
+    open on the same GPUs. `auto` picks `cuda_ipc` when the probe passes, else `shm`, for a
+    colocated engine, and `nccl` for a remote one.
+    """
+    _check_name(requested, REQUESTABLE)
+    if not isinstance(colocated, bool):
+        raise TypeError(f"select_transport: colocated must be a bool, got {colocated!r}")
+    if requested == "nccl" and colocated:
+        raise ValueError(
+            "weight transport 'nccl' refused for a colocated engine: the trainer rank and the engine rank "
+            "share a GPU and NCCL cannot connect two ranks on one GPU ('Duplicate GPU detected'). "
+            "Use 'cuda_ipc' (what 'auto' picks when CUDA IPC works), or 'shm' / 'disk'."
+        )
+    if requested == "cuda_ipc" and not colocated:
+        raise ValueError(
+            "weight transport 'cuda_ipc' refused for a non-colocated engine: CUDA IPC handles only open on "
+            "the GPUs that exported them. Use 'nccl' (what 'auto' picks for remote engines), or 'disk' on a "
+            "shared filesystem."
+        )
+    if requested != "auto":
+        chosen, reason = requested, "requested explicitly"
+    elif not colocated:
+        chosen, reason = "nccl", "the engine is not colocated: broadcast over a process group"
+    else:
+        ok, why = probe_cuda_ipc(memory)
+        chosen, reason = ("cuda_ipc", why) if ok else ("shm", f"{why}; falling back to shared host memory")
+    emit(lifecycle, "weight_sync.transport", requested=requested, chosen=chosen, reason=reason)
+    return chosen
+
+
+def check_directory(directory: str | os.PathLike[str], *, what: str, create: bool) -> Path:
+    """Refuse, at configuration time, a directory a transport cannot write its buffers into."""
+    path = Path(directory)
+    if create:
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ValueError(f"{what} directory {str(path)!r} cannot be created: {exc}") from exc
+    if not path.is_dir():
+        raise ValueError(f"{what} directory {str(path)!r} does not exist or is not a directory")
+    try:
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".write-probe-"):
+            pass
+    except OSError as exc:
+        raise ValueError(
+            f"{what} directory {str(path)!r} is not writable ({exc.strerror or exc}); "
+            "point the transport at a directory this process can write, or choose another transport"
+        ) from exc
+    return path
+
+
+def configure_sender(
+    requested: str = "auto",
+    *,
+    colocated: bool,
+    memory: DisableContext | None = None,
+    directory: str | os.PathLike[str] | None = None,
+    group: Any = None,
+    src: int | None = None,
+    device: torch.device | str | int | None = None,
+    lifecycle: EventSink | None = None,
+) -> SenderTransport:
+    """Select and build the sending transport; every refusal happens here, before any GPU work."""
+    name = select_transport(requested, colocated=colocated, memory=memory, lifecycle=lifecycle)
+    if name == "cuda_ipc":
+        return sender_class(name)(device=device, memory=memory)  # type: ignore[call-arg]
+    if name == "shm":
+        kwargs = {} if directory is None else {"directory": directory}
+        return sender_class(name)(**kwargs)
+    if name == "disk":
+        if directory is None:
+            raise ValueError(
+                "weight transport 'disk' needs a directory (shared with the engine) to write into"
+            )
+        return sender_class(name)(directory)  # type: ignore[call-arg]
+    if group is None or src is None:
+        raise ValueError(
+            "weight transport 'nccl' needs the process group joining the trainer's source rank and the "
+            "engine ranks, and the source rank's global rank (group=..., src=...)"
+        )
+    return sender_class(name)(group, src=src, device=device)  # type: ignore[call-arg]

@@ -1,0 +1,75 @@
+"""The rollout actor under a real local Ray cluster, fed by a WeightSender in the driver."""
+
+import functools
+
+import pytest
+import torch
+
+from actor_integration.rollout import ReferenceEngine, RolloutActor, TinyLM, TinyLMConfig, weights_checksum
+from actor_integration.weight_sync import RankSlot, WeightSender, WeightSyncError
+from actor_integration.weight_sync.disk import DiskSender
+from actor_integration.weight_sync.shm import ShmSender
+
+pytestmark = pytest.mark.ray
+
+CONFIG = TinyLMConfig(vocab_size=53, dim=16, n_layers=2, n_heads=4, max_seq_len=24, seed=1)
+
+
+def trained(seed):
+    model = TinyLM(CONFIG)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.2)
+    return model
+
+
+def test_a_colocated_step_through_ray(ray_cluster, tmp_path):
+    """sleep → wake weights → versioned sync → wake kv → generate, across process boundaries."""
+    ray = ray_cluster
+    rollout = ray.remote(RolloutActor).options(num_cpus=0).remote(functools.partial(ReferenceEngine, CONFIG))
+
+    def engine_call(version, payloads):
+        return ray.get(rollout.update_weights.remote(version, payloads), timeout=30)
+
+    prompts = [[3, 4, 5], [9]]
+    for version, transport in ((1, ShmSender()), (2, DiskSender(tmp_path))):
+        model = trained(version)
+        sender = WeightSender(
+            RankSlot.single(0),
+            None,
+            transport,
+            rank=0,
+            engine_call=engine_call,
+            bucket_bytes=2048,
+            deadline_s=30.0,
+        )
+        ray.get(rollout.sleep.remote())
+        assert ray.get(rollout.open_handles.remote()) == 0
+        ray.get(rollout.wake_up.remote(["weights"]))
+        report = sender.send(version, model.named_weights())
+        ray.get(rollout.wake_up.remote(["kv_cache"]))
+        assert ray.get(rollout.lifecycle_state.remote()) == (
+            "AWAKE",
+            {"weights": "resident", "kv_cache": "resident"},
+        )
+        assert ray.get(rollout.weights_checksum.remote()) == weights_checksum(model.named_weights())
+        assert ray.get(rollout.generate.remote(prompts, 5)) == model.generate(prompts, max_new_tokens=5)
+        assert report.buckets > 1
+        sender.close()
+
+    # A replayed version crosses Ray as a clear refusal, and the engine keeps version 2.
+    replay = WeightSender(
+        RankSlot.single(0),
+        None,
+        ShmSender(),
+        rank=0,
+        engine_call=engine_call,
+        bucket_bytes=2048,
+        deadline_s=30.0,
+    )
+    with pytest.raises(WeightSyncError, match="refused version 2"):
+        replay.send(2, trained(9).named_weights())
+    assert ray.get(rollout.weight_version.remote()) == 2
+    replay.close()
+    ray.kill(rollout)

@@ -1,0 +1,129 @@
+"""CudaIpcReceiver's bookkeeping of torch's IPC grants, on a machine without CUDA.
+
+Every export is one `_share_cuda_()` grant the consumer must release exactly once (by closing
+the mapping it opened with it, or at once on a cache hit or a discard); a grant never released
+keeps the sender's buffer in torch's IPC limbo forever. The two torch entry points the receiver
+calls are replaced by recorders with the same signatures; the GPU tests run the real ones.
+"""
+
+import contextlib
+
+import pytest
+import torch
+
+from actor_integration.weight_sync import BucketManifest, RankPayload, WeightReceiver
+from actor_integration.weight_sync.buckets import SUM32
+from actor_integration.weight_sync.cuda_ipc import CudaIpcReceiver, IpcBuffer
+
+
+class TorchIpc:
+    """Records `_new_shared_cuda(device, handle, size, offset, rc, rc_offset, event, sync)` and
+    `_release_ipc_counter_cuda(rc, rc_offset)`; opened storages are host memory here."""
+
+    def __init__(self, monkeypatch):
+        self.opened = []
+        self.released = []
+        self.calls = 0
+        self.fail_at = None  # the n-th open (from 1) raises
+        monkeypatch.setattr(torch.UntypedStorage, "_new_shared_cuda", self.new_shared_cuda, raising=False)
+        monkeypatch.setattr(torch.UntypedStorage, "_release_ipc_counter_cuda", self.release, raising=False)
+        monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+        monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+
+    def new_shared_cuda(self, device, handle, size, offset, rc_handle, rc_offset, event, sync):
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise RuntimeError("CUDA error: invalid argument")
+        self.opened.append((device, rc_offset))
+        return torch.UntypedStorage(size)
+
+    def release(self, rc_handle, rc_offset):
+        self.released.append(rc_offset)
+
+
+grant_counter = iter(range(1_000_000))
+
+
+def export(buffer_id, capacity=4096):
+    """One export of a buffer: a fresh grant (ref-counter slot), as `_share_cuda_()` returns."""
+    share = (0, b"h" * 64, capacity, 0, b"/torch_rc", next(grant_counter), b"e" * 64, False)
+    return IpcBuffer(buffer_id, share, capacity)
+
+
+def manifest(index=0, nbytes=64):
+    return BucketManifest(index, nbytes, (), 0, SUM32)
+
+
+@pytest.fixture
+def ipc(monkeypatch):
+    return TorchIpc(monkeypatch)
+
+
+class TestGrants:
+    def test_a_buffer_is_opened_once_and_later_grants_are_released_at_once(self, ipc):
+        receiver = CudaIpcReceiver()
+        first = [export("s:0:0"), export("s:1:1")]
+        for d in first:
+            receiver.open(manifest(), d, gpu=0)
+        second = [export("s:0:0"), export("s:1:1")]
+        for d in second:
+            receiver.open(manifest(), d, gpu=0)
+        receiver.flush_grants()
+        assert [offset for _, offset in ipc.opened] == [d.share[5] for d in first]
+        assert ipc.released == [d.share[5] for d in second]
+        assert receiver.handles_opened == 2 and receiver.open_handles == 2
+
+    def test_a_reallocated_position_drops_the_stale_mapping(self, ipc):
+        receiver = CudaIpcReceiver()
+        receiver.open(manifest(), export("s:0:0"), gpu=0)
+        receiver.open(manifest(), export("s:0:7"), gpu=0)
+        assert receiver.handles_opened == 2 and receiver.open_handles == 1
+
+    def test_a_failed_open_gives_its_grant_back(self, ipc):
+        receiver = CudaIpcReceiver()
+        ipc.fail_at = 1
+        d = export("s:0:0")
+        with pytest.raises(RuntimeError, match="invalid argument"):
+            receiver.open(manifest(), d, gpu=0)
+        assert ipc.released == [d.share[5]] and receiver.open_handles == 0
+
+    def test_discard_releases_the_grant_without_opening(self, ipc):
+        receiver = CudaIpcReceiver()
+        d = export("s:0:0")
+        receiver.discard(d)
+        assert ipc.opened == [] and ipc.released == [d.share[5]]
+
+    def test_release_closes_every_mapping(self, ipc):
+        receiver = CudaIpcReceiver()
+        receiver.open(manifest(), export("s:0:0"), gpu=0)
+        receiver.open(manifest(), export("s:0:0"), gpu=0)
+        receiver.release()
+        assert receiver.open_handles == 0 and len(ipc.released) == 1
+
+    def test_the_gpu_id_is_mapped_to_this_process_device(self, ipc, monkeypatch):
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")
+        CudaIpcReceiver().open(manifest(), export("s:0:0"), gpu=3)
+        assert ipc.opened[0][0] == 0  # GPU 3 is this process's cuda:0
+
+    def test_a_bucket_larger_than_the_buffer_is_refused(self, ipc):
+        with pytest.raises(ValueError, match="needs 8192"):
+            CudaIpcReceiver().open(manifest(nbytes=8192), export("s:0:0", capacity=4096), gpu=0)
+
+
+class TestWeightReceiverAccounting:
+    def payload(self, descriptors, version=1):
+        manifests = tuple(manifest(i) for i in range(len(descriptors)))
+        return RankPayload(version, 0, True, 0, 0, "cuda_ipc", "s", 0, manifests, tuple(descriptors))
+
+    def test_when_an_open_fails_the_buckets_after_it_are_discarded(self, ipc):
+        receiver = WeightReceiver(verify=False)
+        descriptors = [export(f"s:{i}:{i}") for i in range(4)]
+        ipc.fail_at = 2
+        with (
+            pytest.raises(RuntimeError, match="invalid argument"),
+            receiver.open([self.payload(descriptors)]),
+        ):
+            pass
+        # bucket 0 mapped (its grant goes with the mapping); 1 failed and gave its grant back;
+        # 2 and 3 were never opened and were discarded.
+        assert sorted(ipc.released) == sorted(d.share[5] for d in descriptors[1:])

@@ -1,0 +1,258 @@
+"""The versioned protocol inside one process: a one-rank slot feeding a real RolloutActor.
+
+The engine call goes straight to the actor here; test_sync_processes.py runs the same flow
+across processes with real gloo slot groups.
+"""
+
+import threading
+import time
+
+import pytest
+import torch
+
+from actor_integration.rollout import ReferenceEngine, RolloutActor, TinyLM, TinyLMConfig, weights_checksum
+from actor_integration.weight_sync import (
+    CorruptBucketError,
+    RankPayload,
+    RankSlot,
+    SlotTopology,
+    StaleVersionError,
+    VersionGate,
+    WeightSender,
+    WeightSyncError,
+    WeightSyncTimeout,
+)
+from actor_integration.weight_sync.disk import DiskSender
+from actor_integration.weight_sync.shm import ShmSender
+from lifecycle import capture_events
+
+CONFIG = TinyLMConfig(vocab_size=61, dim=16, n_layers=2, n_heads=2, max_seq_len=32, seed=3)
+
+
+def trained(seed):
+    """A TinyLM with weights different from the engine's initial ones."""
+    model = TinyLM(CONFIG)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.1)
+    return model
+
+
+@pytest.fixture
+def actor():
+    return RolloutActor(ReferenceEngine(CONFIG))
+
+
+def sender_for(actor, transport, **kwargs):
+    options = {"bucket_bytes": 2048, "deadline_s": 5.0, "engine_call": actor.update_weights}
+    options.update(kwargs)
+    return WeightSender(RankSlot.single(0), None, transport, rank=0, **options)
+
+
+class TestVersionedUpdates:
+    @pytest.mark.parametrize("transport", ["shm", "disk"])
+    def test_each_version_arrives_bit_exact(self, actor, transport, tmp_path):
+        sender = sender_for(actor, ShmSender() if transport == "shm" else DiskSender(tmp_path))
+        try:
+            for version in (1, 2, 3):
+                model = trained(version)
+                report = sender.send(version, model.named_weights())
+                assert actor.weights_checksum() == weights_checksum(model.named_weights())
+                assert actor.weight_version() == version
+                assert report.buckets > 1
+                # shm reuses one host buffer, so one bucket per round; disk writes them all, one round.
+                assert report.rounds == (report.buckets if transport == "shm" else 1)
+        finally:
+            sender.close()
+
+    def test_generation_uses_the_new_weights(self, actor):
+        sender = sender_for(actor, ShmSender())
+        model = trained(11)
+        prompts = [[1, 2, 3], [4, 5]]
+        before = actor.generate(prompts, 6)
+        sender.send(1, model.named_weights())
+        after = actor.generate(prompts, 6)
+        assert after == model.generate(prompts, max_new_tokens=6)
+        assert after != before
+        sender.close()
+
+    def test_a_round_carries_as_many_buckets_as_configured(self, actor):
+        sender = sender_for(actor, ShmSender(), round_buckets=3)
+        report = sender.send(1, trained(1).named_weights())
+        assert report.rounds == -(-report.buckets // 3)
+        assert actor.weights_checksum() == weights_checksum(trained(1).named_weights())
+        sender.close()
+
+    def test_events_carry_the_fields_the_log_checker_reads(self, actor):
+        sender = sender_for(actor, ShmSender())
+        with capture_events() as events:
+            sender.send(4, trained(4).named_weights())
+        (update,) = [e for e in events if e["event"] == "weight_sync.update"]
+        for field in (
+            "slot",
+            "version",
+            "transport",
+            "coordinator",
+            "ranks",
+            "bytes",
+            "buckets",
+            "duration_ms",
+        ):
+            assert field in update
+        assert update["version"] == 4 and update["ok"] is True and update["coordinator"] is True
+        assert update["ranks"] == [0] and update["bytes"] > 0 and update["gbps"] >= 0
+        (loaded,) = [e for e in events if e["event"] == "weight_sync.loaded"]
+        assert loaded["version"] == 4 and loaded["checksum_ok"] is True and loaded["transport"] == "shm"
+        assert loaded["bytes"] == update["bytes"] and loaded["role"] == "rollout"
+        sender.close()
+
+
+class TestRefusals:
+    def test_the_receiver_refuses_a_repeated_or_older_version(self, actor):
+        sender = sender_for(actor, ShmSender())
+        sender.send(2, trained(2).named_weights())
+        loaded = actor.weights_checksum()
+        replay = sender_for(actor, ShmSender())  # a restarted trainer whose counter went back
+        for version in (2, 1):
+            with pytest.raises(WeightSyncError, match=f"refused version {version}") as info:
+                replay.send(version, trained(9).named_weights())
+            assert isinstance(info.value.__cause__, StaleVersionError)
+            assert "strictly increase" in str(info.value)
+        assert actor.weights_checksum() == loaded and actor.weight_version() == 2
+        sender.close()
+        replay.close()
+
+    def test_the_sender_refuses_a_version_that_does_not_increase(self, actor):
+        sender = sender_for(actor, ShmSender())
+        sender.send(3, trained(3).named_weights())
+        with pytest.raises(ValueError, match="not newer than 3"):
+            sender.send(3, trained(3).named_weights())
+        sender.close()
+
+    def test_a_corrupted_bucket_leaves_the_previous_weights_loaded(self, actor):
+        good = trained(1)
+        sender = sender_for(actor, ShmSender(), round_buckets=2)
+        sender.send(1, good.named_weights())
+
+        def tamper(version, payloads):
+            if payloads[0].round == 1:  # round 0 was staged already: the damage comes later
+                with open(payloads[0].descriptors[0].path, "r+b") as f:
+                    f.write(b"\xff\xfe")
+            return actor.update_weights(version, payloads)
+
+        sender.engine_call = tamper
+        with capture_events() as events, pytest.raises(WeightSyncError, match="checksum") as info:
+            sender.send(2, trained(2).named_weights())
+        assert isinstance(info.value.__cause__, CorruptBucketError)
+        assert actor.weights_checksum() == weights_checksum(good.named_weights())
+        assert actor.weight_version() == 1
+        assert actor.generate([[1, 2]], 4) == good.generate([[1, 2]], max_new_tokens=4)
+        (loaded,) = [e for e in events if e["event"] == "weight_sync.loaded"]
+        assert loaded["checksum_ok"] is False and loaded["version"] == 2
+        sender.engine_call = actor.update_weights
+        sender.send(3, trained(3).named_weights())
+        assert actor.weights_checksum() == weights_checksum(trained(3).named_weights())
+        sender.close()
+
+    def test_a_round_out_of_order_is_refused(self, actor):
+        sender = ShmSender()
+        try:
+            sender.begin_round(5, 1)
+            payload = RankPayload(5, 1, True, 0, 0, "shm", sender.sender_id, None, (), ())
+            with pytest.raises(
+                WeightSyncError, match="round 1 of version 5 arrived, but a round 0 was expected"
+            ):
+                actor.update_weights(5, [payload])
+        finally:
+            sender.close()
+
+    def test_the_gate_accepts_a_new_version_after_an_interrupted_one(self):
+        gate = VersionGate(committed=1)
+        gate.admit(2, 0)
+        gate.admit(3, 0)  # version 2 never finished: its staging is dropped
+        gate.admit(3, 1)
+        gate.commit(3)
+        with pytest.raises(StaleVersionError):
+            gate.admit(2, 0)
+
+
+class TestDeadlines:
+    def test_a_silent_engine_times_out_with_a_diagnosis(self, actor):
+        release = threading.Event()
+
+        def hung(version, payloads):
+            release.wait(10)
+
+        sender = sender_for(actor, ShmSender(), engine_call=hung, engine_deadline_s=0.3)
+        start = time.monotonic()
+        with capture_events() as events, pytest.raises(WeightSyncTimeout) as info:
+            sender.send(1, trained(1).named_weights())
+        release.set()
+        assert time.monotonic() - start < 3
+        error = info.value
+        assert error.slot == 0 and error.version == 1 and error.missing == ["engine"]
+        assert "engine's acknowledgement" in error.awaited and error.waited_s >= 0.3
+        assert "still be generating" in str(error) and "slot 0" in str(error) and "version 1" in str(error)
+        (update,) = [e for e in events if e["event"] == "weight_sync.update"]
+        assert update["ok"] is False and "WeightSyncTimeout" in update["error"]
+        with pytest.raises(WeightSyncError, match="unusable"):
+            sender.send(2, trained(2).named_weights())
+        sender.close()
+
+    def test_an_engine_error_names_the_version(self, actor):
+        def broken(version, payloads):
+            raise RuntimeError("engine on fire")
+
+        sender = sender_for(actor, ShmSender(), engine_call=broken)
+        with pytest.raises(WeightSyncError, match=r"refused version 1 .*engine on fire"):
+            sender.send(1, trained(1).named_weights())
+        sender.close()
+
+
+class TestSlots:
+    def test_a_rank_outside_every_slot_sends_nothing_but_logs(self):
+        topology = SlotTopology.plan(4, [2])
+        calls = []
+        sender = WeightSender(
+            topology.for_rank(3),
+            None,
+            ShmSender(),
+            rank=3,
+            engine_call=lambda v, p: calls.append(v),
+            bucket_bytes=1024,
+            deadline_s=1.0,
+        )
+        with capture_events() as events:
+            report = sender.send(1, trained(1).named_weights())
+        assert calls == [] and report.slot is None and report.nbytes == 0
+        (update,) = [e for e in events if e["event"] == "weight_sync.update"]
+        assert update["slot"] is None and update["ok"] is True
+        sender.close()
+
+    @pytest.mark.parametrize(
+        ("kwargs", "message"),
+        [
+            ({"rank": 1}, "topology slot is for rank 0"),
+            ({"engine_call": None}, "must be given"),
+            ({"deadline_s": 0}, "deadline_s"),
+            ({"bucket_bytes": 0}, "bucket_bytes"),
+            ({"round_buckets": 0}, "round_buckets"),
+        ],
+    )
+    def test_bad_configuration_is_refused(self, kwargs, message):
+        options = {"rank": 0, "engine_call": lambda v, p: None, "bucket_bytes": 1024, "deadline_s": 1.0}
+        options.update(kwargs)
+        with pytest.raises(ValueError, match=message):
+            WeightSender(RankSlot.single(0), None, ShmSender(), **options)
+
+    def test_a_multi_rank_slot_needs_its_group(self):
+        slot = SlotTopology.plan(2, [2]).for_rank(0)
+        with pytest.raises(ValueError, match="create_groups"):
+            WeightSender(slot, None, ShmSender(), rank=0, engine_call=print, bucket_bytes=1, deadline_s=1.0)
+
+    def test_an_empty_update_is_refused(self, actor):
+        sender = sender_for(actor, ShmSender())
+        with pytest.raises(ValueError, match="no tensors"):
+            sender.send(1, {})
+        sender.close()

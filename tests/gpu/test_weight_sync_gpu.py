@@ -1,0 +1,371 @@
+"""Weight sync on real GPUs. Run on a GPU host: `python -m pytest -m gpu tests/gpu/test_weight_sync_gpu.py -x -q -s`.
+
+1. slime #2188 reproduced: a producer under torch_memory_saver's preload hook (`TMS_INIT_ENABLE=1`)
+   cannot export a weight bucket the legacy way (`_share_cuda_()` → CUDA "invalid argument"), and
+   in the same process our `cuda_ipc` sender exports it and a plain consumer receives it bit-exact.
+2. One GPU: versioned updates into a RolloutActor in another process through `cuda_ipc`; handles
+   are opened once per staging buffer across versions, dropped when the rollout sleeps, and the
+   trainer's staging memory comes back after `release()`.
+3. Two GPUs (only if present): TP=2 trainer ranks in one 2-GPU slot, real gloo slot group, the
+   engine process started with CUDA_VISIBLE_DEVICES="1,0" so handles must be mapped by GPU id.
+
+Measured figures are printed and, when LIFECYCLE_GPU_OUT is set, written there as JSON.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from multiprocessing.connection import Client, Listener
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+]
+
+HERE = Path(__file__).resolve().parent
+AUTH = b"weight-sync-gpu-test"
+
+
+def record(name: str, result: dict) -> None:
+    print(f"[{name}] " + json.dumps(result, default=str), flush=True)
+    out = os.environ.get("LIFECYCLE_GPU_OUT")
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / f"weight_sync_{name}.json").write_text(json.dumps(result, indent=2, default=str))
+
+
+def tms_preload_library() -> str:
+    tms = pytest.importorskip("torch_memory_saver")
+    from torch_memory_saver.utils import get_binary_path_from_package
+
+    try:
+        return str(get_binary_path_from_package("torch_memory_saver_hook_mode_preload"))
+    except Exception as exc:
+        pytest.skip(
+            f"torch_memory_saver preload library not found ({exc}); version {getattr(tms, '__version__', '?')}"
+        )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ----------------------------------------------------------------------------------------------
+# 1. slime #2188: TMS preload + legacy IPC fails; our cuda_ipc works in the same process.
+
+
+def tms_producer_main(address: str) -> None:
+    """Runs under LD_PRELOAD=<TMS preload .so>, TMS_INIT_ENABLE=1 (started by the test)."""
+    import torch
+    import torch_memory_saver
+    from torch.multiprocessing.reductions import reduce_tensor
+
+    from actor_integration.weight_sync import RankPayload, iter_buckets
+    from actor_integration.weight_sync.cuda_ipc import CudaIpcSender
+
+    host, port = address.rsplit(":", 1)
+    conn = Client((host, int(port)), authkey=AUTH)
+    result: dict = {}
+    g = torch.Generator(device="cuda").manual_seed(0)
+    weights = {
+        f"layer{i}.weight": torch.randn(2048, 4096, generator=g, device="cuda", dtype=torch.float32).to(
+            torch.bfloat16
+        )
+        for i in range(4)
+    }  # 64 MiB allocated under the saver: cuMem virtual memory
+    torch.cuda.synchronize()
+    bucket = torch.cat([w.reshape(-1) for w in weights.values()])  # a legacy flattened bucket
+    for name, attempt in (
+        ("share_cuda", lambda: bucket.untyped_storage()._share_cuda_()),
+        ("reduce_tensor", lambda: reduce_tensor(bucket)),  # what MultiprocessingSerializer does
+    ):
+        try:
+            attempt()
+            result[f"legacy_{name}"] = "exported"
+        except Exception as exc:
+            result[f"legacy_{name}"] = f"failed: {str(exc).splitlines()[0]}"
+    from actor_integration.weight_sync import select_transport
+
+    # `auto` probes the way the sender allocates: plain memory is saver memory here, so without
+    # the memory backend it must fall back to shm, with it it can pick cuda_ipc.
+    result["auto_without_memory"] = select_transport("auto", colocated=True)
+    result["auto_with_memory"] = select_transport(
+        "auto", colocated=True, memory=torch_memory_saver.torch_memory_saver
+    )
+    sender = CudaIpcSender(memory=torch_memory_saver.torch_memory_saver)
+    sender.begin_round(1, 0)
+    manifests, descriptors = [], []
+    for position, planned in enumerate(iter_buckets(weights, 32 << 20)):
+        manifest, descriptor = sender.export(position, planned)
+        manifests.append(manifest)
+        descriptors.append(descriptor)
+    sender.ready()
+    payload = RankPayload(
+        1, 0, True, 0, 0, "cuda_ipc", sender.sender_id, sender.gpu, tuple(manifests), tuple(descriptors)
+    )
+    from actor_integration.rollout import weights_checksum
+
+    result["producer_checksum"] = weights_checksum(weights)
+    conn.send((result, payload))
+    conn.recv()  # the consumer is done with the handles
+    sender.release()
+    conn.send("released")
+    conn.close()
+
+
+def test_tms_preload_breaks_legacy_ipc_and_cuda_ipc_works_in_the_same_process():
+    library = tms_preload_library()
+    from actor_integration.rollout import weights_checksum
+    from actor_integration.weight_sync import WeightReceiver
+
+    listener = Listener(("127.0.0.1", 0), authkey=AUTH)
+    address = f"127.0.0.1:{listener.address[1]}"
+    root = str(HERE.parents[1])
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+    env = dict(
+        os.environ, LD_PRELOAD=library, TMS_INIT_ENABLE="1", TMS_INIT_ENABLE_CPU_BACKUP="1", PYTHONPATH=path
+    )
+    code = f"import sys; sys.path.insert(0, {str(HERE)!r}); import test_weight_sync_gpu as t; t.tms_producer_main({address!r})"
+    producer = subprocess.Popen([sys.executable, "-c", code], env=env)
+    try:
+        conn = listener.accept()
+        result, payload = conn.recv()
+        receiver = WeightReceiver()
+        start = time.perf_counter()
+        with receiver.open([payload]) as received:
+            got = {name: t.clone() for name, t in received.shards[0]}
+        result["receive_s"] = time.perf_counter() - start
+        result["consumer_checksum"] = weights_checksum(got)
+        receiver.release()
+        conn.send("done")
+        assert conn.recv() == "released"
+        assert producer.wait(60) == 0
+    finally:
+        if producer.poll() is None:
+            producer.kill()
+        listener.close()
+    record("tms_preload", result)
+    # The failure slime #2188 reports, reproduced:
+    assert (
+        result["legacy_share_cuda"].startswith("failed") and "invalid argument" in result["legacy_share_cuda"]
+    )
+    assert result["legacy_reduce_tensor"].startswith("failed")
+    # ... and the same process exports through cuda_ipc, bit-exact on the other side.
+    assert result["consumer_checksum"] == result["producer_checksum"]
+    assert (result["auto_without_memory"], result["auto_with_memory"]) == ("shm", "cuda_ipc")
+
+
+# ----------------------------------------------------------------------------------------------
+# 2. One GPU: versioned updates, handle reuse, release on sleep.
+
+
+def serve_rollout(conn, devices) -> None:
+    from actor_integration.rollout import ReferenceEngine, RolloutActor, TinyLMConfig
+
+    config = TinyLMConfig(
+        vocab_size=4096, dim=512, n_layers=4, n_heads=8, max_seq_len=64, dtype="bfloat16", seed=5
+    )
+    actor = RolloutActor(ReferenceEngine(config, devices=devices))
+    while True:
+        message = conn.recv()
+        if message is None:
+            return
+        method, args = message
+        try:
+            if method == "handles_opened":
+                result = actor.receiver.transport("cuda_ipc").handles_opened  # type: ignore[attr-defined]
+            elif method == "visible_devices":
+                result = os.environ.get("CUDA_VISIBLE_DEVICES")
+            else:
+                result = getattr(actor, method)(*args)
+            conn.send(("ok", result))
+        except Exception as exc:
+            conn.send(("error", exc))
+
+
+class Remote:
+    def __init__(self, conn) -> None:
+        self.conn = conn
+
+    def __call__(self, version, payloads):
+        return self.call("update_weights", version, payloads)
+
+    def call(self, method, *args):
+        self.conn.send((method, args))
+        status, value = self.conn.recv()
+        if status == "error":
+            raise value
+        return value
+
+
+def trained_model(device: str, seed: int):
+    from actor_integration.rollout import TinyLM, TinyLMConfig
+
+    config = TinyLMConfig(
+        vocab_size=4096, dim=512, n_layers=4, n_heads=8, max_seq_len=64, dtype="bfloat16", seed=5
+    )
+    model = TinyLM(config).to(device)
+    g = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_((torch.randn(p.shape, generator=g, device=device) * 0.05).to(p.dtype))
+    return model
+
+
+def test_cuda_ipc_updates_reuse_handles_and_release_them_on_sleep():
+    import torch.multiprocessing as mp
+
+    from actor_integration.rollout import weights_checksum
+    from actor_integration.weight_sync import RankSlot, WeightSender
+    from actor_integration.weight_sync.cuda_ipc import CudaIpcSender
+
+    spawn = mp.get_context("spawn")
+    ours, theirs = spawn.Pipe()
+    server = spawn.Process(target=serve_rollout, args=(theirs, ["cuda:0"]), daemon=True)
+    server.start()
+    rollout = Remote(ours)
+    result: dict = {}
+    try:
+        from actor_integration.weight_sync import select_transport
+
+        assert select_transport("auto", colocated=True) == "cuda_ipc"
+        torch.cuda.set_device(0)
+        transport = CudaIpcSender(device=0)
+        sender = WeightSender(
+            RankSlot.single(0),
+            None,
+            transport,
+            rank=0,
+            engine_call=rollout,
+            bucket_bytes=4 << 20,
+            deadline_s=120.0,
+        )
+        prompts = [[1, 2, 3], [7, 8]]
+        timings = []
+        for version in (1, 2, 3):
+            model = trained_model("cuda:0", version)
+            report = sender.send(version, model.named_weights())
+            timings.append(report.duration_s)
+            assert rollout.call("weights_checksum") == weights_checksum(model.named_weights())
+            assert rollout.call("generate", prompts, 6) == model.generate(prompts, max_new_tokens=6)
+        result["buckets"] = report.buckets
+        result["bytes"] = report.nbytes
+        result["sync_s"] = timings
+        result["staging_buffers"] = transport.allocations
+        result["handles_opened_after_3_versions"] = rollout.call("handles_opened")
+        assert result["handles_opened_after_3_versions"] == transport.allocations == report.buckets
+        result["staging_bytes"] = staging = transport.staging_bytes
+        del model
+        torch.cuda.empty_cache()
+        before = torch.cuda.memory_reserved()
+
+        # While the rollout still maps the buffers, releasing them cannot give the memory back.
+        sender.release()
+        torch.cuda.ipc_collect()
+        torch.cuda.empty_cache()
+        result["freed_with_rollout_awake"] = before - torch.cuda.memory_reserved()
+        rollout.call("sleep")  # drops the rollout's handles
+        assert rollout.call("open_handles") == 0
+        torch.cuda.ipc_collect()
+        torch.cuda.empty_cache()
+        result["freed_after_rollout_sleep"] = before - torch.cuda.memory_reserved()
+        assert result["freed_after_rollout_sleep"] >= 0.9 * staging  # nothing left pinned (slime #1731)
+
+        rollout.call("wake_up", ["weights"])
+        model = trained_model("cuda:0", 4)
+        sender.send(4, model.named_weights())
+        rollout.call("wake_up", ["kv_cache"])
+        assert rollout.call("weights_checksum") == weights_checksum(model.named_weights())
+        result["handles_opened_after_reopen"] = rollout.call("handles_opened")
+        assert result["handles_opened_after_reopen"] == 2 * report.buckets
+        sender.close()
+    finally:
+        ours.send(None)
+        server.join(60)
+    record("one_gpu", result)
+
+
+# ----------------------------------------------------------------------------------------------
+# 3. Two GPUs: a 2-GPU slot fed by TP=2 trainer ranks.
+
+
+def two_gpu_trainer(rank: int, port: int, conn, out: str) -> None:
+    from actor_integration.rollout import weights_checksum
+    from actor_integration.weight_sync import SlotTopology, WeightSender
+    from actor_integration.weight_sync.cuda_ipc import CudaIpcSender
+
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.distributed.init_process_group(
+        "gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=120)
+    )
+    torch.cuda.set_device(rank)
+    topology = SlotTopology.plan(2, [2])
+    groups = topology.create_groups(torch.distributed.new_group)
+    me = topology.for_rank(rank)
+    sender = WeightSender(
+        me,
+        groups[me.slot],
+        CudaIpcSender(device=rank),
+        rank=rank,
+        engine_call=Remote(conn) if me.is_coordinator else None,
+        bucket_bytes=8 << 20,
+        deadline_s=120.0,
+    )
+    checksums, seconds = [], []
+    for version in (1, 2):
+        # TP=2 ranks hold the same full (gathered) tensors, each on its own GPU.
+        model = trained_model(f"cuda:{rank}", version)
+        report = sender.send(version, model.named_weights())
+        checksums.append(weights_checksum(model.named_weights()))
+        seconds.append(report.duration_s)
+    sender.close()
+    Path(out, f"rank{rank}.json").write_text(json.dumps({"checksums": checksums, "seconds": seconds}))
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_two_gpu_slot_with_remapped_devices(tmp_path):
+    import torch.multiprocessing as mp
+
+    spawn = mp.get_context("spawn")
+    ours, theirs = spawn.Pipe()
+    # The engine sees the GPUs in the other order: its cuda:0 is GPU 1. Engine rank i must live on
+    # the GPU of slot rank i (GPU i), so its replicas go to cuda:1 and cuda:0.
+    server = spawn.Process(target=serve_rollout, args=(theirs, ["cuda:1", "cuda:0"]), daemon=True)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["CUDA_VISIBLE_DEVICES"] = "1,0"  # inherited at start, before the child touches CUDA
+    try:
+        server.start()
+    finally:
+        if visible is None:
+            del os.environ["CUDA_VISIBLE_DEVICES"]
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = visible
+    try:
+        mp.spawn(two_gpu_trainer, args=(free_port(), ours, str(tmp_path)), nprocs=2)
+        engine_checksum = Remote(ours).call("weights_checksum")
+        engine_visible = Remote(ours).call("visible_devices")
+    finally:
+        ours.send(None)
+        server.join(60)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    result = {"seconds": [r["seconds"] for r in ranks], "engine_checksum": engine_checksum}
+    record("two_gpu", result)
+    assert engine_visible == "1,0"
+    assert ranks[0]["checksums"] == ranks[1]["checksums"]
+    assert engine_checksum == ranks[0]["checksums"][-1]
