@@ -33,8 +33,17 @@ lint: $(STAMP)
 diagrams: $(STAMP)
 	$(PY) -m lifecycle.diagram diagrams README.md
 
+demo: $(STAMP)
+	$(VENV)/bin/lifecycle demo $(DEMO_ARGS)
+
+# FSM overhead everywhere; on a GPU host also sleep/wake and weight-sync bandwidth (one report each).
 bench: $(STAMP)
-	$(PY) benchmarks/bench_fsm.py
+	@mkdir -p out
+	$(PY) benchmarks/bench_fsm.py --out out/bench_fsm.json
+	@if $(PY) -c "import torch, sys; sys.exit(not torch.cuda.is_available())"; then \
+		$(PY) benchmarks/bench_sleep_wake.py --out out/bench_sleep_wake.json && \
+		$(PY) benchmarks/bench_sync.py --out out/bench_sync.json; \
+	else echo "no GPU: skipping the sleep/wake and weight-sync benchmarks"; fi
 
 gpu-test: $(STAMP)
 	$(PY) -m pytest -q -m gpu tests/gpu

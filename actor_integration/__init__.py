@@ -34,6 +34,15 @@ _EXPORTS = {
     "RendezvousMismatchError": "actor_integration.process_groups",
     "RendezvousTimeoutError": "actor_integration.process_groups",
     "MegatronParallelState": "actor_integration.megatron",
+    "SlotTopology": "actor_integration.weight_sync",
+    "WeightSender": "actor_integration.weight_sync",
+    "WeightReceiver": "actor_integration.weight_sync",
+    "configure_sender": "actor_integration.weight_sync",
+    "select_transport": "actor_integration.weight_sync",
+    "physical_gpu_id": "actor_integration.weight_sync",
+    "RolloutActor": "actor_integration.rollout",
+    "ReferenceEngine": "actor_integration.rollout",
+    "SGLangEngine": "actor_integration.rollout",
 }
 
 __all__ = sorted(_EXPORTS)

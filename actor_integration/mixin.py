@@ -94,29 +94,12 @@ class LifecycleMixin:
     # --------------------------------------------------------------- for drivers (LifecycleGroup)
 
     def lifecycle_state(self) -> dict[str, Any]:
-        """A picklable snapshot: state, residency, groups, rank, role, failure."""
-        lc = self.lifecycle
-        failure = lc.failure
-        return {
-            "state": lc.state.value,
-            "residency": {tag: r.value for tag, r in lc.residency.items()},
-            "groups": lc.groups.value if lc.groups is not None else None,
-            "rank": lc.context.get("rank"),
-            "role": lc.context.get("role"),
-            "step": lc.step,
-            "failure": None
-            if failure is None
-            else {
-                "operation": failure.operation,
-                "hook": failure.hook,
-                "tag": failure.tag,
-                "error": failure.error,
-            },
-        }
+        """A picklable snapshot: state, residency, groups, rank, role, step, failure."""
+        return self.lifecycle.snapshot()
 
     def lifecycle_recover(self, target: str = "AWAKE") -> dict[str, Any]:
         self.lifecycle.recover(State(target))
-        return self.lifecycle_state()
+        return self.lifecycle.snapshot()
 
     def _super_method(self, name: str) -> Callable[..., Any]:
         # The next class after LifecycleMixin in this instance's MRO that defines `name`.

@@ -73,8 +73,30 @@ class LifecycleGroup:
 
     # ------------------------------------------------------------------ fan-out
 
-    def call(self, method: str, *args: Any, timeout_s: float | None = None, **kwargs: Any) -> dict[int, Any]:
-        """Call `method` on every actor; rank → result. Raises naming the ranks that failed, died or hung."""
+    def call(
+        self,
+        method: str,
+        *args: Any,
+        timeout_s: float | None = None,
+        ranks: Iterable[int] | None = None,
+        **kwargs: Any,
+    ) -> dict[int, Any]:
+        """Call `method` on every actor (or on `ranks`); rank → result. Raises naming the ranks that failed,
+        died or hung."""
+        self._refuse_if_dead(method)
+        targets = self.actors if ranks is None else {r: self.actors[r] for r in ranks}
+        refs = {rank: getattr(actor, method).remote(*args, **kwargs) for rank, actor in targets.items()}
+        return self._gather(method, refs, timeout_s)
+
+    def call_each(
+        self, method: str, args_by_rank: Mapping[int, tuple[Any, ...]], *, timeout_s: float | None = None
+    ) -> dict[int, Any]:
+        """Call `method(*args_by_rank[rank])` on each of those ranks at once (each rank its own data)."""
+        self._refuse_if_dead(method)
+        refs = {rank: getattr(self.actors[rank], method).remote(*a) for rank, a in args_by_rank.items()}
+        return self._gather(method, refs, timeout_s)
+
+    def _refuse_if_dead(self, method: str) -> None:
         if self.dead:
             raise DeadActorsError(
                 f"refusing {method}: ranks {sorted(self.dead)} are dead ("
@@ -82,9 +104,10 @@ class LifecycleGroup:
                 + "). Decide first: forget(rank) to go on without it, or replace(rank, actor) with a new one.",
                 dead=dict(self.dead),
             )
+
+    def _gather(self, method: str, refs: dict[int, Any], timeout_s: float | None) -> dict[int, Any]:
         deadline = self.timeout_s if timeout_s is None else timeout_s
         started = time.monotonic()
-        refs = {rank: getattr(actor, method).remote(*args, **kwargs) for rank, actor in self.actors.items()}
         ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=deadline)
         ready_set = set(ready)
         results: dict[int, Any] = {}
@@ -129,6 +152,15 @@ class LifecycleGroup:
                 errors=errors,
             )
         return results
+
+    def recover(self, target: str = "AWAKE", *, timeout_s: float | None = None) -> dict[int, dict[str, Any]]:
+        """`recover(target)` on every FAILED rank (the others are left alone); rank → state after."""
+        failed = [
+            rank for rank, state in self.states(timeout_s=timeout_s).items() if state["state"] == "FAILED"
+        ]
+        if failed:
+            self.last_known.update(self.call("lifecycle_recover", target, ranks=failed, timeout_s=timeout_s))
+        return {rank: self.last_known[rank] for rank in failed}
 
     def states(self, *, timeout_s: float | None = None) -> dict[int, dict[str, Any]]:
         """rank → {state, residency, groups, rank, role, step, failure}."""

@@ -77,6 +77,7 @@ class Failure:
 
     operation: str
     state: State  # the state the failing edge left from
+    phase: str  # "move", "enter" (before the body) or "exit" (the body had run)
     hook: str
     tag: str | None
     error: str
@@ -235,6 +236,27 @@ class Lifecycle:
     @property
     def context(self) -> dict[str, Any]:
         return {**self._context, "step": self.step}
+
+    def snapshot(self) -> dict[str, Any]:
+        """Plain, picklable data for drivers: state, residency, groups, rank, role, step, failure."""
+        failure = self._failure
+        return {
+            "state": self.state.value,
+            "residency": self._residency_view(),
+            "groups": self._groups.value if self._groups is not None else None,
+            "rank": self._context.get("rank"),
+            "role": self._context.get("role"),
+            "step": self.step,
+            "failure": None
+            if failure is None
+            else {
+                "operation": failure.operation,
+                "phase": failure.phase,
+                "hook": failure.hook,
+                "tag": failure.tag,
+                "error": failure.error,
+            },
+        }
 
     def bind(self, **context: Any) -> None:
         """Add fields (slot, engine id, ...) to every later event of this machine."""
@@ -485,6 +507,7 @@ class Lifecycle:
         self._failure = Failure(
             operation=edge.operation,
             state=edge.source,
+            phase=edge.phase,
             hook=call.hook.value,
             tag=call.tag,
             error=repr(exc),
@@ -498,6 +521,7 @@ class Lifecycle:
             "error",
             "lifecycle.failed",
             {
+                "t": self._failure.time,
                 "operation": edge.operation,
                 "src": edge.source,
                 "dst": State.FAILED,

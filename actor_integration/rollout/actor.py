@@ -73,8 +73,13 @@ class RolloutActor:
     def wake_up(self, tags: Sequence[str] | None = None) -> None:
         self.lifecycle.wake_up(tags)
 
-    def lifecycle_state(self) -> tuple[str, dict[str, str]]:
-        return self.lifecycle.state.value, {t: r.value for t, r in self.lifecycle.residency.items()}
+    def lifecycle_state(self) -> dict[str, Any]:
+        """The same snapshot as `LifecycleMixin.lifecycle_state`, so `LifecycleGroup` drives rollouts too."""
+        return self.lifecycle.snapshot()
+
+    def lifecycle_recover(self, target: str = "AWAKE") -> dict[str, Any]:
+        self.lifecycle.recover(State(target))
+        return self.lifecycle.snapshot()
 
     # ------------------------------------------------------------------ serving
 

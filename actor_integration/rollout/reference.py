@@ -61,13 +61,16 @@ class _Block(nn.Module):
         """x: [T, dim] for positions start..start+T-1; cache: [2, max_tokens, dim], written in place."""
         steps, dim = x.shape
         q, k, v = self.qkv(self.norm1(x)).split(dim, dim=-1)
-        cache[0, start : start + steps] = k
-        cache[1, start : start + steps] = v
+        # Attend over the cached prefix plus this call's own keys, and write detached copies: reading
+        # back the slices just written would make a training step's backward see in-place edits.
+        keys, values = torch.cat([cache[0, :start], k]), torch.cat([cache[1, :start], v])
+        cache[0, start : start + steps] = k.detach()
+        cache[1, start : start + steps] = v.detach()
         end = start + steps
         heads, head_dim = self.n_heads, dim // self.n_heads
         qh = q.view(steps, heads, head_dim).transpose(0, 1)
-        kh = cache[0, :end].view(end, heads, head_dim).transpose(0, 1)
-        vh = cache[1, :end].view(end, heads, head_dim).transpose(0, 1)
+        kh = keys.view(end, heads, head_dim).transpose(0, 1)
+        vh = values.view(end, heads, head_dim).transpose(0, 1)
         scores = qh @ kh.transpose(1, 2) / head_dim**0.5
         positions = torch.arange(start, end, device=x.device)[:, None]
         visible = torch.arange(end, device=x.device)[None, :] <= positions

@@ -129,7 +129,7 @@ class TestLifecycle:
             ("release", ["weights"]),
             ("release", ["kv_cache"]),
         ]
-        assert actor.lifecycle_state() == ("PAUSED", {"weights": "released", "kv_cache": "released"})
+        assert _view(actor) == ("PAUSED", {"weights": "released", "kv_cache": "released"})
         actor.sleep()  # idempotent: nothing reaches the engine twice
         assert len(engine.calls) == 4
 
@@ -137,10 +137,10 @@ class TestLifecycle:
         actor.sleep()
         model = trained(5)
         actor.wake_up(["weights"])
-        assert actor.lifecycle_state() == ("PAUSED", {"weights": "resident", "kv_cache": "released"})
+        assert _view(actor) == ("PAUSED", {"weights": "resident", "kv_cache": "released"})
         sender_into(actor).send(1, model.named_weights())
         actor.wake_up(["kv_cache"])
-        assert actor.lifecycle_state() == ("AWAKE", {"weights": "resident", "kv_cache": "resident"})
+        assert _view(actor) == ("AWAKE", {"weights": "resident", "kv_cache": "resident"})
         calls = actor.engine_calls()
         start = calls.index("resume_memory_occupation['weights']")
         assert calls[start:] == [
@@ -252,3 +252,8 @@ class TestRefusedPayloadsAreAccountedFor:
         assert recording.discarded == list(descriptors[2:])
         assert actor.weight_version() == 0
         sender.close()
+
+
+def _view(actor):
+    state = actor.lifecycle_state()
+    return state["state"], state["residency"]

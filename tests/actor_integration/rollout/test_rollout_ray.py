@@ -49,7 +49,8 @@ def test_a_colocated_step_through_ray(ray_cluster, tmp_path):
         ray.get(rollout.wake_up.remote(["weights"]))
         report = sender.send(version, model.named_weights())
         ray.get(rollout.wake_up.remote(["kv_cache"]))
-        assert ray.get(rollout.lifecycle_state.remote()) == (
+        state = ray.get(rollout.lifecycle_state.remote())
+        assert (state["state"], state["residency"]) == (
             "AWAKE",
             {"weights": "resident", "kv_cache": "resident"},
         )

@@ -1,0 +1,137 @@
+"""The `lifecycle` command: demo, check, timeline, diagram, doctor.
+
+Each subcommand imports what it needs when it runs, so `lifecycle check` and `lifecycle diagram`
+start without torch or Ray.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def _diagram(args: argparse.Namespace) -> int:
+    from lifecycle import diagram
+
+    if args.output is None:
+        if args.format not in ("mermaid", "dot"):
+            print(
+                f"lifecycle diagram: --format {args.format} writes a binary file: give -o FILE",
+                file=sys.stderr,
+            )
+            return 2
+        sys.stdout.write(diagram.mermaid() if args.format == "mermaid" else diagram.dot())
+        return 0
+    try:
+        diagram.render(args.format, Path(args.output))
+    except RuntimeError as exc:
+        print(f"lifecycle diagram: {exc}", file=sys.stderr)
+        return 2
+    print(args.output)
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    from lifecycle import checker
+
+    try:
+        paths = checker.log_paths(args.logs)
+        run = checker.LogChecker()
+        for path in paths:
+            with path.open(encoding="utf-8") as lines:
+                run.feed(str(path), lines)
+        findings = run.finish()
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"lifecycle check: {exc}", file=sys.stderr)
+        return 2
+    for finding in findings:
+        print(finding)
+    verdict = "clean" if not findings else f"{len(findings)} finding(s)"
+    print(
+        f"lifecycle check: {len(paths)} file(s), {run.events} event(s), {run.machines} machine(s): {verdict}",
+        file=sys.stderr,
+    )
+    return 0 if not findings else 1
+
+
+def _timeline(args: argparse.Namespace) -> int:
+    from lifecycle import timeline
+
+    out = Path(args.output)
+    stem = out.with_suffix("") if out.suffix in (".json", ".png") else out
+    trace, png = stem.with_suffix(".json"), stem.with_suffix(".png")
+    try:
+        timeline.write_trace(args.logs, trace)
+        print(f"{trace}  (open in https://ui.perfetto.dev or chrome://tracing)")
+        if not args.no_png:
+            picture = timeline.render_png(args.logs, png)
+            print(f"{png}  ({len(picture.lanes)} lane(s), {picture.seconds:.1f} s)")
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"lifecycle timeline: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from actor_integration import doctor
+
+    report = doctor.run_checks(ray_address=args.address)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        doctor.render(report)
+    return 0 if report["ok"] else 1
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from actor_integration.demo import run_demo
+
+    return run_demo(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lifecycle", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser(
+        "demo", help="run a colocated RL loop on Ray (trainer + rollout on the same devices)"
+    )
+    from actor_integration.demo_options import add_demo_arguments
+
+    add_demo_arguments(demo)
+    demo.set_defaults(func=_demo)
+
+    check = sub.add_parser("check", help="replay lifecycle logs against the transition table")
+    check.add_argument("logs", nargs="+", help="per-rank JSON-lines lifecycle logs")
+    check.set_defaults(func=_check)
+
+    timeline = sub.add_parser("timeline", help="draw what every rank did: Perfetto trace + PNG")
+    timeline.add_argument("logs", nargs="+", help="per-rank JSON-lines lifecycle logs")
+    timeline.add_argument(
+        "-o", "--output", required=True, help="output path (FILE.json and FILE.png are written)"
+    )
+    timeline.add_argument("--no-png", action="store_true", help="write only the trace")
+    timeline.set_defaults(func=_timeline)
+
+    diagram = sub.add_parser("diagram", help="write the state diagram generated from the transition table")
+    diagram.add_argument("--format", choices=["mermaid", "dot", "svg", "png"], default="mermaid")
+    diagram.add_argument("-o", "--output", help="file to write (default: mermaid/dot text on stdout)")
+    diagram.set_defaults(func=_diagram)
+
+    doctor = sub.add_parser("doctor", help="check this environment before a colocated job")
+    doctor.add_argument("--address", help="Ray cluster address to check (default: RAY_ADDRESS)")
+    doctor.add_argument("--json", action="store_true", help="print the report as JSON")
+    doctor.set_defaults(func=_doctor)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    code: int = args.func(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,216 @@
+"""The demo's trainer: a plain torch trainer with slime's method names, wrapped by `LifecycleMixin`.
+
+`TinyTrainer` is the "existing actor class" a framework already has (its bodies know nothing of
+the lifecycle); `DemoTrainer` adds the mixin and wires the real backends: torch_memory_saver on a
+GPU (NoopMemory on a CPU), reloadable process groups (NCCL or gloo), clear-memory, the CPU weight
+backup with its model-tag switch, and the weight sender.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from actor_integration.clear_memory import ClearMemory
+from actor_integration.memory_saver import select_memory_backend
+from actor_integration.mixin import LifecycleMixin
+from actor_integration.model_tag import CpuWeightBackup, ModelTagSwitch
+from actor_integration.process_groups import ReloadableProcessGroups
+from actor_integration.rollout.reference import TinyLM, TinyLMConfig, weights_checksum
+from actor_integration.weight_sync import SlotTopology, WeightSender, configure_sender
+from lifecycle import LifecyclePolicy, configure_logging, flush_logs
+from lifecycle.testing import FaultInjector, with_faults
+
+
+class TinyTrainer:
+    """A data-parallel trainer of `TinyLM` with slime's names: train, save_model, update_weights."""
+
+    rank: int
+    world_size: int
+    out: Path
+    device: torch.device
+    model: TinyLM
+    optimizer: torch.optim.Optimizer
+    memory: Any
+    groups: ReloadableProcessGroups
+    backup: CpuWeightBackup
+    sender: WeightSender
+
+    def _train_step(self, samples: list[list[int]]) -> float:
+        self.optimizer.zero_grad(set_to_none=True)
+        total = torch.zeros((), device=self.device)
+        for tokens in samples:
+            seq = torch.tensor(tokens, dtype=torch.long, device=self.device)
+            logits = self.model(seq[:-1])
+            total = total + F.cross_entropy(logits.float(), seq[1:])
+        loss = total / len(samples)
+        loss.backward()  # type: ignore[no-untyped-call]
+        world = self.groups.world
+        for p in self.model.parameters():  # data parallel: average the gradients
+            if p.grad is not None:
+                dist.all_reduce(p.grad, group=world)
+                p.grad /= self.world_size
+        self.optimizer.step()
+        return float(loss.detach())
+
+    def train(self, step: int, samples: list[list[int]]) -> dict[str, Any]:
+        with self.memory.region("model"):
+            loss = self._train_step(samples)
+        self.backup.backup("actor", self.model.named_weights().items())
+        return {"rank": self.rank, "loss": loss}
+
+    def save_model(self, step: int) -> dict[str, Any]:
+        path = self.out / "checkpoints" / f"step{step:04d}" / f"rank{self.rank}.pt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        state = {k: v.detach() for k, v in self.model.state_dict().items()}
+        torch.save(state, path)
+        # The checkpoint reloads to the live weights (it was written from resident memory).
+        reloaded = torch.load(path, map_location=self.device, weights_only=True)
+        ok = all(torch.equal(reloaded[k], state[k]) for k in state)
+        return {"rank": self.rank, "path": str(path), "bytes": path.stat().st_size, "reload_ok": ok}
+
+    def update_weights(self, version: int) -> dict[str, Any]:
+        # Model memory may be paused here: read the CPU copy, as slime's weight updater does.
+        report = self.sender.send(version, self.backup.tensors("actor").items())
+        return {
+            "rank": self.rank,
+            "version": version,
+            "bytes": report.nbytes,
+            "seconds": report.duration_s,
+            "transport": report.transport,
+        }
+
+
+class DemoTrainer(LifecycleMixin, TinyTrainer):
+    """The trainer actor of `lifecycle demo` (use with `ray.remote`)."""
+
+    def rendezvous(self) -> str:
+        """A TCP address on this actor's node for torch.distributed (called on rank 0 only)."""
+        host = socket.gethostbyname(socket.gethostname())
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        return f"tcp://{host}:{port}"
+
+    def init(
+        self,
+        *,
+        rank: int,
+        world_size: int,
+        init_method: str,
+        device: str,
+        model: dict[str, Any],
+        engine_gpu_counts: list[int],
+        rollouts: list[Any],
+        transport: str,
+        bucket_mb: int,
+        out: str,
+        timeout_s: float,
+    ) -> dict[str, Any]:
+        self.rank, self.world_size, self.out = rank, world_size, Path(out)
+        configure_logging(json_path=self.out / "logs" / f"trainer-rank{rank}.jsonl")
+        if device == "cuda":
+            torch.cuda.set_device(0)  # Ray's CUDA_VISIBLE_DEVICES leaves this actor one GPU
+        self.device = torch.device(device, 0) if device == "cuda" else torch.device("cpu")
+        self.groups = ReloadableProcessGroups.init(
+            backend="nccl" if device == "cuda" else "gloo",
+            rank=rank,
+            world_size=world_size,
+            init_method=init_method,
+            timeout=timedelta(seconds=timeout_s),
+            device_id=self.device if device == "cuda" else None,
+        )
+        topology = SlotTopology.plan(world_size, engine_gpu_counts)
+        # Every rank creates every slot's gloo group, in slot order (dist.new_group is collective).
+        handles = topology.create_groups(
+            lambda ranks, backend: self.groups.new_group(ranks, backend=backend, name=f"slot{ranks[0]}")
+        )
+        me = topology.for_rank(rank)
+        self.memory = select_memory_backend(
+            "auto", tags=("model",), cpu_backup=True, retain_cpu_backup=device == "cuda"
+        )
+        with self.memory.region("model"):
+            self.model = TinyLM(TinyLMConfig(**model)).to(self.device)
+            self.optimizer = torch.optim.Adam(self.model.parameters(), lr=3e-3)
+        self.backup = CpuWeightBackup()
+        self.backup.backup("actor", self.model.named_weights().items())
+        self.faults = FaultInjector()
+        sender_transport = configure_sender(
+            transport,
+            colocated=True,
+            memory=self.memory,
+            directory=str(self.out / "transfer") if transport == "disk" else None,
+            device=self.device if device == "cuda" else None,
+        )
+        engine = rollouts[me.slot] if me.slot is not None else None
+        self.sender = WeightSender(
+            me,
+            handles[me.slot] if me.slot is not None and len(me.ranks) > 1 else None,
+            sender_transport,
+            rank=rank,
+            engine_call=(lambda v, p: _engine_call(engine, v, p, timeout_s)) if me.is_coordinator else None,
+            bucket_bytes=bucket_mb << 20,
+            deadline_s=timeout_s,
+        )
+        lifecycle = self.configure_lifecycle(
+            LifecyclePolicy(offload_train=True, colocate=True, memory_tags=("model",)),
+            **with_faults(
+                self.faults,
+                memory=self.memory,
+                process_groups=self.groups,
+                clear_memory=ClearMemory(host=True),
+                switch_model=ModelTagSwitch(self.backup, lambda: self.model),
+            ),
+            rank=rank,
+            role="trainer",
+        )
+        self.sender.lifecycle = lifecycle
+        lifecycle.bind(slot=me.slot, device=str(self.device), host=socket.gethostname())
+        self.sleep()  # init ends asleep, as slime's does
+        return {
+            "rank": rank,
+            "slot": me.slot,
+            "coordinator": me.is_coordinator,
+            "memory": self.memory.describe(),
+            "transport": sender_transport.name,
+            "pid": os.getpid(),
+        }
+
+    # ------------------------------------------------------------------ for the driver
+
+    def lifecycle_step(self, step: int) -> None:
+        self.lifecycle.step = step
+
+    def arm_fault(self, hook: str) -> None:
+        self.faults.arm(hook)
+
+    def weights_checksum(self) -> str:
+        return weights_checksum(self.backup.tensors("actor"))
+
+    def flush_logs(self) -> bool:
+        return flush_logs()
+
+    def close(self) -> None:
+        self.sender.close()
+        self.groups.close()
+
+
+def _engine_call(engine: Any, version: int, payloads: list[Any], timeout_s: float) -> Any:
+    import ray
+
+    started = time.monotonic()
+    try:
+        return ray.get(engine.update_weights.remote(version, payloads), timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError as exc:
+        raise TimeoutError(
+            f"rollout engine did not acknowledge version {version} within {timeout_s:.0f} s "
+            f"(waited {time.monotonic() - started:.1f} s); it may be blocked or dead: see its lifecycle log"
+        ) from exc

@@ -1,0 +1,73 @@
+"""The `lifecycle demo` options, apart from the demo itself so the CLI parser imports neither torch nor Ray."""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+from lifecycle.table import Hook
+
+_FAULT = re.compile(r"^(?:(?P<role>trainer|rollout):)?(?P<hook>[a-z_.]+)@(?P<step>\d+)$")
+
+
+def parse_fault(text: str) -> tuple[str, str, int]:
+    """`[trainer:|rollout:]HOOK@STEP` → (role, hook, step); the hook names are the logs' hook names."""
+    match = _FAULT.match(text)
+    hooks = [h.value for h in Hook]
+    if match is None or match["hook"] not in hooks:
+        raise argparse.ArgumentTypeError(
+            f"--inject-fault {text!r}: expected [trainer:|rollout:]HOOK@STEP with HOOK one of {hooks}, "
+            "e.g. memory.pause@2 or rollout:generation.pause@3"
+        )
+    return match["role"] or "trainer", match["hook"], int(match["step"])
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
+    return value
+
+
+def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--steps", type=_positive, default=6, help="RL steps to run (default 6)")
+    parser.add_argument(
+        "--trainers",
+        type=_positive,
+        default=None,
+        help="trainer ranks (default: one per GPU on a GPU host, 2 on CPU)",
+    )
+    parser.add_argument(
+        "--save-every", type=_positive, default=2, help="checkpoint every K steps (default 2)"
+    )
+    parser.add_argument(
+        "--transport",
+        choices=["auto", "cuda_ipc", "shm", "disk"],
+        default="auto",
+        help="weight transport (default auto: cuda_ipc where CUDA IPC export works, shm otherwise)",
+    )
+    parser.add_argument(
+        "--device", choices=["auto", "cpu", "cuda"], default="auto", help="default: cuda if available"
+    )
+    parser.add_argument(
+        "--out", default="lifecycle-demo-out", help="output directory for logs, checkpoints, timeline"
+    )
+    parser.add_argument(
+        "--inject-fault",
+        type=parse_fault,
+        action="append",
+        default=[],
+        metavar="[ROLE:]HOOK@STEP",
+        help="make HOOK raise at STEP on every rank of ROLE (default trainer), then recover; repeatable",
+    )
+    parser.add_argument(
+        "--address", default=None, help="join this Ray cluster instead of starting a local one"
+    )
+    parser.add_argument("--bucket-mb", type=_positive, default=64, help="weight-sync bucket size in MiB")
+    parser.add_argument("--hidden", type=_positive, default=256, help="model width (default 256)")
+    parser.add_argument("--layers", type=_positive, default=4, help="model depth (default 4)")
+    parser.add_argument("--timeout-s", type=float, default=120.0, help="deadline for every cross-actor wait")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--no-progress", action="store_true", help="plain log lines instead of the live display"
+    )

@@ -1,0 +1,212 @@
+"""`lifecycle doctor`: check the environment before a colocated job and recommend a weight transport.
+
+Each check gives a verdict (ok / warn / fail / skip) and one line of detail; on a CPU-only machine
+the GPU checks are reported as skipped with the reason, not failed.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import subprocess
+import sys
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    verdict: str  # ok | warn | fail | skip
+    detail: str
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _hook_mode(env: Mapping[str, str]) -> str:
+    return "preload" if "torch_memory_saver" in env.get("LD_PRELOAD", "") else "torch"
+
+
+def check_torch() -> list[Check]:
+    import torch
+
+    checks = [Check("python", "ok", f"{platform.python_version()} ({sys.executable})")]
+    cuda = torch.version.cuda
+    if torch.cuda.is_available():
+        names = sorted({torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())})
+        checks.append(
+            Check(
+                "torch / CUDA",
+                "ok",
+                f"torch {torch.__version__}, CUDA {cuda}, {torch.cuda.device_count()} GPU(s): {names}",
+            )
+        )
+    else:
+        why = "CPU build of torch" if cuda is None else f"CUDA {cuda} build but no GPU visible"
+        checks.append(
+            Check("torch / CUDA", "warn", f"torch {torch.__version__}; {why}: GPU checks are skipped")
+        )
+    return checks
+
+
+def check_memory_saver(env: Mapping[str, str]) -> list[Check]:
+    import torch
+
+    from actor_integration.memory_saver import MemorySaverConfigError, preload_library, validate_environment
+
+    version = _version("torch-memory-saver")
+    if version is None:
+        return [Check("torch_memory_saver", "fail", "not installed: pip install torch-memory-saver")]
+    checks = [Check("torch_memory_saver", "ok", f"{version} installed")]
+    if torch.version.cuda is None:
+        checks.append(
+            Check("TMS library for CUDA major", "skip", "CPU build of torch: no CUDA major to match")
+        )
+    else:
+        major = int(torch.version.cuda.split(".")[0])
+        try:
+            path = preload_library()
+            checks.append(Check("TMS library for CUDA major", "ok", f"CUDA {major} → {Path(path).name}"))
+        except MemorySaverConfigError as exc:
+            checks.append(Check("TMS library for CUDA major", "fail", str(exc)))
+    mode = _hook_mode(env)
+    try:
+        notes = validate_environment(env, hook_mode=mode)
+        detail = f"hook_mode {mode}: LD_PRELOAD, PYTORCH_CUDA_ALLOC_CONF and TMS_* values are valid"
+        checks.append(
+            Check(
+                "TMS environment",
+                "warn" if notes else "ok",
+                detail + ("; " + "; ".join(notes) if notes else ""),
+            )
+        )
+    except MemorySaverConfigError as exc:
+        checks.append(Check("TMS environment", "fail", str(exc).replace("\n", " ")))
+    return checks
+
+
+def check_cuda_ipc(env: Mapping[str, str]) -> tuple[list[Check], bool | None]:
+    """Can this process export CUDA IPC handles (slime #2188)? Returns checks and the export verdict."""
+    import torch
+
+    from actor_integration.weight_sync.transport import probe_cuda_ipc
+
+    if not torch.cuda.is_available():
+        return [
+            Check("CUDA IPC export", "skip", "no GPU: the colocated transport on this machine is shm")
+        ], None
+    plain_ok, plain_why = probe_cuda_ipc(None)
+    checks = []
+    if plain_ok:
+        checks.append(Check("CUDA IPC export", "ok", plain_why))
+        return checks, True
+    if _hook_mode(env) == "preload" and env.get("TMS_INIT_ENABLE") == "1":
+        from torch_memory_saver import torch_memory_saver
+
+        disabled_ok, disabled_why = probe_cuda_ipc(torch_memory_saver)
+        checks.append(
+            Check(
+                "CUDA IPC export",
+                "ok" if disabled_ok else "fail",
+                f"plain allocations cannot export under the TMS preload hook (slime #2188: {plain_why}); "
+                + (
+                    "buffers allocated inside disable() can, and cuda_ipc allocates there"
+                    if disabled_ok
+                    else disabled_why
+                ),
+            )
+        )
+        return checks, disabled_ok
+    checks.append(Check("CUDA IPC export", "fail", plain_why))
+    return checks, False
+
+
+def check_nccl() -> Check:
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_nccl_available():
+        return Check(
+            "NCCL",
+            "skip" if not torch.cuda.is_available() else "warn",
+            "NCCL backend not available in this torch",
+        )
+    version = ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else "?"  # type: ignore[no-untyped-call]
+    return Check(
+        "NCCL",
+        "ok",
+        f"NCCL {version} for trainer process groups and non-colocated engines; never a transport between a "
+        "trainer and an engine on one GPU ('Duplicate GPU detected')",
+    )
+
+
+def check_ray(address: str | None, env: Mapping[str, str]) -> Check:
+    version = _version("ray")
+    if version is None:
+        return Check("Ray", "fail", "not installed: pip install ray")
+    address = address or env.get("RAY_ADDRESS")
+    if address:
+        code = f"import ray; ray.init(address={address!r}, logging_level='ERROR'); print(len(ray.nodes()))"
+        try:
+            out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=45)
+        except subprocess.TimeoutExpired:
+            return Check("Ray", "fail", f"ray {version}: no answer from {address} within 45 s")
+        if out.returncode != 0:
+            last = (out.stderr.strip().splitlines() or ["?"])[-1]
+            return Check("Ray", "fail", f"ray {version}: cannot join {address}: {last}")
+        return Check("Ray", "ok", f"ray {version}: joined {address}, {out.stdout.strip()} node(s)")
+    current = Path("/tmp/ray/ray_current_cluster")
+    if current.exists():
+        return Check(
+            "Ray", "ok", f"ray {version}: a local cluster was started at {current.read_text().strip()}"
+        )
+    return Check("Ray", "ok", f"ray {version}: no running cluster here; `lifecycle demo` starts a local one")
+
+
+def run_checks(environ: Mapping[str, str] | None = None, *, ray_address: str | None = None) -> dict[str, Any]:
+    env = dict(os.environ if environ is None else environ)
+    checks = check_torch()
+    checks += check_memory_saver(env)
+    ipc_checks, ipc_ok = check_cuda_ipc(env)
+    checks += ipc_checks
+    checks.append(check_nccl())
+    checks.append(check_ray(ray_address, env))
+    if ipc_ok:
+        transport, why = "cuda_ipc", "CUDA IPC export works for buffers outside torch_memory_saver regions"
+    elif ipc_ok is False:
+        transport, why = "shm", "CUDA IPC export fails under this allocator: shared host memory instead"
+    else:
+        transport, why = "shm", "no GPU: shared host memory between the processes"
+    return {
+        "checks": [asdict(c) for c in checks],
+        "transport": transport,
+        "transport_reason": why,
+        "ok": not any(c.verdict == "fail" for c in checks),
+    }
+
+
+def render(report: Mapping[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    colours = {"ok": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
+    table = Table(title="lifecycle doctor", show_lines=False)
+    table.add_column("check")
+    table.add_column("verdict")
+    table.add_column("detail", overflow="fold")
+    for check in report["checks"]:
+        verdict = check["verdict"]
+        table.add_row(check["name"], f"[{colours[verdict]}]{verdict}[/]", check["detail"])
+    console = Console(width=max(100, Console().width))
+    console.print(table)
+    console.print(
+        f"recommended weight transport: [bold]{report['transport']}[/] ({report['transport_reason']})"
+    )

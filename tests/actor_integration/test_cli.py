@@ -1,0 +1,177 @@
+"""The `lifecycle` command end to end on CPU: demo (real Ray), check, timeline, diagram, doctor."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lifecycle import diagram
+
+pytestmark = pytest.mark.ray
+
+
+def lifecycle(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "actor_integration.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    out = tmp_path_factory.mktemp("demo")
+    proc = lifecycle(
+        "demo",
+        "--steps",
+        "3",
+        "--save-every",
+        "2",
+        "--out",
+        str(out),
+        "--no-progress",
+        "--inject-fault",
+        "memory.pause@2",
+        "--inject-fault",
+        "rollout:generation.pause@3",
+    )
+    return out, proc
+
+
+class TestDemo:
+    def test_runs_the_colocated_loop(self, demo):
+        out, proc = demo
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["ok"] and summary["device"] == "cpu" and summary["transport"] == "shm"
+        assert [s["checksum_ok"] for s in summary["steps"]] == [True, True, True]
+        assert summary["steps"][1]["checkpoint_reload_ok"] is True
+        assert [(f["step"], f["hook"]) for f in summary["faults"]] == [
+            (2, "memory.pause"),
+            (3, "generation.pause"),
+        ]
+        assert summary["findings"] == []
+        rows = {(r["role"], r["rank"]): r for r in summary["ranks"]}
+        assert set(rows) == {("trainer", 0), ("trainer", 1), ("rollout", 0)}
+        assert all(r["checksum_ok"] == r["checksum_total"] == 3 for r in rows.values())
+        assert rows[("trainer", 0)]["failures"] == 1 and rows[("trainer", 0)]["SAVING_s"] > 0
+        assert rows[("rollout", 0)]["bytes_synced"] == 2 * rows[("trainer", 0)]["bytes_synced"] > 0
+        assert "FAILED" in proc.stdout and "recover(target=PAUSED)" in proc.stdout
+        assert "lifecycle demo: per rank" in proc.stdout and "demo OK" in proc.stdout
+        assert sorted(p.name for p in (out / "logs").glob("*.jsonl")) == [
+            "rollout-rank0.jsonl",
+            "trainer-rank0.jsonl",
+            "trainer-rank1.jsonl",
+        ]
+
+    def test_bad_fault_spec_is_refused_before_anything_starts(self, tmp_path):
+        proc = lifecycle("demo", "--out", str(tmp_path), "--inject-fault", "memory.paws@2")
+        assert proc.returncode == 2
+        assert "expected [trainer:|rollout:]HOOK@STEP" in proc.stderr
+        assert not (tmp_path / "logs").exists()
+
+    def test_cuda_without_a_gpu_is_refused(self, tmp_path):
+        proc = lifecycle("demo", "--out", str(tmp_path), "--device", "cuda")
+        assert proc.returncode != 0 and "torch sees no GPU" in proc.stderr
+
+
+class TestCheck:
+    def test_clean_logs_pass(self, demo):
+        out, _ = demo
+        proc = lifecycle("check", *map(str, sorted((out / "logs").glob("*.jsonl"))))
+        assert proc.returncode == 0, proc.stdout
+        assert "clean" in proc.stderr
+
+    def test_hand_edited_log_is_caught_with_its_line(self, demo, tmp_path):
+        """Drop the process-group reload of the first sync from PAUSED: the checker names file and line."""
+        out, _ = demo
+        lines = (out / "logs" / "trainer-rank0.jsonl").read_text().splitlines()
+        for number, line in enumerate(lines, start=1):
+            event = json.loads(line)
+            if (
+                event["event"] == "lifecycle.transition"
+                and event["operation"] == "sync"
+                and event["phase"] == "enter"
+            ):
+                event["hooks"] = [h for h in event["hooks"] if h["name"] != "process_groups.reload"]
+                lines[number - 1] = json.dumps(event)
+                break
+        else:
+            pytest.fail("no sync from PAUSED in the demo log")
+        edited = tmp_path / "trainer-rank0.jsonl"
+        edited.write_text("\n".join(lines) + "\n")
+        proc = lifecycle("check", str(edited))
+        assert proc.returncode == 1
+        assert f"trainer-rank0.jsonl:{number}" in proc.stdout and "process_groups.reload" in proc.stdout
+
+    def test_a_sleep_on_a_failed_actor_is_caught(self, demo, tmp_path):
+        out, _ = demo
+        lines = (out / "logs" / "trainer-rank1.jsonl").read_text().splitlines()
+        failed_at = next(i for i, line in enumerate(lines) if json.loads(line)["event"] == "lifecycle.failed")
+        sleep = next(
+            json.loads(line)
+            for line in lines
+            if json.loads(line).get("operation") == "sleep"
+            and json.loads(line)["event"] == "lifecycle.transition"
+        )
+        sleep["t"] = json.loads(lines[failed_at])["t"] + 1e-4
+        lines.insert(failed_at + 1, json.dumps(sleep))
+        edited = tmp_path / "trainer-rank1.jsonl"
+        edited.write_text("\n".join(lines) + "\n")
+        proc = lifecycle("check", str(edited))
+        assert proc.returncode == 1 and f"trainer-rank1.jsonl:{failed_at + 2}" in proc.stdout
+
+    def test_missing_file(self, tmp_path):
+        proc = lifecycle("check", str(tmp_path / "nope.jsonl"))
+        assert proc.returncode == 2 and "nope.jsonl" in proc.stderr
+
+
+class TestTimeline:
+    def test_trace_and_png(self, demo, tmp_path):
+        out, _ = demo
+        proc = lifecycle("timeline", str(out / "logs"), "-o", str(tmp_path / "run"))
+        assert proc.returncode == 0, proc.stderr
+        trace = json.loads((tmp_path / "run.json").read_text())
+        events = trace["traceEvents"]
+        assert all("ph" in e and "pid" in e for e in events)
+        states = {e["name"] for e in events if e["ph"] == "X" and e.get("cat") == "state"}
+        assert {"AWAKE", "PAUSED", "SAVING", "SYNCING", "FAILED"} <= states
+        assert (tmp_path / "run.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+class TestDiagramAndDoctor:
+    def test_diagram_is_the_table(self):
+        proc = lifecycle("diagram")
+        assert proc.returncode == 0 and proc.stdout == diagram.mermaid()
+
+    def test_doctor_on_cpu(self):
+        proc = lifecycle("doctor", "--json")
+        assert proc.returncode == 0, proc.stdout
+        report = json.loads(proc.stdout)
+        verdicts = {c["name"]: c["verdict"] for c in report["checks"]}
+        assert verdicts["CUDA IPC export"] == "skip" and verdicts["torch_memory_saver"] == "ok"
+        assert report["transport"] == "shm"
+
+    def test_doctor_flags_what_tms_would_die_on(self):
+        import os
+
+        env = {**os.environ, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "TMS_INIT_ENABLE": ""}
+        proc = subprocess.run(
+            [sys.executable, "-m", "actor_integration.cli", "doctor", "--json"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
+        assert proc.returncode == 1
+        failing = [c for c in json.loads(proc.stdout)["checks"] if c["verdict"] == "fail"]
+        assert [c["name"] for c in failing] == ["TMS environment"]
+        assert (
+            "expandable_segments" in failing[0]["detail"]
+            and "TMS_INIT_ENABLE is empty" in failing[0]["detail"]
+        )
