@@ -1,4 +1,4 @@
-"""Sleep→wake bandwidth through TorchMemorySaverBackend + Lifecycle, next to raw TMS and the PCIe ceiling.
+"""Sleep→wake bandwidth through LifecycleMixin + TorchMemorySaverBackend, next to raw TMS and the PCIe ceiling.
 
     python benchmarks/bench_sleep_wake.py --out out/bench_sleep_wake.json
 
@@ -63,7 +63,7 @@ def child(name: str, gib: float, cycles: int) -> dict[str, Any]:
 
     if adapter:
         from actor_integration.memory_saver import TorchMemorySaverBackend
-        from lifecycle import Lifecycle, LifecyclePolicy, configure_logging
+        from lifecycle import LifecyclePolicy, configure_logging
 
         # Production logging: JSON lines written off the caller's thread.
         configure_logging(json_path=Path(tempfile.gettempdir()) / "bench_sleep_wake" / f"{name}.jsonl")
@@ -71,14 +71,20 @@ def child(name: str, gib: float, cycles: int) -> dict[str, Any]:
         backend = TorchMemorySaverBackend(
             tags=("model",), cpu_backup=backup, retain_cpu_backup=retain, hook_mode="torch"
         )
-        lifecycle = Lifecycle(LifecyclePolicy(memory_tags=("model",), model_tag=None), memory=backend)
+        from actor_integration.mixin import LifecycleMixin
+
+        class Actor(LifecycleMixin):
+            """The calls an actor's driver makes: sleep()/wake_up() through the mixin."""
+
+        actor = Actor()
+        actor.configure_lifecycle(LifecyclePolicy(memory_tags=("model",), model_tag=None), memory=backend)
         region = backend.region("model")
 
         def sleep() -> None:
-            lifecycle.sleep()
+            actor.sleep()
 
         def wake() -> None:
-            lifecycle.wake_up()
+            actor.wake_up()
 
     else:
         torch_memory_saver.hook_mode = "torch"

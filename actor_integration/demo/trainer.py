@@ -94,7 +94,9 @@ class DemoTrainer(LifecycleMixin, TinyTrainer):
 
     def rendezvous(self) -> str:
         """A TCP address on this actor's node for torch.distributed (called on rank 0 only)."""
-        host = socket.gethostbyname(socket.gethostname())
+        import ray
+
+        host: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
         with socket.socket() as s:
             s.bind(("", 0))
             port = s.getsockname()[1]

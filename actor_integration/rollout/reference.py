@@ -227,6 +227,9 @@ class ReferenceEngine:
             else:
                 self._kv = [None] * self.num_ranks
             self._resident[tag] = False
+        if any(d.type == "cuda" for d in self.devices):
+            # Plain torch keeps freed blocks in its cache: hand them back so the trainer on this GPU can use them.
+            torch.cuda.empty_cache()
 
     def resume_memory_occupation(self, tags: Sequence[str] | None = None) -> None:
         tags = self._tags(tags)

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The project's GPU checks, by part: tests | demo | bench | all. Each step's full output goes to
+# $WORK/<step>.log (default /tmp/gpu-results); the tail is printed; `results.tgz` of everything is
+# written to $OUT when set. Needs the package importable (PYTHONPATH=. or pip install -e .).
+set -u
+PY=${PY:-python3}
+WORK=${WORK:-/tmp/gpu-results}
+mkdir -p "$WORK"
+export LIFECYCLE_GPU_OUT=$WORK PYTHONUNBUFFERED=1 RAY_USAGE_STATS_ENABLED=0
+part=${1:-all}
+
+step() {
+    local name=$1 limit=$2
+    shift 2
+    echo "=== $name: $*"
+    local start=$SECONDS
+    timeout "$limit" "$@" >"$WORK/$name.log" 2>&1
+    local rc=$?
+    echo "=== $name: rc=$rc in $((SECONDS - start)) s"
+    tail -n "${TAIL:-12}" "$WORK/$name.log"
+    echo "$name rc=$rc $((SECONDS - start))s" >>"$WORK/summary.txt"
+}
+
+if [[ $part == tests || $part == all ]]; then
+    # One pytest process per file: torch_memory_saver's hook mode and Megatron's state are process-wide.
+    for file in tests/gpu/test_*.py; do
+        step "pytest-$(basename "$file" .py)" 300 "$PY" -m pytest -m gpu -q -s -p no:cacheprovider "$file"
+    done
+    step doctor 120 "$PY" -m actor_integration.cli doctor
+fi
+if [[ $part == demo || $part == all ]]; then
+    step demo 400 "$PY" -m actor_integration.cli demo --steps 6 --save-every 2 --out "$WORK/demo" \
+        --no-progress --inject-fault memory.pause@3
+    step demo-check 60 "$PY" -m actor_integration.cli check "$WORK/demo/logs"
+fi
+if [[ $part == bench || $part == all ]]; then
+    step bench_sleep_wake 300 "$PY" benchmarks/bench_sleep_wake.py --out "$WORK/bench_sleep_wake.json"
+    step bench_sync 300 "$PY" benchmarks/bench_sync.py --out "$WORK/bench_sync.json"
+fi
+if [[ -n ${OUT:-} ]]; then
+    tar -czf "$OUT/results-$part.tgz" -C "$WORK" . 2>/dev/null
+    cp "$WORK/summary.txt" "$OUT/summary-$part.txt" 2>/dev/null
+    [[ -f $WORK/demo/timeline.png ]] && cp "$WORK/demo/timeline.png" "$OUT/timeline.png"
+fi
+cat "$WORK/summary.txt"
