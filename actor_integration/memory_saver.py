@@ -8,6 +8,7 @@ refuses the environments TMS would die on, before any CUDA or TMS initialisation
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import difflib
 import os
@@ -486,6 +487,8 @@ class TorchMemorySaverBackend:
         if backup and self._cpu_backup_backend is not None:
             kwargs["cpu_backup_backend"] = self._cpu_backup_backend
         with self._saver.region(_TMS_DEFAULT_TAG if key == ALL_TAGS else key, **kwargs):
+            if self.hook_mode == "torch":
+                _allow_frees_at_exit(self._saver)
             self._local.depth = getattr(self._local, "depth", 0) + 1
             try:
                 yield
@@ -584,6 +587,30 @@ class TorchMemorySaverBackend:
 
     def __repr__(self) -> str:
         return f"<TorchMemorySaverBackend {self.describe()}>"
+
+
+_exit_guard_registered = False
+
+
+def _allow_frees_at_exit(saver: Any) -> None:
+    """Let interpreter teardown free region memory without TMS killing the process.
+
+    In torch hook mode TMS exits with "only support interesting region" when region memory is
+    freed outside a region, and teardown (the memory pools' destructors) does exactly that: a run
+    that passed would end with exit code 1 (seen on an H200 with TMS 0.0.10). At exit the thread
+    is marked as inside a region, so those frees go through.
+    """
+    global _exit_guard_registered
+    cdll = getattr(getattr(getattr(saver, "_impl", None), "_binary_wrapper", None), "cdll", None)
+    if _exit_guard_registered or cdll is None:
+        return
+
+    def guard() -> None:
+        with contextlib.suppress(Exception):
+            cdll.tms_set_interesting_region(True)
+
+    atexit.register(guard)
+    _exit_guard_registered = True
 
 
 class NoopMemory:
