@@ -65,12 +65,23 @@ class LifecycleMixin:
         )
         return self._lifecycle
 
+    def lifecycle_config(self) -> dict[str, Any] | None:
+        """Override to configure lazily: return `configure_lifecycle`'s keyword arguments (with `policy`).
+
+        Called the first time the lifecycle is needed if `configure_lifecycle` was not called, e.g. by
+        the `self.sleep()` at the end of slime's `init`, when the model and process groups exist.
+        """
+        return None
+
     @property
     def lifecycle(self) -> Lifecycle:
+        if self._lifecycle is None and (config := self.lifecycle_config()) is not None:
+            return self.configure_lifecycle(**config)
         if self._lifecycle is None:
             raise LifecycleNotConfiguredError(
                 f"{type(self).__name__} has no lifecycle yet: call self.configure_lifecycle(policy, memory=...) "
-                "in __init__ (or init) before sleep(), wake_up(), train(), save_model() or update_weights()"
+                "in __init__ (or init) before sleep(), wake_up(), train(), save_model() or update_weights(), "
+                "or override lifecycle_config() to configure on first use"
             )
         return self._lifecycle
 

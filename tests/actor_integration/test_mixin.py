@@ -133,6 +133,36 @@ class TestWithTheMixin:
         }
 
 
+class LazySlimeActor(LifecycleMixin, SlimeLikeActor):
+    """slime's own init, unchanged: its final self.sleep() configures the lifecycle on first use."""
+
+    def lifecycle_config(self):
+        return {
+            "policy": LifecyclePolicy.from_args(self.args),
+            "memory": self.tms,
+            "process_groups": self.groups,
+            "routing_replay": self.routing_replay,
+            "clear_memory": self.clear_memory,
+            "switch_model": self.switch_model,
+        }
+
+
+class TestLazyConfiguration:
+    def test_slime_init_unchanged(self):
+        """SlimeLikeActor.init ends with self.sleep(): that call builds the lifecycle, then sleeps through it."""
+        actor = LazySlimeActor()
+        actor.init()
+        assert actor.lifecycle.state is State.PAUSED
+        assert actor.calls.names() == [
+            "routing_replay.clear",
+            "clear_memory",
+            "process_groups.destroy",
+            "memory.pause",
+        ]
+        actor.sleep()  # and a second sleep is now a no-op instead of slime #1895
+        assert actor.tms.pause_count == 1
+
+
 class TestMisuse:
     def test_not_configured(self):
         actor = LifecycleSlimeActor()
