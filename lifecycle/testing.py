@@ -247,12 +247,16 @@ class FakeGeneration:
         if self.faults:
             self.faults.check("generation.pause", after_effect=False)
         self.serving = False
+        if self.faults:
+            self.faults.check("generation.pause", after_effect=True)
 
     def resume(self) -> None:
         self.log.add("generation", "resume")
         if self.faults:
             self.faults.check("generation.resume", after_effect=False)
         self.serving = True
+        if self.faults:
+            self.faults.check("generation.resume", after_effect=True)
 
 
 class FaultyMemory:

@@ -22,16 +22,22 @@ pytestmark = pytest.mark.ray
 class SlowSlimeActor(LifecycleSlimeActor):
     """Adds a way to make every hook slow, to kill or time out the actor mid-transition."""
 
-    def set_hook_delay(self, seconds: float) -> None:
-        original = self.clear_memory.__class__.__call__
-        hook = self.clear_memory
+    def set_hook_delay(self, seconds: float, hook: str = "clear_memory") -> None:
+        """Make one hook slow (clear_memory or process_groups.reload), to catch the actor inside it."""
+        if hook == "clear_memory":
+            target, name = self, "clear_memory"
+        else:
+            target, name = self.groups, "reload"
+        original = getattr(target, name)
 
         def slow(*args):
             time.sleep(seconds)
-            return original(hook, *args)
+            return original(*args)
 
+        setattr(target, name, slow)
         self.lifecycle._callables.clear()  # re-bind on next use
-        self.lifecycle._clear_memory = slow
+        if hook == "clear_memory":
+            self.lifecycle._clear_memory = slow
 
     def ping(self) -> str:
         return "pong"
@@ -138,21 +144,34 @@ class TestDeadlines:
         for a in actors:
             ray.kill(a)
 
-    def test_dead_rank_is_reported_and_fanout_refused(self, ray_cluster, remote_cls, tmp_path):
-        """An actor killed mid-sleep: the group names it with its last known state within 30 s, then refuses."""
+    @pytest.mark.parametrize(
+        ("method", "hook", "before"),
+        [
+            ("sleep", "clear_memory", "AWAKE"),
+            ("save_model", "clear_memory", "PAUSED"),
+            ("update_weights", "process_groups.reload", "PAUSED"),
+        ],
+    )
+    def test_dead_rank_is_reported_and_fanout_refused(
+        self, ray_cluster, remote_cls, tmp_path, method, hook, before
+    ):
+        """An actor killed inside sleep, save or sync: the group names it with its last known state within 30 s,
+        then refuses to fan out until the caller decides."""
         ray = ray_cluster
         actors = make_actors(ray, remote_cls, 2, tmp_path)
         group = LifecycleGroup(actors, timeout_s=30)
+        if before == "AWAKE":
+            group.wake_up()
         group.states()
-        group.wake_up()
-        ray.get(actors[1].set_hook_delay.remote(20.0))
+        ray.get(actors[1].set_hook_delay.remote(20.0, hook))
         killer = threading.Timer(0.5, lambda: ray.kill(actors[1]))
         killer.start()
         started = time.monotonic()
-        with pytest.raises(DeadActorsError, match=r"ranks \[1\] died .*rank 1: last known AWAKE") as info:
-            group.sleep()
+        args = (1,) if method == "save_model" else ()
+        with pytest.raises(DeadActorsError, match=rf"ranks \[1\] died .*rank 1: last known {before}") as info:
+            group.call(method, *args)
         assert time.monotonic() - started < 30
-        assert info.value.dead[1]["state"] == "AWAKE"
+        assert info.value.dead[1]["state"] == before
         with pytest.raises(DeadActorsError, match="refusing lifecycle_state"):
             group.states()
         group.forget(1)
