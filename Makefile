@@ -36,14 +36,10 @@ diagrams: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/lifecycle demo $(DEMO_ARGS)
 
-# FSM overhead everywhere; on a GPU host also sleep/wake and weight-sync bandwidth (one report each).
+# One report (out/bench.json): FSM overhead and host RSS during a sync everywhere; sleep/wake and
+# weight-sync bandwidth on a GPU host. Each figure is printed next to its ceiling or baseline.
 bench: $(STAMP)
-	@mkdir -p out
-	$(PY) benchmarks/bench_fsm.py --out out/bench_fsm.json
-	@if $(PY) -c "import torch, sys; sys.exit(not torch.cuda.is_available())"; then \
-		$(PY) benchmarks/bench_sleep_wake.py --out out/bench_sleep_wake.json && \
-		$(PY) benchmarks/bench_sync.py --out out/bench_sync.json; \
-	else echo "no GPU: skipping the sleep/wake and weight-sync benchmarks"; fi
+	$(PY) benchmarks/report.py --out out/bench.json
 
 gpu-test: $(STAMP)
 	$(PY) -m pytest -q -m gpu tests/gpu
