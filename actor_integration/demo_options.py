@@ -38,6 +38,13 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
         help="trainer ranks (default: one per GPU on a GPU host, 2 on CPU)",
     )
     parser.add_argument(
+        "--engines",
+        type=_positive,
+        default=None,
+        help="rollout engines on CPU, splitting the trainer ranks into that many slots (default 1); "
+        "on a GPU host each GPU has its own engine",
+    )
+    parser.add_argument(
         "--save-every", type=_positive, default=2, help="checkpoint every K steps (default 2)"
     )
     parser.add_argument(

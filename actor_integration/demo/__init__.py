@@ -142,7 +142,7 @@ def _phase(
 
 def run_demo(args: argparse.Namespace) -> int:
     # Wide enough for the per-rank table even when the output is a pipe (CI logs, `| tee`).
-    console = Console(width=max(Console().width, 132))
+    console = Console(width=max(Console().width, 150))
     out = Path(args.out).resolve()
     for sub in ("logs", "checkpoints", "transfer"):
         shutil.rmtree(out / sub, ignore_errors=True)
@@ -158,6 +158,11 @@ def run_demo(args: argparse.Namespace) -> int:
 
     gpus = int(ray.cluster_resources().get("GPU", 0))
     trainers = args.trainers or (max(gpus, 1) if device == "cuda" else 2)
+    if device == "cuda" and args.engines not in (None, trainers):
+        raise SystemExit(
+            f"lifecycle demo: on a GPU host every GPU has its own 1-GPU engine ({trainers}); --engines "
+            f"{args.engines} is for CPU runs"
+        )
     if device == "cuda" and trainers > gpus:
         raise SystemExit(
             f"lifecycle demo: {trainers} trainer ranks need {trainers} GPUs (one rank per GPU: NCCL refuses two "
@@ -188,13 +193,18 @@ def run_demo(args: argparse.Namespace) -> int:
         rollout_options = [place(i) for i in range(trainers)]
         rollout_devices = [["cuda:0"] for _ in range(trainers)]
     else:
-        engine_gpu_counts = [trainers]
+        engines = args.engines or 1
+        if trainers % engines:
+            raise SystemExit(
+                f"lifecycle demo: --engines {engines} must divide the {trainers} trainer ranks into equal slots"
+            )
+        engine_gpu_counts = [trainers // engines] * engines
 
         def place(i: int) -> dict[str, Any]:
             return {"num_cpus": 0}
 
-        rollout_options = [place(0)]
-        rollout_devices = [["cpu"] * trainers]
+        rollout_options = [place(i) for i in range(engines)]
+        rollout_devices = [["cpu"] * count for count in engine_gpu_counts]
     console.print(
         f"[bold]lifecycle demo[/]: {trainers} trainer rank(s) on {device}, {len(engine_gpu_counts)} rollout "
         f"engine(s) of {engine_gpu_counts} device(s), {args.steps} steps, checkpoint every {args.save_every}, "
@@ -318,6 +328,9 @@ def run_demo(args: argparse.Namespace) -> int:
             synced = _phase("sync", trainer_group, sync, "PAUSED", log, faults, step)
             record["version"] = version
             record["bytes"] = sum(s["bytes"] for s in synced.values()) if synced else None
+            record["peak_rss_growth_mib"] = (
+                {rank: s["peak_rss_growth_mib"] for rank, s in synced.items()} if synced else None
+            )
             log.phase(step, "rollout wakes its kv cache")
             _phase(
                 "rollout wake kv_cache",
@@ -359,6 +372,12 @@ def run_demo(args: argparse.Namespace) -> int:
     timeline.write_trace(logs, out / "timeline.json")
     picture = timeline.render_png(logs, out / "timeline.png")
     losses = [s["loss"] for s in steps if s["loss"] is not None]
+    growth = [g for s in steps for g in (s.get("peak_rss_growth_mib") or {}).values() if g is not None]
+    if growth:
+        console.print(
+            f"peak host RSS growth during a sync, any trainer rank: {max(growth):.1f} MiB "
+            f"(bucket {args.bucket_mb} MiB; weights {steps[-1]['bytes'] / trainers / 2**20:.1f} MiB per rank)"
+        )
     console.print(
         f"steps {len(steps)}, loss {losses[0]:.3f} → {losses[-1]:.3f}, "
         f"checkpoints {sum(1 for s in steps if 'checkpoint_reload_ok' in s)}, "

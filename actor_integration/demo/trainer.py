@@ -79,13 +79,19 @@ class TinyTrainer:
 
     def update_weights(self, version: int) -> dict[str, Any]:
         # Model memory may be paused here: read the CPU copy, as slime's weight updater does.
+        before = _reset_peak_rss()
         report = self.sender.send(version, self.backup.tensors("actor").items())
+        peak = _peak_rss()
         return {
             "rank": self.rank,
             "version": version,
             "bytes": report.nbytes,
             "seconds": report.duration_s,
             "transport": report.transport,
+            # Host memory the sync added on this rank (vime #57: ~99 GB per rank on the second sync).
+            "peak_rss_growth_mib": None
+            if before is None or peak is None
+            else round((peak - before) / 2**20, 1),
         }
 
 
@@ -216,3 +222,26 @@ def _engine_call(engine: Any, version: int, payloads: list[Any], timeout_s: floa
             f"rollout engine did not acknowledge version {version} within {timeout_s:.0f} s "
             f"(waited {time.monotonic() - started:.1f} s); it may be blocked or dead: see its lifecycle log"
         ) from exc
+
+
+def _status_bytes(field: str) -> int | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _reset_peak_rss() -> int | None:
+    """Reset the kernel's peak-RSS mark (VmHWM) to the current RSS and return that RSS (Linux)."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return None
+    return _status_bytes("VmRSS")
+
+
+def _peak_rss() -> int | None:
+    return _status_bytes("VmHWM")
