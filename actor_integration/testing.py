@@ -95,24 +95,26 @@ class SlimeLikeActor:
         return self.weight_version
 
 
-class LifecycleSlimeActor(LifecycleMixin, SlimeLikeActor):
-    """The same actor under the mixin: only `init` changes, to configure the lifecycle before sleeping."""
+def slime_lifecycle_config(actor: SlimeLikeActor) -> dict[str, Any]:
+    """`configure_lifecycle` arguments for a slime-shaped actor built by `SlimeLikeActor.build`."""
+    return {
+        "policy": LifecyclePolicy.from_args(actor.args),
+        "memory": actor.tms,
+        "process_groups": actor.groups,
+        "routing_replay": actor.routing_replay,
+        "clear_memory": actor.clear_memory,
+        "switch_model": actor.switch_model,
+        "rank": actor.rank,
+        "role": "actor",
+    }
 
-    def init(self, *, rank: int = 0, offload_train: bool = True, use_routing_replay: bool = True) -> int:
-        self.build(rank=rank, offload_train=offload_train, use_routing_replay=use_routing_replay)
-        self.configure_lifecycle(
-            LifecyclePolicy.from_args(self.args),
-            memory=self.tms,
-            process_groups=self.groups,
-            routing_replay=self.routing_replay,
-            clear_memory=self.clear_memory,
-            switch_model=self.switch_model,
-            rank=rank,
-            role="actor",
-        )
-        if self.args.offload_train:
-            self.sleep()
-        return 0
+
+class LifecycleSlimeActor(LifecycleMixin, SlimeLikeActor):
+    """The same actor under the mixin, its bodies and init unchanged: the `self.sleep()` that ends
+    slime's init configures the lifecycle (`lifecycle_config`) and then sleeps through it."""
+
+    def lifecycle_config(self) -> dict[str, Any]:
+        return slime_lifecycle_config(self)
 
     def calls_made(self) -> list[str]:
         """For remote tests: the backend calls so far."""

@@ -3,25 +3,17 @@
 from __future__ import annotations
 
 import importlib.util
-import io
-import json
 import sys
-import tempfile
-import time
-import traceback
-import warnings
 from collections.abc import Callable, Iterator
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from spawn_world import no_crash, run_world
 from torch.distributed.distributed_c10d import Store
 
-import lifecycle
 from actor_integration.megatron import MegatronParallelState, tiny_gpt_model
 from actor_integration.process_groups import ReloadableProcessGroups
 
@@ -39,43 +31,6 @@ requires_megatron = pytest.mark.skipif(
 )
 CYCLES = 10
 Worker = Callable[..., dict[str, Any]]
-
-
-def run_world(worker: Worker, world_size: int, *args: Any, deadline_s: float = 60.0) -> list[dict[str, Any]]:
-    """Run `worker(rank, world_size, store, *args)` in one spawned process per rank; kill them at the deadline."""
-    store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False)
-    with tempfile.TemporaryDirectory() as out:
-        context = mp.start_processes(
-            _entry,
-            args=(worker, world_size, store.port, out, args),
-            nprocs=world_size,
-            join=False,
-            start_method="spawn",
-        )
-        end = time.monotonic() + deadline_s
-        while not context.join(timeout=0.5):
-            if time.monotonic() > end:
-                for process in context.processes:
-                    process.kill()
-                pytest.fail(f"ranks still running after {deadline_s} s: a rendezvous hung")
-        results = [json.loads((Path(out) / f"rank{r}.json").read_text()) for r in range(world_size)]
-    crashes = {r: res["crash"] for r, res in enumerate(results) if "crash" in res}
-    assert not crashes, crashes
-    return results
-
-
-def _entry(rank: int, worker: Worker, world_size: int, port: int, out: str, args: tuple[Any, ...]) -> None:
-    lifecycle.configure_logging(stream=io.StringIO(), level="warning")
-    warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not installed")
-    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=30))
-    try:
-        result = worker(rank, world_size, store, *args)
-    except BaseException as exc:
-        result = {"crash": f"{exc!r}\n{traceback.format_exc()}"}
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-    (Path(out) / f"rank{rank}.json").write_text(json.dumps(result))
 
 
 def _tp_worker(rank: int, world_size: int, store: Store) -> dict[str, Any]:
@@ -128,7 +83,9 @@ def _tp_worker(rank: int, world_size: int, store: Store) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def tp_cycles() -> list[dict[str, Any]]:
-    return run_world(_tp_worker, 2, deadline_s=90)
+    results = run_world(_tp_worker, 2, deadline_s=90)
+    no_crash(results)
+    return results
 
 
 @requires_megatron

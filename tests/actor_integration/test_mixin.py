@@ -3,7 +3,7 @@
 import pytest
 
 from actor_integration import LifecycleMixin, LifecycleNotConfiguredError
-from actor_integration.testing import LifecycleSlimeActor, SlimeLikeActor
+from actor_integration.testing import LifecycleSlimeActor, SlimeLikeActor, slime_lifecycle_config
 from lifecycle import LifecyclePolicy, State, capture_events
 from lifecycle.testing import FakeMemorySaver, ProtocolViolation
 
@@ -42,17 +42,8 @@ class Pre1888(SlimeLikeActor):
 
 
 class WrappedPre1888(LifecycleMixin, Pre1888):
-    def init(self, **kw):
-        self.build(rank=0, offload_train=True, use_routing_replay=True)
-        self.configure_lifecycle(
-            LifecyclePolicy.from_args(self.args),
-            memory=self.tms,
-            process_groups=self.groups,
-            routing_replay=self.routing_replay,
-            clear_memory=self.clear_memory,
-            switch_model=self.switch_model,
-        )
-        self.sleep()
+    def lifecycle_config(self):
+        return slime_lifecycle_config(self)
 
 
 class TestWithTheMixin:
@@ -133,24 +124,10 @@ class TestWithTheMixin:
         }
 
 
-class LazySlimeActor(LifecycleMixin, SlimeLikeActor):
-    """slime's own init, unchanged: its final self.sleep() configures the lifecycle on first use."""
-
-    def lifecycle_config(self):
-        return {
-            "policy": LifecyclePolicy.from_args(self.args),
-            "memory": self.tms,
-            "process_groups": self.groups,
-            "routing_replay": self.routing_replay,
-            "clear_memory": self.clear_memory,
-            "switch_model": self.switch_model,
-        }
-
-
 class TestLazyConfiguration:
     def test_slime_init_unchanged(self):
         """SlimeLikeActor.init ends with self.sleep(): that call builds the lifecycle, then sleeps through it."""
-        actor = LazySlimeActor()
+        actor = LifecycleSlimeActor()
         actor.init()
         assert actor.lifecycle.state is State.PAUSED
         assert actor.calls.names() == [
@@ -165,9 +142,11 @@ class TestLazyConfiguration:
 
 class TestMisuse:
     def test_not_configured(self):
-        actor = LifecycleSlimeActor()
+        class Bare(LifecycleMixin, SlimeLikeActor):
+            pass
+
         with pytest.raises(LifecycleNotConfiguredError, match="configure_lifecycle"):
-            actor.sleep()
+            Bare().sleep()
 
     def test_configured_twice(self):
         actor = wrapped()

@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import gc
-import io
-import json
 import os
 import tempfile
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -18,10 +15,9 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from spawn_world import no_crash, run_world
 from torch.distributed.distributed_c10d import Store
 
-import lifecycle
 from actor_integration.process_groups import (
     ReloadableProcessGroups,
     RendezvousMismatchError,
@@ -38,52 +34,6 @@ FD_TOLERANCE = 2
 THREAD_TOLERANCE = 1
 
 Worker = Callable[..., dict[str, Any]]
-
-
-# ---------------------------------------------------------------------------------- world runner
-
-
-def run_world(worker: Worker, world_size: int, *args: Any, deadline_s: float = 60.0) -> list[dict[str, Any]]:
-    """Run `worker(rank, world_size, store, *args)` in one spawned process per rank; kill them at the deadline."""
-    store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False)
-    with tempfile.TemporaryDirectory() as out:
-        context = mp.start_processes(
-            _entry,
-            args=(worker, world_size, store.port, out, args),
-            nprocs=world_size,
-            join=False,
-            start_method="spawn",
-        )
-        end = time.monotonic() + deadline_s
-        while not context.join(timeout=0.5):
-            if time.monotonic() > end:
-                for process in context.processes:
-                    process.kill()
-                pytest.fail(f"ranks still running after {deadline_s} s: a rendezvous hung")
-        results = []
-        for rank in range(world_size):
-            path = Path(out) / f"rank{rank}.json"
-            assert path.exists(), f"rank {rank} wrote no result"
-            results.append(json.loads(path.read_text()))
-    return results
-
-
-def _entry(rank: int, worker: Worker, world_size: int, port: int, out: str, args: tuple[Any, ...]) -> None:
-    lifecycle.configure_logging(stream=io.StringIO(), level="warning")
-    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=30))
-    try:
-        result = worker(rank, world_size, store, *args)
-    except BaseException as exc:
-        result = {"crash": f"{exc!r}\n{traceback.format_exc()}"}
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-    (Path(out) / f"rank{rank}.json").write_text(json.dumps(result))
-
-
-def _no_crash(results: list[dict[str, Any]]) -> None:
-    crashes = {r: res["crash"] for r, res in enumerate(results) if "crash" in res}
-    assert not crashes, crashes
 
 
 def _os_threads() -> int:
@@ -219,7 +169,7 @@ def _lifecycle_worker(rank: int, world_size: int, store: Store, init_method: str
 @pytest.fixture(scope="module")
 def cycles() -> list[dict[str, Any]]:
     results = run_world(_cycles_worker, 4, deadline_s=90)
-    _no_crash(results)
+    no_crash(results)
     return results
 
 
@@ -297,7 +247,7 @@ class TestRankBranch:
 def steps() -> list[dict[str, Any]]:
     with tempfile.TemporaryDirectory() as tmp:
         results = run_world(_lifecycle_worker, 2, f"file://{tmp}/rendezvous", deadline_s=60)
-    _no_crash(results)
+    no_crash(results)
     return results
 
 

@@ -1,0 +1,69 @@
+"""Run a worker in one spawned process per rank around one TCP store, with a deadline (tests only)."""
+
+from __future__ import annotations
+
+import io
+import json
+import tempfile
+import time
+import traceback
+import warnings
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import lifecycle
+
+Worker = Callable[..., dict[str, Any]]
+
+
+def run_world(worker: Worker, world_size: int, *args: Any, deadline_s: float = 60.0) -> list[dict[str, Any]]:
+    """Run `worker(rank, world_size, store, *args)` in one spawned process per rank; kill them at the deadline.
+
+    Returns each rank's result; a rank that raised reports {"crash": traceback} (see `no_crash`).
+    """
+    store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False)
+    with tempfile.TemporaryDirectory() as out:
+        context = mp.start_processes(
+            _entry,
+            args=(worker, world_size, store.port, out, args),
+            nprocs=world_size,
+            join=False,
+            start_method="spawn",
+        )
+        end = time.monotonic() + deadline_s
+        while not context.join(timeout=0.5):
+            if time.monotonic() > end:
+                for process in context.processes:
+                    process.kill()
+                pytest.fail(f"ranks still running after {deadline_s} s: a rendezvous hung")
+        results = []
+        for rank in range(world_size):
+            path = Path(out) / f"rank{rank}.json"
+            assert path.exists(), f"rank {rank} wrote no result"
+            results.append(json.loads(path.read_text()))
+    return results
+
+
+def no_crash(results: list[dict[str, Any]]) -> None:
+    crashes = {r: res["crash"] for r, res in enumerate(results) if "crash" in res}
+    assert not crashes, crashes
+
+
+def _entry(rank: int, worker: Worker, world_size: int, port: int, out: str, args: tuple[Any, ...]) -> None:
+    lifecycle.configure_logging(stream=io.StringIO(), level="warning")
+    warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not installed")
+    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=30))
+    try:
+        result = worker(rank, world_size, store, *args)
+    except BaseException as exc:
+        result = {"crash": f"{exc!r}\n{traceback.format_exc()}"}
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    (Path(out) / f"rank{rank}.json").write_text(json.dumps(result))
