@@ -41,8 +41,9 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/report.py --out out/bench.json
 
+# One pytest process per GPU test file: torch_memory_saver's hook mode and Megatron's state are process-wide.
 gpu-test: $(STAMP)
-	$(PY) -m pytest -q -m gpu tests/gpu
+	PY=$(PY) bash scripts/gpu_suite.sh tests
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
