@@ -156,6 +156,16 @@ class TinyLM(nn.Module):
         return {name: p.detach() for name, p in self.named_parameters()}
 
 
+def perturbed(config: TinyLMConfig, seed: int, *, scale: float) -> TinyLM:
+    """A `TinyLM` whose weights differ from a fresh one's by seeded noise: "trained" weights for tests."""
+    model = TinyLM(config)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=generator) * scale)
+    return model
+
+
 def weights_checksum(named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> str:
     """SHA-256 over names, dtypes, shapes and bytes, in name order: equal iff bit-identical."""
     items = dict(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)

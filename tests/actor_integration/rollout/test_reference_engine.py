@@ -4,17 +4,9 @@ import pytest
 import torch
 
 from actor_integration.rollout import ReferenceEngine, RolloutEngine, TinyLM, TinyLMConfig, weights_checksum
+from actor_integration.rollout.reference import perturbed
 
 CONFIG = TinyLMConfig(vocab_size=53, dim=16, n_layers=2, n_heads=4, max_seq_len=24, seed=1)
-
-
-def perturbed(seed):
-    model = TinyLM(CONFIG)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.2)
-    return model
 
 
 def load(engine, model, version, *, rounds=1):
@@ -43,7 +35,7 @@ class TestTinyLM:
         assert torch.equal(torch.rand(3), expected)
 
     def test_cached_decoding_matches_a_full_forward(self):
-        model = perturbed(3)
+        model = perturbed(CONFIG, 3, scale=0.2)
         prompt = [5, 9, 2, 7]
         (new,) = model.generate([prompt], max_new_tokens=6)
         tokens = list(prompt)
@@ -57,7 +49,7 @@ class TestTinyLM:
             TinyLM(CONFIG).generate([[1] * 20], max_new_tokens=8)
 
     def test_checksum_sees_one_changed_bit(self):
-        named = perturbed(1).named_weights()
+        named = perturbed(CONFIG, 1, scale=0.2).named_weights()
         before = weights_checksum(named)
         flat = named["head.weight"].view(-1).view(torch.int32)
         flat[0] ^= 1
@@ -81,8 +73,8 @@ class TestMemory:
         engine.resume_memory_occupation(["weights"])
         with pytest.raises(RuntimeError, match="sync weights before generating"):
             engine.generate([[1, 2]])
-        load(engine, perturbed(4), 1)
-        assert engine.generate([[1, 2]], max_new_tokens=3) == perturbed(4).generate(
+        load(engine, perturbed(CONFIG, 4, scale=0.2), 1)
+        assert engine.generate([[1, 2]], max_new_tokens=3) == perturbed(CONFIG, 4, scale=0.2).generate(
             [[1, 2]], max_new_tokens=3
         )
 
@@ -124,7 +116,7 @@ class TestMemory:
 class TestLoading:
     def test_a_version_loaded_over_several_rounds_lands_bit_exact_on_every_rank(self):
         engine = ReferenceEngine(CONFIG, devices=["cpu", "cpu"])
-        model = perturbed(7)
+        model = perturbed(CONFIG, 7, scale=0.2)
         load(engine, model, 3, rounds=4)
         assert engine.weights_checksum() == weights_checksum(model.named_weights())
         assert engine.weight_version == 3
@@ -132,14 +124,14 @@ class TestLoading:
     def test_previous_weights_stay_until_the_final_round(self):
         engine = ReferenceEngine(CONFIG)
         before = engine.weights_checksum()
-        named = list(perturbed(8).named_weights().items())
+        named = list(perturbed(CONFIG, 8, scale=0.2).named_weights().items())
         engine.load_weights(1, [named[:3]], round_index=0, final=False)
         assert engine.weights_checksum() == before and engine.weight_version == 0
 
     def test_an_incomplete_version_is_refused_and_changes_nothing(self):
         engine = ReferenceEngine(CONFIG)
         before = engine.weights_checksum()
-        named = list(perturbed(8).named_weights().items())
+        named = list(perturbed(CONFIG, 8, scale=0.2).named_weights().items())
         with pytest.raises(ValueError, match="incomplete"):
             engine.load_weights(1, [named[:-1]], round_index=0, final=True)
         assert engine.weights_checksum() == before and engine.weight_version == 0
@@ -162,4 +154,4 @@ class TestLoading:
         engine = ReferenceEngine(CONFIG)
         engine.release_memory_occupation(["weights"])
         with pytest.raises(RuntimeError, match="resume_memory_occupation"):
-            load(engine, perturbed(1), 1)
+            load(engine, perturbed(CONFIG, 1, scale=0.2), 1)

@@ -3,7 +3,6 @@
 import os
 
 import pytest
-import torch
 
 from actor_integration.rollout import (
     ROLLOUT_POLICY,
@@ -11,10 +10,10 @@ from actor_integration.rollout import (
     EngineMemory,
     ReferenceEngine,
     RolloutActor,
-    TinyLM,
     TinyLMConfig,
     weights_checksum,
 )
+from actor_integration.rollout.reference import perturbed
 from actor_integration.weight_sync import (
     CorruptBucketError,
     RankSlot,
@@ -29,12 +28,7 @@ CONFIG = TinyLMConfig(vocab_size=53, dim=16, n_layers=2, n_heads=4, max_seq_len=
 
 
 def trained(seed):
-    model = TinyLM(CONFIG)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.2)
-    return model
+    return perturbed(CONFIG, seed, scale=0.2)
 
 
 class RecordingEngine:

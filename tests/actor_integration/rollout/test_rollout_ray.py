@@ -3,9 +3,9 @@
 import functools
 
 import pytest
-import torch
 
-from actor_integration.rollout import ReferenceEngine, RolloutActor, TinyLM, TinyLMConfig, weights_checksum
+from actor_integration.rollout import ReferenceEngine, RolloutActor, TinyLMConfig, weights_checksum
+from actor_integration.rollout.reference import perturbed
 from actor_integration.weight_sync import RankSlot, WeightSender, WeightSyncError
 from actor_integration.weight_sync.disk import DiskSender
 from actor_integration.weight_sync.shm import ShmSender
@@ -16,12 +16,7 @@ CONFIG = TinyLMConfig(vocab_size=53, dim=16, n_layers=2, n_heads=4, max_seq_len=
 
 
 def trained(seed):
-    model = TinyLM(CONFIG)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.2)
-    return model
+    return perturbed(CONFIG, seed, scale=0.2)
 
 
 def test_a_colocated_step_through_ray(ray_cluster, tmp_path):

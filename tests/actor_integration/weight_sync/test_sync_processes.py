@@ -17,7 +17,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from actor_integration.rollout import ReferenceEngine, RolloutActor, TinyLM, TinyLMConfig, weights_checksum
+from actor_integration.rollout import ReferenceEngine, RolloutActor, TinyLMConfig, weights_checksum
+from actor_integration.rollout.reference import perturbed
 from actor_integration.weight_sync import (
     RankSlot,
     SlotTopology,
@@ -33,13 +34,8 @@ CONFIG = TinyLMConfig(vocab_size=61, dim=16, n_layers=2, n_heads=2, max_seq_len=
 SPAWN = mp.get_context("spawn")
 
 
-def trained(seed: int) -> TinyLM:
-    model = TinyLM(CONFIG)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.1)
-    return model
+def trained(seed):
+    return perturbed(CONFIG, seed, scale=0.1)
 
 
 def free_port() -> int:

@@ -8,9 +8,9 @@ import threading
 import time
 
 import pytest
-import torch
 
-from actor_integration.rollout import ReferenceEngine, RolloutActor, TinyLM, TinyLMConfig, weights_checksum
+from actor_integration.rollout import ReferenceEngine, RolloutActor, TinyLMConfig, weights_checksum
+from actor_integration.rollout.reference import perturbed
 from actor_integration.weight_sync import (
     CorruptBucketError,
     RankPayload,
@@ -30,13 +30,7 @@ CONFIG = TinyLMConfig(vocab_size=61, dim=16, n_layers=2, n_heads=2, max_seq_len=
 
 
 def trained(seed):
-    """A TinyLM with weights different from the engine's initial ones."""
-    model = TinyLM(CONFIG)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.1)
-    return model
+    return perturbed(CONFIG, seed, scale=0.1)
 
 
 @pytest.fixture
