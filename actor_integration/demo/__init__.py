@@ -343,13 +343,12 @@ def run_demo(args: argparse.Namespace) -> int:
             )
             if any(s["state"] != "AWAKE" for s in rollout_group.states().values()):
                 rollout_group.wake_up()
-            trainer_sum = ray.get(actors[0].weights_checksum.remote(), timeout=args.timeout_s)
+            trainer_sums = trainer_group.call("weights_checksum")
             engine_sums = rollout_group.call("weights_checksum")
-            for rank, actor in trainer_group.actors.items():
-                mine = ray.get(actor.weights_checksum.remote(), timeout=args.timeout_s)
-                checksums.setdefault(("trainer", rank), []).append(mine == trainer_sum)
-            for rank, value in engine_sums.items():
-                checksums.setdefault(("rollout", rank), []).append(value == trainer_sum)
+            trainer_sum = trainer_sums[0]
+            for role, sums in (("trainer", trainer_sums), ("rollout", engine_sums)):
+                for rank, value in sums.items():
+                    checksums.setdefault((role, rank), []).append(value == trainer_sum)
             record["checksum_ok"] = all(v == trainer_sum for v in engine_sums.values())
             if not record["checksum_ok"]:
                 exit_code = 1
