@@ -320,11 +320,6 @@ def run_demo(args: argparse.Namespace) -> int:
                 return trainer_group.call("update_weights", version)
 
             log.phase(step, f"weight sync through {transport}")
-            if any(
-                s["state"] != "PAUSED" or s["residency"].get("weights") != "resident"
-                for s in rollout_group.states().values()
-            ):
-                rollout_group.wake_up(["weights"])
             synced = _phase("sync", trainer_group, sync, "PAUSED", log, faults, step)
             record["version"] = version
             record["bytes"] = sum(s["bytes"] for s in synced.values()) if synced else None
@@ -341,8 +336,6 @@ def run_demo(args: argparse.Namespace) -> int:
                 faults,
                 step,
             )
-            if any(s["state"] != "AWAKE" for s in rollout_group.states().values()):
-                rollout_group.wake_up()
             trainer_sums = trainer_group.call("weights_checksum")
             engine_sums = rollout_group.call("weights_checksum")
             trainer_sum = trainer_sums[0]
