@@ -12,7 +12,12 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from actor_integration.rollout.engine import EngineGeneration, EngineMemory, RolloutEngine
+from actor_integration.rollout.engine import (
+    EngineGeneration,
+    EngineMemory,
+    QueryableEngineMemory,
+    RolloutEngine,
+)
 from actor_integration.weight_sync.protocol import (
     CorruptBucketError,
     RankPayload,
@@ -55,7 +60,7 @@ class RolloutActor:
         self.max_new_tokens = max_new_tokens
         self.lifecycle = Lifecycle(
             ROLLOUT_POLICY,
-            memory=EngineMemory(built),
+            memory=QueryableEngineMemory(built) if hasattr(built, "residency") else EngineMemory(built),
             # Cached IPC handles keep the trainer's staging memory mapped: drop them on every sleep.
             generation=EngineGeneration(built, mode=generation_mode, on_pause=self.receiver.release),
             role="rollout",

@@ -66,6 +66,15 @@ class EngineMemory:
         yield
 
 
+class QueryableEngineMemory(EngineMemory):
+    """`EngineMemory` for an engine that reports its residency (the reference engine does, SGLang does
+    not): `recover()` can then ask what a failed release or resume left behind instead of refusing."""
+
+    def is_paused(self, tag: str | None = None) -> bool:
+        residency: dict[str, bool] = self.engine.residency  # type: ignore[attr-defined]
+        return not all(residency.values()) if tag is None else not residency[tag]
+
+
 class EngineGeneration:
     """A `GenerationBackend` over an engine: pause = pause generation, flush the cache, then run
     `on_pause` (the rollout drops its cached IPC handles there); resume = continue generation."""

@@ -175,6 +175,28 @@ class TestLifecycle:
         assert actor.open_handles() == 1
         sender.close()
 
+    @pytest.mark.parametrize("goal", [State.AWAKE, State.PAUSED])
+    def test_a_failed_release_is_recovered_by_asking_the_engine(self, actor, goal):
+        """The reference engine reports its residency, so recover resolves the tag whose release raised."""
+        release = actor.engine.release_memory_occupation
+
+        def fail_on_kv(tags=None):
+            if tags == ["kv_cache"]:
+                raise RuntimeError("release failed")
+            release(tags)
+
+        actor.engine.release_memory_occupation = fail_on_kv
+        with pytest.raises(RuntimeError, match="release failed"):
+            actor.sleep()
+        assert actor.lifecycle.residency["kv_cache"].value == "unknown"
+        actor.engine.release_memory_occupation = release
+        actor.lifecycle.recover(goal)
+        expected = goal is State.AWAKE
+        assert actor.lifecycle.state is goal and actor.engine.residency == {
+            "weights": expected,
+            "kv_cache": expected,
+        }
+
     def test_an_engine_factory_is_built_inside_the_actor(self):
         actor = RolloutActor(lambda: ReferenceEngine(CONFIG))
         assert isinstance(actor.engine, ReferenceEngine)
