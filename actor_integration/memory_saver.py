@@ -21,6 +21,7 @@ from typing import Any, Literal
 import torch
 
 from lifecycle import ALL_TAGS
+from lifecycle.errors import MemorySaverConfigError, MemoryStateError
 
 __all__ = [
     "PRELOAD_LIBRARY_STEM",
@@ -56,14 +57,6 @@ TMS_ENV_VARS: tuple[str, ...] = (
 )
 _TEST_ONLY_PREFIX = "TMS_XPU_FAULT_"  # fault injection of TMS's own XPU tests
 _TMS_DEFAULT_TAG = "default"
-
-
-class MemorySaverConfigError(ValueError):
-    """A configuration torch_memory_saver would exit(1) on (or silently misread) later."""
-
-
-class MemoryStateError(RuntimeError):
-    """A pause/resume/region call that torch_memory_saver would answer with exit(1)."""
 
 
 # ---------------------------------------------------------------------------------------------- environment

@@ -18,11 +18,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from lifecycle import Lifecycle, LifecyclePolicy, State
+from lifecycle.errors import LifecycleNotConfiguredError
 from lifecycle.machine import GenerationBackend, MemoryBackend, ProcessGroupsBackend
-
-
-class LifecycleNotConfiguredError(RuntimeError):
-    """A wrapped method ran before `configure_lifecycle(...)`."""
 
 
 class LifecycleMixin:

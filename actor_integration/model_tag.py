@@ -13,6 +13,8 @@ from types import MappingProxyType
 
 import torch
 
+from lifecycle.errors import UnknownModelTagError, WeightMismatchError
+
 __all__ = [
     "CpuWeightBackup",
     "ModelTagSwitch",
@@ -20,17 +22,6 @@ __all__ = [
     "WeightMismatchError",
     "named_model_tensors",
 ]
-
-
-class UnknownModelTagError(KeyError):
-    """No backup was taken under this tag."""
-
-    def __str__(self) -> str:
-        return str(self.args[0]) if self.args else ""
-
-
-class WeightMismatchError(ValueError):
-    """The tensors given do not match the backup of a tag (names, shapes or dtypes)."""
 
 
 def named_model_tensors(

@@ -30,6 +30,7 @@ from torch.distributed.distributed_c10d import PrefixStore, Store
 from torch.distributed.rendezvous import rendezvous
 
 from lifecycle import events
+from lifecycle.errors import RendezvousMismatchError, RendezvousTimeoutError
 
 __all__ = [
     "GroupHandle",
@@ -52,43 +53,6 @@ _LIFECYCLE_CAUSE = (
 _BARRIER_CAUSE = (
     "Likely cause: those ranks skipped this barrier (a rank branch), crashed, or are slower than the deadline"
 )
-
-
-class RendezvousTimeoutError(TimeoutError):
-    """Some ranks did not reach a meeting point before its deadline."""
-
-    def __init__(self, message: str, *, what: str, missing: Sequence[int], waited_s: float) -> None:
-        super().__init__(message)
-        self.what = what
-        self.missing = tuple(missing)
-        self.waited_s = waited_s
-
-    def __reduce__(self) -> tuple[object, ...]:
-        # Ray ships exceptions between processes by pickling; keep the attributes.
-        return (_rebuild_timeout, (str(self), self.what, self.missing, self.waited_s))
-
-
-def _rebuild_timeout(
-    message: str, what: str, missing: Sequence[int], waited_s: float
-) -> RendezvousTimeoutError:
-    return RendezvousTimeoutError(message, what=what, missing=missing, waited_s=waited_s)
-
-
-class RendezvousMismatchError(RuntimeError):
-    """Ranks met, but were doing different things (e.g. different new_group arguments)."""
-
-    def __init__(self, message: str, *, what: str, other_rank: int, other_what: str) -> None:
-        super().__init__(message)
-        self.what = what
-        self.other_rank = other_rank
-        self.other_what = other_what
-
-    def __reduce__(self) -> tuple[object, ...]:
-        return (_rebuild_mismatch, (str(self), self.what, self.other_rank, self.other_what))
-
-
-def _rebuild_mismatch(message: str, what: str, other_rank: int, other_what: str) -> RendezvousMismatchError:
-    return RendezvousMismatchError(message, what=what, other_rank=other_rank, other_what=other_what)
 
 
 class _Meeting:

@@ -14,37 +14,7 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
-
-class GroupTimeoutError(TimeoutError):
-    """Some ranks did not answer within the deadline."""
-
-    def __init__(self, message: str, *, operation: str, ranks: list[int], waited_s: float) -> None:
-        super().__init__(message)
-        self.operation, self.ranks, self.waited_s = operation, ranks, waited_s
-
-
-class DeadActorsError(RuntimeError):
-    """Some actors are dead; `.dead` maps each rank to its last known lifecycle state (or None)."""
-
-    def __init__(self, message: str, *, dead: dict[int, dict[str, Any] | None]) -> None:
-        super().__init__(message)
-        self.dead = dead
-
-
-class GroupCallError(RuntimeError):
-    """The call raised on some ranks; `.errors` maps each rank to its exception."""
-
-    def __init__(self, message: str, *, operation: str, errors: dict[int, BaseException]) -> None:
-        super().__init__(message)
-        self.operation, self.errors = operation, errors
-
-
-class InconsistentGroupError(RuntimeError):
-    """Ranks disagree on state or residency; `.groups` maps each distinct view to its ranks."""
-
-    def __init__(self, message: str, *, groups: dict[str, list[int]]) -> None:
-        super().__init__(message)
-        self.groups = groups
+from lifecycle.errors import DeadActorsError, GroupCallError, GroupTimeoutError, InconsistentGroupError
 
 
 def _describe(state: Mapping[str, Any] | None) -> str:
@@ -141,7 +111,7 @@ class LifecycleGroup:
                 + ". Likely cause: the actor is blocked in a collective that another rank never joined, or a hook "
                 "hangs; read that rank's lifecycle log (its last lifecycle.transition) and its stack (ray stack).",
                 operation=method,
-                ranks=missing,
+                missing=missing,
                 waited_s=waited,
             )
         if errors:

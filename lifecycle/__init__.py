@@ -6,7 +6,7 @@ The transition table in `lifecycle.table` is the single source of truth; the mac
 diagrams and the log checker are derived from it.
 """
 
-from lifecycle.errors import IllegalTransitionError, LifecycleFailedError
+from lifecycle.errors import IllegalTransitionError, LifecycleError, LifecycleFailedError
 from lifecycle.events import capture_events, configure_logging, flush_logs
 from lifecycle.machine import Failure, GenerationBackend, Lifecycle, MemoryBackend, ProcessGroupsBackend
 from lifecycle.policy import LifecyclePolicy
@@ -20,6 +20,7 @@ __all__ = [
     "Hook",
     "IllegalTransitionError",
     "Lifecycle",
+    "LifecycleError",
     "LifecycleFailedError",
     "LifecyclePolicy",
     "MemoryBackend",

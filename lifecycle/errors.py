@@ -1,34 +1,89 @@
-"""The two errors the machine raises; each says what happened, in which state, and what to do."""
+"""Every error the library raises, in one module (as structlog does, to avoid import loops).
+
+All derive from `LifecycleError`, and each keeps the built-in base callers already catch
+(`RuntimeError`, `ValueError`, `TimeoutError`, `KeyError`, `AssertionError`). Structured fields
+are keyword arguments, kept as attributes and in `.fields`; one pickling scheme carries them
+across processes (Ray and torch.multiprocessing ship exceptions by pickling). Wherever ranks or
+parties did not answer in time, the field is `missing`. Each message says what happened, in which
+state, and what to do next.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from lifecycle.table import Groups, Residency, State
 
+__all__ = [
+    "CorruptBucketError",
+    "DeadActorsError",
+    "EngineNotIdleError",
+    "GroupCallError",
+    "GroupTimeoutError",
+    "IllegalTransitionError",
+    "InconsistentGroupError",
+    "InjectedFault",
+    "LifecycleError",
+    "LifecycleFailedError",
+    "LifecycleNotConfiguredError",
+    "MemorySaverConfigError",
+    "MemoryStateError",
+    "ProtocolViolation",
+    "RendezvousMismatchError",
+    "RendezvousTimeoutError",
+    "StaleVersionError",
+    "UnknownModelTagError",
+    "WeightMismatchError",
+    "WeightSyncError",
+    "WeightSyncTimeout",
+]
 
-class IllegalTransitionError(RuntimeError):
+
+class LifecycleError(Exception):
+    """The root of this library's errors; `fields` holds the structured details."""
+
+    fields: dict[str, Any]
+
+    def __init__(self, message: str, **fields: Any) -> None:
+        super().__init__(message)
+        self.fields = fields
+        for name, value in fields.items():
+            setattr(self, name, value)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), str(self), self.fields))
+
+
+def _rebuild(cls: type[LifecycleError], message: str, fields: dict[str, Any]) -> LifecycleError:
+    # Past the subclass's own __init__: `fields` already holds everything it was built with.
+    error = cls.__new__(cls)
+    LifecycleError.__init__(error, message, **fields)
+    return error
+
+
+# ---------------------------------------------------------------------------------------------- the machine
+
+
+class IllegalTransitionError(LifecycleError, RuntimeError):
     """An operation was asked for in a state (or under a policy) where the table has no row for it."""
 
+    state: State
+    operation: str
+    allowed: tuple[str, ...]
+
     def __init__(self, message: str, *, state: State, operation: str, allowed: tuple[str, ...]) -> None:
-        super().__init__(message)
-        self.state = state
-        self.operation = operation
-        self.allowed = allowed
-
-    def __reduce__(self) -> tuple[object, ...]:
-        # Ray ships exceptions between processes by pickling; keep the attributes.
-        return (_rebuild_illegal, (str(self), self.state, self.operation, self.allowed))
+        super().__init__(message, state=state, operation=operation, allowed=tuple(allowed))
 
 
-def _rebuild_illegal(
-    message: str, state: State, operation: str, allowed: tuple[str, ...]
-) -> IllegalTransitionError:
-    return IllegalTransitionError(message, state=state, operation=operation, allowed=allowed)
-
-
-class LifecycleFailedError(RuntimeError):
+class LifecycleFailedError(LifecycleError, RuntimeError):
     """The machine is FAILED: a hook raised, and only `recover(target=...)` is allowed."""
+
+    hook: str
+    operation: str
+    residency: dict[str, Residency]
+    groups: Groups | None
+    error: str
 
     def __init__(
         self,
@@ -40,28 +95,132 @@ class LifecycleFailedError(RuntimeError):
         groups: Groups | None,
         error: str,
     ) -> None:
-        super().__init__(message)
-        self.hook = hook
-        self.operation = operation
-        self.residency = dict(residency)
-        self.groups = groups
-        self.error = error
-
-    def __reduce__(self) -> tuple[object, ...]:
-        return (
-            _rebuild_failed,
-            (str(self), self.hook, self.operation, self.residency, self.groups, self.error),
+        super().__init__(
+            message, hook=hook, operation=operation, residency=dict(residency), groups=groups, error=error
         )
 
 
-def _rebuild_failed(
-    message: str,
-    hook: str,
-    operation: str,
-    residency: Mapping[str, Residency],
-    groups: Groups | None,
-    error: str,
-) -> LifecycleFailedError:
-    return LifecycleFailedError(
-        message, hook=hook, operation=operation, residency=residency, groups=groups, error=error
-    )
+class LifecycleNotConfiguredError(LifecycleError, RuntimeError):
+    """A wrapped method ran before `configure_lifecycle(...)`."""
+
+
+class ProtocolViolation(LifecycleError, AssertionError):
+    """A backend was used in a way the real one would crash on (torch_memory_saver: exit(1))."""
+
+
+class InjectedFault(LifecycleError, RuntimeError):
+    """Raised where a `FaultInjector` was armed (tests, `lifecycle demo --inject-fault`)."""
+
+
+# ---------------------------------------------------------------------------------------------- memory
+
+
+class MemorySaverConfigError(LifecycleError, ValueError):
+    """A configuration torch_memory_saver would exit(1) on (or silently misread) later."""
+
+
+class MemoryStateError(LifecycleError, RuntimeError):
+    """A pause/resume/region call that torch_memory_saver would answer with exit(1)."""
+
+
+class UnknownModelTagError(LifecycleError, KeyError):
+    """No weight backup was taken under this model tag."""
+
+    def __str__(self) -> str:
+        # KeyError quotes its message; this one is a sentence.
+        return str(self.args[0]) if self.args else ""
+
+
+class WeightMismatchError(LifecycleError, ValueError):
+    """The tensors given do not match the backup of a model tag (names, shapes or dtypes)."""
+
+
+# ---------------------------------------------------------------------------------------------- ranks
+
+
+class RendezvousTimeoutError(LifecycleError, TimeoutError):
+    """Some ranks did not reach a meeting point before its deadline."""
+
+    what: str
+    missing: tuple[int, ...]
+    waited_s: float
+
+    def __init__(self, message: str, *, what: str, missing: Sequence[int], waited_s: float) -> None:
+        super().__init__(message, what=what, missing=tuple(missing), waited_s=waited_s)
+
+
+class RendezvousMismatchError(LifecycleError, RuntimeError):
+    """Ranks met, but were doing different things (e.g. different new_group arguments)."""
+
+    what: str
+    other_rank: int
+    other_what: str
+
+    def __init__(self, message: str, *, what: str, other_rank: int, other_what: str) -> None:
+        super().__init__(message, what=what, other_rank=other_rank, other_what=other_what)
+
+
+class GroupTimeoutError(LifecycleError, TimeoutError):
+    """Some actors of a `LifecycleGroup` did not answer within the deadline."""
+
+    operation: str
+    missing: list[int]
+    waited_s: float
+
+    def __init__(self, message: str, *, operation: str, missing: list[int], waited_s: float) -> None:
+        super().__init__(message, operation=operation, missing=list(missing), waited_s=waited_s)
+
+
+class DeadActorsError(LifecycleError, RuntimeError):
+    """Some actors are dead; `.dead` maps each rank to its last known lifecycle state (or None)."""
+
+    dead: dict[int, dict[str, Any] | None]
+
+    def __init__(self, message: str, *, dead: dict[int, dict[str, Any] | None]) -> None:
+        super().__init__(message, dead=dead)
+
+
+class GroupCallError(LifecycleError, RuntimeError):
+    """The call raised on some actors; `.errors` maps each rank to its exception."""
+
+    operation: str
+    errors: dict[int, BaseException]
+
+    def __init__(self, message: str, *, operation: str, errors: dict[int, BaseException]) -> None:
+        super().__init__(message, operation=operation, errors=errors)
+
+
+class InconsistentGroupError(LifecycleError, RuntimeError):
+    """Actors disagree on state or residency; `.groups` maps each distinct view to its ranks."""
+
+    groups: dict[str, list[int]]
+
+    def __init__(self, message: str, *, groups: dict[str, list[int]]) -> None:
+        super().__init__(message, groups=groups)
+
+
+# ---------------------------------------------------------------------------------------------- weight sync
+
+
+class WeightSyncError(LifecycleError, RuntimeError):
+    """A weight update failed; the fields (slot, version, ...) say which one."""
+
+
+class WeightSyncTimeout(WeightSyncError):
+    """A cross-process wait of a weight update passed its deadline. Fields: slot, version, awaited,
+    waiting_rank, missing (the ranks or party that did not answer), waited_s, cause."""
+
+
+class StaleVersionError(WeightSyncError):
+    """The engine refused a version that is not newer than the one it has loaded."""
+
+
+class CorruptBucketError(WeightSyncError):
+    """A received bucket is truncated or fails its checksum; nothing of the round was loaded."""
+
+
+# ---------------------------------------------------------------------------------------------- rollout
+
+
+class EngineNotIdleError(LifecycleError, RuntimeError):
+    """The engine still had requests after pausing generation; its memory was not released."""

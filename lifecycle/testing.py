@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from lifecycle.errors import InjectedFault, ProtocolViolation
 from lifecycle.events import capture_events
 from lifecycle.machine import Lifecycle
 from lifecycle.policy import LifecyclePolicy
@@ -35,14 +36,6 @@ __all__ = [
     "recording_lifecycle",
     "with_faults",
 ]
-
-
-class ProtocolViolation(AssertionError):
-    """A backend was used in a way the real one would crash on (TMS: exit(1))."""
-
-
-class InjectedFault(RuntimeError):
-    """Raised by a fake when the `FaultInjector` says so."""
 
 
 class CallLog:

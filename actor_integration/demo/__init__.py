@@ -26,7 +26,8 @@ from typing import Any
 
 from rich.console import Console
 
-from actor_integration.ray_group import GroupCallError, LifecycleGroup
+from actor_integration.ray_group import LifecycleGroup
+from lifecycle.errors import GroupCallError
 
 PROMPTS, PROMPT_LEN, VOCAB = 8, 8, 97
 

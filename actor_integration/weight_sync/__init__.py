@@ -37,16 +37,15 @@ from actor_integration.weight_sync.topology import RankSlot, SlotTopology, local
 from actor_integration.weight_sync.transport import (
     REQUESTABLE,
     TRANSPORTS,
-    CorruptBucketError,
     ReceiverTransport,
     SenderTransport,
-    WeightSyncError,
     configure_sender,
     probe_cuda_ipc,
     receiver_class,
     select_transport,
     sender_class,
 )
+from lifecycle.errors import CorruptBucketError, WeightSyncError
 
 __all__ = [
     "CRC32",

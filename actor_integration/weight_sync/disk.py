@@ -31,12 +31,11 @@ from actor_integration.weight_sync.buckets import (
     pack_into,
 )
 from actor_integration.weight_sync.transport import (
-    CorruptBucketError,
     ReceiverTransport,
     SenderTransport,
-    WeightSyncError,
     check_directory,
 )
+from lifecycle.errors import CorruptBucketError, WeightSyncError
 
 
 @dataclass(frozen=True)

@@ -32,14 +32,13 @@ import torch.distributed as dist
 from actor_integration.weight_sync.buckets import Bucket, BucketManifest, checksum, iter_buckets, unpack
 from actor_integration.weight_sync.topology import RankSlot
 from actor_integration.weight_sync.transport import (
-    CorruptBucketError,
     EventSink,
     ReceiverTransport,
     SenderTransport,
-    WeightSyncError,
     emit,
     receiver_class,
 )
+from lifecycle.errors import CorruptBucketError, StaleVersionError, WeightSyncError, WeightSyncTimeout
 
 __all__ = [
     "CorruptBucketError",
@@ -53,15 +52,6 @@ __all__ = [
     "WeightSyncError",
     "WeightSyncTimeout",
 ]
-
-
-class WeightSyncTimeout(WeightSyncError):
-    """A cross-process wait passed its deadline. Fields: slot, version, awaited, waiting_rank,
-    missing (the ranks or party that did not answer), waited_s, cause."""
-
-
-class StaleVersionError(WeightSyncError):
-    """The engine refused a version that is not newer than the one it has loaded."""
 
 
 @dataclass(frozen=True)
@@ -251,7 +241,7 @@ class WeightSender:
         except BaseException as exc:
             error = exc
             if isinstance(exc, WeightSyncTimeout):
-                self._broken = f"version {version} timed out ({exc.details.get('awaited')})"
+                self._broken = f"version {version} timed out ({exc.fields.get('awaited')})"
             raise
         finally:
             elapsed = time.perf_counter() - start

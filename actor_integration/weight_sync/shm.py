@@ -25,12 +25,11 @@ import torch
 
 from actor_integration.weight_sync.buckets import CRC32, Bucket, BucketManifest, checksum, pack_into
 from actor_integration.weight_sync.transport import (
-    CorruptBucketError,
     ReceiverTransport,
     SenderTransport,
-    WeightSyncError,
     check_directory,
 )
+from lifecycle.errors import CorruptBucketError, WeightSyncError
 
 DEFAULT_DIRECTORY = "/dev/shm"
 _CAPACITY_STEP = 1 << 20

@@ -59,28 +59,6 @@ def emit(sink: EventSink | None, name: str, level: str = "info", **fields: Any) 
         events.emit(level, name, fields)
 
 
-class WeightSyncError(RuntimeError):
-    """A weight update failed; `details` holds the structured fields (slot, version, ...)."""
-
-    def __init__(self, message: str, **details: Any) -> None:
-        super().__init__(message)
-        self.details = details
-        for key, value in details.items():
-            setattr(self, key, value)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        # Ray and torch.multiprocessing ship errors by pickling; keep the fields.
-        return (_rebuild_error, (type(self), str(self), self.details))
-
-
-def _rebuild_error(cls: type[WeightSyncError], message: str, details: dict[str, Any]) -> WeightSyncError:
-    return cls(message, **details)
-
-
-class CorruptBucketError(WeightSyncError):
-    """A received bucket is truncated or fails its checksum; nothing of the round was loaded."""
-
-
 class SenderTransport(abc.ABC):
     """Packs buckets where a receiver can read them.
 

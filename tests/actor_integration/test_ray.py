@@ -140,7 +140,7 @@ class TestDeadlines:
             GroupTimeoutError, match=r"wake_up: ranks \[1\] did not answer within 1.0 s"
         ) as info:
             group.wake_up(timeout_s=1.0)
-        assert info.value.ranks == [1]
+        assert info.value.missing == [1]
         for a in actors:
             ray.kill(a)
 

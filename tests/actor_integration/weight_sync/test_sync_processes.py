@@ -183,7 +183,7 @@ def trainer_main(rank, world, port, conn, out, disk_dir) -> None:
                 timed.send(10, trained(1).named_weights())
                 result["timeouts"][phase] = None
             except WeightSyncError as exc:
-                details = exc.details
+                details = exc.fields
                 result["timeouts"][phase] = {
                     "type": type(exc).__name__,
                     "message": str(exc),
