@@ -24,7 +24,7 @@ from actor_integration.weight_sync.protocol import (
     VersionGate,
     WeightReceiver,
 )
-from lifecycle import Lifecycle, LifecyclePolicy, State
+from lifecycle import Hooks, Lifecycle, LifecyclePolicy, State
 
 ROLLOUT_POLICY = LifecyclePolicy(
     memory_tags=("weights", "kv_cache"),
@@ -60,9 +60,10 @@ class RolloutActor:
         self.max_new_tokens = max_new_tokens
         self.lifecycle = Lifecycle(
             ROLLOUT_POLICY,
-            memory=QueryableEngineMemory(built) if hasattr(built, "residency") else EngineMemory(built),
-            # Cached IPC handles keep the trainer's staging memory mapped: drop them on every sleep.
-            generation=EngineGeneration(built, mode=generation_mode, on_pause=self.receiver.release),
+            Hooks(
+                memory=QueryableEngineMemory(built) if hasattr(built, "residency") else EngineMemory(built),
+                generation=EngineGeneration(built, mode=generation_mode, on_pause=self.receiver.release),
+            ),
             role="rollout",
             rank=rank,
             initial=initial,

@@ -116,7 +116,7 @@ def tms_producer_main(address: str) -> None:
     payload = RankPayload(
         1, 0, True, 0, 0, "cuda_ipc", sender.sender_id, sender.gpu, tuple(manifests), tuple(descriptors)
     )
-    from actor_integration.rollout import weights_checksum
+    from actor_integration.tiny_model import weights_checksum
 
     result["producer_checksum"] = weights_checksum(weights)
     conn.send((result, payload))
@@ -128,7 +128,7 @@ def tms_producer_main(address: str) -> None:
 
 def test_tms_preload_breaks_legacy_ipc_and_cuda_ipc_works_in_the_same_process():
     library = tms_preload_library()
-    from actor_integration.rollout import weights_checksum
+    from actor_integration.tiny_model import weights_checksum
     from actor_integration.weight_sync import WeightReceiver
 
     listener = Listener(("127.0.0.1", 0), authkey=AUTH)
@@ -173,7 +173,8 @@ def test_tms_preload_breaks_legacy_ipc_and_cuda_ipc_works_in_the_same_process():
 
 
 def serve_rollout(conn, devices) -> None:
-    from actor_integration.rollout import ReferenceEngine, RolloutActor, TinyLMConfig
+    from actor_integration.rollout import ReferenceEngine, RolloutActor
+    from actor_integration.tiny_model import TinyLMConfig
 
     config = TinyLMConfig(
         vocab_size=4096, dim=512, n_layers=4, n_heads=8, max_seq_len=64, dtype="bfloat16", seed=5
@@ -212,7 +213,7 @@ class Remote:
 
 
 def trained_model(device: str, seed: int):
-    from actor_integration.rollout import TinyLM, TinyLMConfig
+    from actor_integration.tiny_model import TinyLM, TinyLMConfig
 
     config = TinyLMConfig(
         vocab_size=4096, dim=512, n_layers=4, n_heads=8, max_seq_len=64, dtype="bfloat16", seed=5
@@ -228,7 +229,7 @@ def trained_model(device: str, seed: int):
 def test_cuda_ipc_updates_reuse_handles_and_release_them_on_sleep():
     import torch.multiprocessing as mp
 
-    from actor_integration.rollout import weights_checksum
+    from actor_integration.tiny_model import weights_checksum
     from actor_integration.weight_sync import RankSlot, WeightSender
     from actor_integration.weight_sync.cuda_ipc import CudaIpcSender
 
@@ -303,7 +304,7 @@ def test_cuda_ipc_updates_reuse_handles_and_release_them_on_sleep():
 
 
 def two_gpu_trainer(rank: int, port: int, conn, out: str) -> None:
-    from actor_integration.rollout import weights_checksum
+    from actor_integration.tiny_model import weights_checksum
     from actor_integration.weight_sync import SlotTopology, WeightSender
     from actor_integration.weight_sync.cuda_ipc import CudaIpcSender
 

@@ -24,7 +24,8 @@ from lifecycle import (
 from lifecycle.checker import Finding, LogChecker, check_files, check_lines, log_paths
 from lifecycle.machine import Lifecycle
 from lifecycle.table import TABLE
-from lifecycle.testing import InjectedFault, Recorders, make_body, recording_lifecycle
+from lifecycle.testing import InjectedFault, Recorders, recording_lifecycle
+from tests.helpers.bodies import make_body
 
 TAGS = ("weights", "kv_cache", "cuda_graph")
 SLOTS = {0: (0, 1), 1: (2, 3)}  # slot -> the trainer ranks that feed one rollout engine

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from lifecycle import (
+    Hooks,
     IllegalTransitionError,
     Lifecycle,
     LifecycleFailedError,
@@ -19,13 +20,8 @@ from lifecycle import (
     capture_events,
 )
 from lifecycle.table import TABLE, Hook, row_edges
-from lifecycle.testing import (
-    FakeMemorySaver,
-    InjectedFault,
-    Recorders,
-    make_body,
-    recording_lifecycle,
-)
+from lifecycle.testing import FakeMemorySaver, InjectedFault, Recorders, recording_lifecycle
+from tests.helpers.bodies import make_body
 
 SLEEP = ["routing_replay.clear", "clear_memory", "process_groups.destroy", "memory.pause"]
 WAKE = ["memory.resume", "clear_memory", "process_groups.reload", "switch_model[actor]"]
@@ -271,7 +267,7 @@ class TestNesting:
         """A hook is not a body: a lifecycle call from inside a hook is refused, and the machine FAILs."""
         holder: dict[str, Lifecycle] = {}
         memory = FakeMemorySaver()
-        lc = Lifecycle(LifecyclePolicy(), memory=memory, clear_memory=lambda: holder["lc"].wake_up())
+        lc = Lifecycle(LifecyclePolicy(), Hooks(memory=memory, clear_memory=lambda: holder["lc"].wake_up()))
         holder["lc"] = lc
         with pytest.raises(IllegalTransitionError, match="inside its hooks"):
             lc.sleep()
@@ -334,7 +330,7 @@ class TestFailure:
             is_paused = None  # type: ignore[assignment]
 
         saver = BareSaver()
-        lc = Lifecycle(LifecyclePolicy(), memory=saver, clear_memory=lambda: None)
+        lc = Lifecycle(LifecyclePolicy(), Hooks(memory=saver, clear_memory=lambda: None))
 
         def boom(tag=None):
             raise RuntimeError("cuMemUnmap failed")
@@ -489,14 +485,15 @@ class TestEvents:
 class TestFaultWrappers:
     def test_with_faults_wraps_real_backends(self):
         """The injector fails a wrapped backend's call; the backend's own query still serves recover."""
-        from lifecycle.testing import FakeProcessGroups, FaultInjector, with_faults
+        from lifecycle.faults import with_faults
+        from lifecycle.testing import FakeProcessGroups, FaultInjector
 
         faults = FaultInjector()
         memory, groups, cleared = FakeMemorySaver(), FakeProcessGroups(), []
         lc = Lifecycle(
             LifecyclePolicy(),
-            **with_faults(
-                faults, memory=memory, process_groups=groups, clear_memory=lambda: cleared.append(1)
+            with_faults(
+                faults, Hooks(memory=memory, process_groups=groups, clear_memory=lambda: cleared.append(1))
             ),
         )
         faults.arm("memory.pause", after_effect=True)

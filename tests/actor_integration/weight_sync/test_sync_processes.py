@@ -17,8 +17,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from actor_integration.rollout import ReferenceEngine, RolloutActor, TinyLMConfig, weights_checksum
-from actor_integration.rollout.reference import perturbed
+from actor_integration.rollout import ReferenceEngine, RolloutActor
+from actor_integration.tiny_model import TinyLMConfig, weights_checksum
 from actor_integration.weight_sync import (
     RankSlot,
     SlotTopology,
@@ -29,6 +29,7 @@ from actor_integration.weight_sync import (
 from actor_integration.weight_sync.disk import DiskSender
 from actor_integration.weight_sync.nccl import NcclReceiver, NcclSender
 from actor_integration.weight_sync.shm import ShmSender
+from tests.helpers.models import perturbed
 
 CONFIG = TinyLMConfig(vocab_size=61, dim=16, n_layers=2, n_heads=2, max_seq_len=32, seed=3)
 SPAWN = mp.get_context("spawn")
