@@ -15,6 +15,7 @@ from transitions import Machine
 from lifecycle import events
 from lifecycle.errors import IllegalTransitionError, LifecycleFailedError
 from lifecycle.hooks import Hooks
+from lifecycle.logs import Event
 from lifecycle.policy import LifecyclePolicy
 from lifecycle.table import (
     ALL_TAGS,
@@ -142,7 +143,7 @@ class Lifecycle:
 
         self._emit(
             "info",
-            "lifecycle.configured",
+            Event.CONFIGURED,
             {
                 "policy": policy.to_dict(),
                 "hooks": sorted(h.value for h in self._present),
@@ -272,7 +273,7 @@ class Lifecycle:
             if row.noop:
                 self._emit(
                     "info",
-                    "lifecycle.noop",
+                    Event.NOOP,
                     {
                         "operation": operation,
                         "state": state,
@@ -325,7 +326,7 @@ class Lifecycle:
             self._in_body = False
             self._emit(
                 "error",
-                "lifecycle.body",
+                Event.BODY,
                 {
                     "operation": row.operation,
                     "state": row.body_state,
@@ -342,7 +343,7 @@ class Lifecycle:
         self._in_body = False
         self._emit(
             "info",
-            "lifecycle.body",
+            Event.BODY,
             {
                 "operation": row.operation,
                 "state": row.body_state,
@@ -387,7 +388,7 @@ class Lifecycle:
         if events.enabled(_INFO):
             self._emit(
                 "info",
-                "lifecycle.transition",
+                Event.TRANSITION,
                 {
                     "src": edge.source,
                     "dst": edge.dest,
@@ -460,7 +461,7 @@ class Lifecycle:
         self._fail_event(self._model)
         self._emit(
             "error",
-            "lifecycle.failed",
+            Event.FAILED,
             {
                 "t": self._failure.time,
                 "operation": edge.operation,
@@ -505,14 +506,14 @@ class Lifecycle:
             self._groups = Groups.ALIVE if query() else Groups.DESTROYED
             resolved["process_groups"] = self._groups
         if resolved:
-            self._emit("info", "lifecycle.resolved", {"resolved": resolved})
+            self._emit("info", Event.RESOLVED, {"resolved": resolved})
 
     def _nested(self, operation: str) -> None:
         running = self._running
         if self._in_body and operation in LIFECYCLE_CALLS:
             self._emit(
                 "info",
-                "lifecycle.noop",
+                Event.NOOP,
                 {"operation": operation, "state": self.state, "reason": f"nested in {running}"},
             )
             return None
@@ -525,9 +526,7 @@ class Lifecycle:
             operation=operation,
             allowed=LIFECYCLE_CALLS if self._in_body else (),
         )
-        self._emit(
-            "warning", "lifecycle.refused", {"operation": operation, "state": state, "reason": str(error)}
-        )
+        self._emit("warning", Event.REFUSED, {"operation": operation, "state": state, "reason": str(error)})
         raise error
 
     # ------------------------------------------------------------------ errors
@@ -548,7 +547,7 @@ class Lifecycle:
             "succeeds"
         )
         self._emit(
-            "warning", "lifecycle.refused", {"operation": operation, "state": State.FAILED, "reason": advice}
+            "warning", Event.REFUSED, {"operation": operation, "state": State.FAILED, "reason": advice}
         )
         return LifecycleFailedError(
             f"{what}; residency {self._residency_view()}, groups {self._groups and self._groups.value}. {advice}.",
@@ -584,7 +583,7 @@ class Lifecycle:
         message = f"{self._who()} cannot {operation} from {state}: " + "; ".join(dict.fromkeys(reasons))
         self._emit(
             "warning",
-            "lifecycle.refused",
+            Event.REFUSED,
             {"operation": operation, "state": state, "reason": message, "targets": list(targets)},
         )
         return IllegalTransitionError(message, state=state, operation=operation, allowed=allowed)

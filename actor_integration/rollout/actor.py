@@ -25,6 +25,7 @@ from actor_integration.weight_sync.protocol import (
     WeightReceiver,
 )
 from lifecycle import Hooks, Lifecycle, LifecyclePolicy, State
+from lifecycle.logs import Event
 
 ROLLOUT_POLICY = LifecyclePolicy(
     memory_tags=("weights", "kv_cache"),
@@ -135,7 +136,7 @@ class RolloutActor:
             elapsed = time.perf_counter() - self.gate.started
             self.gate.abort()
             self.lifecycle.event(
-                "weight_sync.loaded",
+                Event.SYNC_LOADED,
                 "error",
                 version=version,
                 bytes=self._loaded_bytes,
@@ -151,7 +152,7 @@ class RolloutActor:
         if final:
             elapsed = self.gate.commit(version)
             self.lifecycle.event(
-                "weight_sync.loaded",
+                Event.SYNC_LOADED,
                 version=version,
                 bytes=self._loaded_bytes,
                 checksum_ok=self.receiver.verify,

@@ -21,7 +21,8 @@ from lifecycle import (
     configure_logging,
     flush_logs,
 )
-from lifecycle.checker import Finding, LogChecker, check_files, check_lines, log_paths
+from lifecycle.checker import Finding, LogChecker, check_files, check_lines
+from lifecycle.logs import log_paths
 from lifecycle.machine import Lifecycle
 from lifecycle.table import TABLE
 from lifecycle.testing import InjectedFault, Recorders, recording_lifecycle
