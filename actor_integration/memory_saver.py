@@ -261,6 +261,16 @@ class TorchMemorySaverBackend:
         with self._lock:
             return self._book.is_paused(tag)
 
+    @property
+    def may_overlap_process_groups(self) -> bool:
+        """Whether a pause/resume may run while process groups are torn down or rebuilt.
+
+        In torch hook mode only region allocations are saver memory, so NCCL's buffers are not:
+        yes. In preload mode with TMS_INIT_ENABLE every cudaMalloc of the process is, NCCL's
+        included: no, the communicators must be gone before their memory is paused.
+        """
+        return not (self.hook_mode == "preload" and self._init_enable)
+
     # ------------------------------------------------------------------ CPU backup
 
     @property
@@ -380,6 +390,8 @@ class NoopMemory:
     def is_paused(self, tag: str | None = None) -> bool:
         with self._lock:
             return self._book.is_paused(tag)
+
+    may_overlap_process_groups = True  # nothing is released
 
     def describe(self) -> str:
         tags = "all memory as one unit" if self.tags is None else f"tags {list(self.tags)}"

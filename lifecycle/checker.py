@@ -41,6 +41,7 @@ from lifecycle.table import (
     State,
     apply_call,
     body_ready,
+    failed_run,
     mark_unknown,
     plan_calls,
     row_edges,
@@ -430,39 +431,38 @@ class LogChecker:
             self._at(key, line, f"{op} failure: log says src={src}, replay says {m.state}")
             enter_failed()
             return
-        if not logged or logged[-1][1] or any(not ok for _, ok in logged[:-1]):
-            self._at(
-                key,
-                line,
-                f"{where}, but its hooks list does not end with the one failed call: {_fmt_logged(logged)}",
-            )
+        failed_calls = [c for c, ok in logged if not ok]
+        if not failed_calls:
+            self._at(key, line, f"{where}, but its hooks list has no failed call: {_fmt_logged(logged)}")
             enter_failed()
             return
-        last = logged[-1][0]
-        if last != Call(hook, d.get("tag")):
+        if failed_calls[0] != Call(hook, d.get("tag")):
             self._at(
                 key,
                 line,
-                f"the failed hook is {hook}{_tag(d.get('tag'))}, but the last call logged is {_fmt_call(last)}",
+                f"the failed hook is {hook}{_tag(d.get('tag'))}, but the first failed call logged is "
+                f"{_fmt_call(failed_calls[0])}",
             )
         candidates = self._failed_rows(key, m, line, op, phase, targets)
-        calls = [c for c, _ in logged]
-        plans = [(row, self._plan(m, edge, targets)) for row, edge in candidates]
-        matching = [row for row, plan in plans if plan[: len(calls)] == calls]
+        plans = [(row, edge, self._plan(m, edge, targets)) for row, edge in candidates]
+        matching = [row for row, edge, plan in plans if edge.plan and failed_run(edge.plan, plan, logged)]
         if matching:
             self.rows_seen[matching[0]] += 1
         elif plans:
             self._at(
                 key,
                 line,
-                f"{op} from {src} failed with hooks that are not a prefix of its plan: expected a prefix of "
-                f"{' or '.join(_fmt_calls(plan) for _, plan in plans)}, logged {_fmt_calls(calls)}",
+                f"{op} from {src} failed with hooks its plan cannot have run (the stages before the failure "
+                "whole, then each branch of the failing stage up to its failure): expected from "
+                f"{' or '.join(_fmt_calls(plan) for _, _, plan in plans)}, logged {_fmt_logged(logged)}",
             )
             enter_failed()
             return
-        for call in calls[:-1]:
-            m.groups = apply_call(call, m.residency, m.groups)
-        m.groups = mark_unknown(last, m.residency, m.groups)
+        for call, ok in logged:
+            if ok:
+                m.groups = apply_call(call, m.residency, m.groups)
+            else:
+                m.groups = mark_unknown(call, m.residency, m.groups)
         self._compare_after(key, m, line, f"{op} failure", residency, groups)
         m.state, m.op, m.failed = State.FAILED, None, f"line {line}: {where}"
 

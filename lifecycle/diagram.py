@@ -95,11 +95,12 @@ def reference_markdown() -> str:
     out += [
         "",
         "Plans (each step runs only when its rule holds; memory steps skip tags already in the "
-        "target state):",
+        "target state; `∥` joins the hooks of one stage, which run together when the policy's "
+        "`overlap_hooks` and the memory backend allow):",
         "",
     ]
     for plan in PLANS:
-        steps = " → ".join(f"`{h.value}`" for h in plan.steps)
+        steps = " → ".join(" ∥ ".join(f"`{h.value}`" for h in stage) for stage in plan.stages)
         out.append(f"- `{plan.name}`: {steps}. {plan.doc}.")
     out += ["", "Hook rules:", ""]
     out += [f"- `{hook.value}`: {rule}." for hook, rule in HOOK_RULES.items()]

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import functools
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from transitions import Machine
 
@@ -25,6 +26,7 @@ from lifecycle.table import (
     FAIL_TRIGGER,
     LIFECYCLE_CALLS,
     OPERATIONS,
+    PLANS,
     Call,
     Edge,
     Groups,
@@ -38,6 +40,7 @@ from lifecycle.table import (
     body_ready,
     mark_unknown,
     plan_calls,
+    plan_stages,
     row_edges,
     rows_for,
     select_row,
@@ -116,6 +119,15 @@ class Lifecycle:
             self._groups = Groups.DESTROYED if destroyed else Groups.ALIVE
         self._failure: Failure | None = None
 
+        # Hooks a plan declares independent run together only where the memory backend says its
+        # pause/resume may overlap a process-group teardown/rebuild (not TMS preload mode, where
+        # NCCL's own buffers are saver memory).
+        self._overlap = policy.overlap_hooks and bool(
+            getattr(hooks.memory, "may_overlap_process_groups", False)
+        )
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._hook_threads: set[int] = set()
+
         self._lock = threading.RLock()
         self._owner: int | None = None  # thread running an operation
         self._running: str | None = None  # that operation
@@ -138,7 +150,7 @@ class Lifecycle:
         self._fire_event = {edge: machine.events[edge.trigger].trigger for edge in EDGES}
         self._fail_event = machine.events[FAIL_TRIGGER].trigger
         self._edges: dict[Row, tuple[Edge, ...]] = {}
-        self._plans: dict[tuple[Any, ...], tuple[Call, ...]] = {}
+        self._plans: dict[tuple[Any, ...], tuple[tuple[tuple[Call, ...], ...], ...]] = {}
         self._callables: dict[Call, Callable[[], Any]] = {}
 
         self._emit(
@@ -258,8 +270,10 @@ class Lifecycle:
         recover_target: State | None,
     ) -> Any:
         targets = self._targets(tags)
+        me = threading.get_ident()
+        if me in self._hook_threads:
+            return self._nested(operation)
         with self._lock:
-            me = threading.get_ident()
             if self._owner == me:
                 return self._nested(operation)
             state = self.state
@@ -357,33 +371,44 @@ class Lifecycle:
         return result
 
     def _fire(self, edge: Edge, targets: tuple[str, ...]) -> None:
-        """Run the edge's plan, then let `transitions` move the state."""
-        calls: tuple[Call, ...] = ()
+        """Run the edge's plan stage by stage, then let `transitions` move the state."""
+        stages: tuple[tuple[tuple[Call, ...], ...], ...] = ()
         if edge.plan is not None:
             key = (edge.plan, targets, tuple(self._residency.values()), self._groups)
             cached = self._plans.get(key)
             if cached is None:
-                cached = self._plans[key] = tuple(
-                    plan_calls(edge.plan, self._view, self._residency, self._groups, targets, self._present)
+                calls = plan_calls(
+                    edge.plan, self._view, self._residency, self._groups, targets, self._present
                 )
-            calls = cached
-        records: list[tuple[Call, float, bool]] = []
+                cached = self._plans[key] = tuple(
+                    tuple(tuple(branch) for branch in stage) for stage in plan_stages(edge.plan, calls)
+                )
+            stages = cached
+        records: list[_Record] = []
         t0 = time.time()
-        p0 = previous = time.perf_counter()
-        for call in calls:
-            fn = self._callables.get(call) or self._bind(call)
-            try:
-                fn()
-            except BaseException as exc:
-                records.append((call, (time.perf_counter() - previous) * 1e3, False))
-                self._groups = mark_unknown(call, self._residency, self._groups)
-                self._enter_failed(edge, call, records, exc, targets)
-                raise
-            now = time.perf_counter()
-            records.append((call, (now - previous) * 1e3, True))
-            previous = now
-            if call.hook in _RESOURCE_HOOKS:
-                self._groups = apply_call(call, self._residency, self._groups)
+        p0 = time.perf_counter()
+        for stage in stages:
+            if len(stage) > 1 and self._overlap:
+                outcomes = self._run_together(stage, p0)
+            else:
+                outcomes = []
+                for branch in stage:
+                    outcomes.append(self._run_branch(branch, p0))
+                    if outcomes[-1][1] is not None:
+                        break  # run one after another, nothing runs after a failure
+            failed: tuple[Call, BaseException] | None = None
+            for branch_records, error in outcomes:  # in plan order, whatever finished first
+                records += branch_records
+                for record in branch_records:
+                    if not record.ok:
+                        self._groups = mark_unknown(record.call, self._residency, self._groups)
+                    elif record.call.hook in _RESOURCE_HOOKS:
+                        self._groups = apply_call(record.call, self._residency, self._groups)
+                if error is not None and failed is None:
+                    failed = (branch_records[-1].call, error)
+            if failed is not None:
+                self._enter_failed(edge, failed[0], records, failed[1], targets)
+                raise failed[1]
         self._fire_event[edge](self._model)
         if events.enabled(_INFO):
             self._emit(
@@ -402,6 +427,44 @@ class Lifecycle:
                     "groups": self._groups,
                 },
             )
+
+    def _run_branch(self, branch: tuple[Call, ...], p0: float) -> tuple[list[_Record], BaseException | None]:
+        """Run one branch's calls in order; stop at the first that raises and return its error."""
+        records: list[_Record] = []
+        for call in branch:
+            fn = self._callables.get(call) or self._bind(call)
+            start = time.perf_counter()
+            try:
+                fn()
+            except BaseException as exc:
+                records.append(_Record(call, start - p0, time.perf_counter() - start, False))
+                return records, exc
+            records.append(_Record(call, start - p0, time.perf_counter() - start, True))
+        return records, None
+
+    def _run_together(
+        self, stage: tuple[tuple[Call, ...], ...], p0: float
+    ) -> list[tuple[list[_Record], BaseException | None]]:
+        """Run a stage's branches at once: the first on this thread, the others on the hook pool.
+
+        Every branch finishes (or fails) before this returns, so a failure never leaves a hook running.
+        """
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(
+                max_workers=max(len(s) for p in PLANS for s in p.stages) - 1,
+                thread_name_prefix="lifecycle-hooks",
+            )
+        futures = [self._pool.submit(self._run_pooled, branch, p0) for branch in stage[1:]]
+        first = self._run_branch(stage[0], p0)
+        return [first, *(future.result() for future in futures)]
+
+    def _run_pooled(self, branch: tuple[Call, ...], p0: float) -> tuple[list[_Record], BaseException | None]:
+        me = threading.get_ident()
+        self._hook_threads.add(me)  # a hook calling back into the machine is refused, not deadlocked
+        try:
+            return self._run_branch(branch, p0)
+        finally:
+            self._hook_threads.discard(me)
 
     def _bind(self, call: Call) -> Callable[[], Any]:
         """The zero-argument callable for one hook call, built on first use."""
@@ -442,7 +505,7 @@ class Lifecycle:
         self,
         edge: Edge,
         call: Call,
-        records: list[tuple[Call, float, bool]],
+        records: list[_Record],
         exc: BaseException,
         targets: tuple[str, ...],
     ) -> None:
@@ -635,10 +698,24 @@ _GUARD_ADVICE: dict[When, str] = {
 }
 
 
-def _hook_dicts(records: list[tuple[Call, float, bool]]) -> list[dict[str, Any]]:
+class _Record(NamedTuple):
+    """One hook call of a transition: when it started (s after the edge began), how long, whether it returned."""
+
+    call: Call
+    at: float
+    seconds: float
+    ok: bool
+
+
+def _hook_dicts(records: list[_Record]) -> list[dict[str, Any]]:
     out = []
-    for call, ms, ok in records:
-        entry: dict[str, Any] = {"name": call.hook.value, "ms": round(ms, 4), "ok": ok}
+    for call, at, seconds, ok in records:
+        entry: dict[str, Any] = {
+            "name": call.hook.value,
+            "ms": round(seconds * 1e3, 4),
+            "at_ms": round(at * 1e3, 4),
+            "ok": ok,
+        }
         if call.tag is not None:
             entry["tag"] = call.tag
         out.append(entry)

@@ -26,6 +26,9 @@ class LifecyclePolicy:
     model_tag: the model tag `switch_model` restores after a wake (slime: "actor").
     sync_requires: tags the weight-update body writes into; they must be resident to sync
         (a rollout engine receives into "weights"; a trainer reads its CPU backup: none).
+    overlap_hooks: run the hooks a plan declares independent together (process-group teardown
+        with the memory pause, their rebuild with the memory resume), where the memory backend
+        allows it (`may_overlap_process_groups`); off: one after another, in plan order.
     """
 
     offload_train: bool = False
@@ -35,6 +38,7 @@ class LifecyclePolicy:
     auto_wake: bool = True
     model_tag: str | None = "actor"
     sync_requires: tuple[str, ...] = ()
+    overlap_hooks: bool = True
 
     def __post_init__(self) -> None:
         for name in (
@@ -42,6 +46,7 @@ class LifecyclePolicy:
             "use_routing_replay",
             "destroy_process_groups",
             "auto_wake",
+            "overlap_hooks",
         ):
             value = getattr(self, name)
             if not isinstance(value, bool):

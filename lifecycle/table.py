@@ -81,48 +81,57 @@ HOOK_RULES: Mapping[Hook, str] = {
 
 @dataclass(frozen=True)
 class Plan:
-    """An ordered list of hook slots run on one edge."""
+    """The hook slots run on one edge, as ordered stages.
+
+    The hooks of one stage do not depend on each other: the machine may run them together (each
+    in its own thread, each still logged on its own), and runs the stages one after another.
+    `steps` is the plain order, used when a stage runs sequentially.
+    """
 
     name: str
-    steps: tuple[Hook, ...]
+    stages: tuple[tuple[Hook, ...], ...]
     doc: str
+
+    @property
+    def steps(self) -> tuple[Hook, ...]:
+        return tuple(hook for stage in self.stages for hook in stage)
 
 
 SLEEP = Plan(
     "sleep",
     (
-        Hook.GENERATION_PAUSE,
-        Hook.ROUTING_REPLAY_CLEAR,  # caches hold device tensors: clear before the pause (slime)
-        Hook.CLEAR_MEMORY,
-        Hook.PROCESS_GROUPS_DESTROY,  # NCCL communicators hold GPU memory too
-        Hook.MEMORY_PAUSE,
+        (Hook.GENERATION_PAUSE,),
+        (Hook.ROUTING_REPLAY_CLEAR,),  # caches hold device tensors: clear before the pause (slime)
+        (Hook.CLEAR_MEMORY,),
+        # NCCL frees its communicators' own memory while the saver copies the model's memory to
+        # host: independent work, ~8 s serial before (FACTS.md), so it runs together.
+        (Hook.PROCESS_GROUPS_DESTROY, Hook.MEMORY_PAUSE),
     ),
-    "release memory: stop generation, clear caches, destroy process groups, pause tags",
+    "release memory: stop generation, clear caches, destroy process groups and pause tags together",
 )
 WAKE = Plan(
     "wake",
     (
-        Hook.MEMORY_RESUME,
-        Hook.CLEAR_MEMORY,
-        Hook.PROCESS_GROUPS_RELOAD,
-        Hook.SWITCH_MODEL,  # the active model tag is lost with the paused weights (slime)
-        Hook.GENERATION_RESUME,
+        # Re-creating communicators does not touch the model's memory being restored.
+        (Hook.MEMORY_RESUME, Hook.PROCESS_GROUPS_RELOAD),
+        (Hook.SWITCH_MODEL,),  # the active model tag is lost with the paused weights (slime)
+        (Hook.GENERATION_RESUME,),
     ),
-    "restore memory: resume tags, reload process groups, restore the model tag",
+    "restore memory: resume tags and reload process groups together, restore the model tag",
 )
 PARTIAL_WAKE = Plan(
     "partial_wake",
-    (Hook.MEMORY_RESUME,),
+    ((Hook.MEMORY_RESUME,),),
     "resume some tags only (rollout: weights before a sync, kv cache after)",
 )
 GROUPS_UP = Plan(
     "groups_up",
-    (Hook.PROCESS_GROUPS_RELOAD,),
+    ((Hook.PROCESS_GROUPS_RELOAD,),),
     "reload process groups for a weight sync while model memory stays paused",
 )
 GROUPS_DOWN = Plan(
     "groups_down",
-    (Hook.PROCESS_GROUPS_DESTROY,),
+    ((Hook.PROCESS_GROUPS_DESTROY,),),
     "destroy the process groups reloaded for the sync",
 )
 
@@ -432,6 +441,48 @@ def plan_calls(
         else:
             calls.append(Call(hook))
     return calls
+
+
+def plan_stages(plan: Plan, calls: Iterable[Call]) -> list[list[list[Call]]]:
+    """`calls` (from `plan_calls`) grouped as the plan runs them: per stage, one branch per hook slot.
+
+    The calls of one branch run in order; the branches of a stage may run together. Stages and
+    branches with no call are left out.
+    """
+    stage_of = {hook: index for index, stage in enumerate(plan.stages) for hook in stage}
+    stages: dict[int, dict[Hook, list[Call]]] = {}
+    for call in calls:
+        stages.setdefault(stage_of[call.hook], {}).setdefault(call.hook, []).append(call)
+    return [list(branches.values()) for _, branches in sorted(stages.items())]
+
+
+def failed_run(plan: Plan, calls: list[Call], logged: list[tuple[Call, bool]]) -> bool:
+    """Whether `logged` ((call, returned) in plan order) is what running `calls` records when hooks raise.
+
+    The stages before the failing one ran whole; in the failing stage each branch ran a prefix of
+    its calls, ending at its failure, or all of them, or (run one after another) none after a
+    failed branch; at least one call raised; no later stage ran.
+    """
+    if not logged or all(ok for _, ok in logged):
+        return False
+    position = 0
+    for stage in plan_stages(plan, calls):
+        stage_calls = [c for branch in stage for c in branch]
+        ran = logged[position : position + len(stage_calls)]
+        if [c for c, _ in ran] == stage_calls and all(ok for _, ok in ran):
+            position += len(stage_calls)
+            continue
+        for branch in stage:  # the failing stage
+            taken = 0
+            while taken < len(branch) and position < len(logged) and logged[position][0] == branch[taken]:
+                taken += 1
+                position += 1
+                if not logged[position - 1][1]:
+                    break
+            if taken > 0 and logged[position - 1][1] and taken < len(branch):
+                return False  # a branch stopped without a failure
+        return position == len(logged)
+    return False
 
 
 def apply_call(call: Call, memory: dict[str, Residency], groups: Groups | None) -> Groups | None:

@@ -69,8 +69,11 @@ class FakeMemorySaver:
         *,
         log: CallLog | None = None,
         faults: FaultInjector | None = None,
+        may_overlap_process_groups: bool = False,
     ) -> None:
         self.tags = tuple(tags) if tags is not None else ("default",)
+        # Off by default so call logs keep the plan's order; on to exercise hooks run together.
+        self.may_overlap_process_groups = may_overlap_process_groups
         self.paused: dict[str, bool] = dict.fromkeys(self.tags, False)
         self.log = log if log is not None else CallLog()
         self.faults = faults
@@ -249,10 +252,11 @@ def recording_lifecycle(
     generation: bool = False,
     rank: int | None = None,
     role: str | None = None,
+    overlap: bool = False,
 ) -> tuple[Lifecycle, Recorders]:
-    """A `Lifecycle` wired to fresh fakes for every hook slot."""
+    """A `Lifecycle` wired to fresh fakes for every hook slot (`overlap`: hooks may run together)."""
     log, faults = CallLog(), FaultInjector()
-    memory = FakeMemorySaver(policy.memory_tags, log=log, faults=faults)
+    memory = FakeMemorySaver(policy.memory_tags, log=log, faults=faults, may_overlap_process_groups=overlap)
     if initial is State.PAUSED:
         memory.paused = dict.fromkeys(memory.tags, True)
     groups = FakeProcessGroups(log=log, faults=faults)

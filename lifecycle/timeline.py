@@ -244,15 +244,20 @@ def _fields(d: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _hook_spans(lane: Lane, hooks: list[Any], start: float, stop: float) -> None:
-    """Hooks ran one after another from the edge's start; each logs only its own duration."""
+    """Each hook logs its start (`at_ms` after the edge began) and duration; hooks of one stage overlap.
+
+    Logs without `at_ms` (older ones) ran their hooks one after another from the edge's start.
+    """
     at = start
     for hook in hooks:
         if not isinstance(hook, dict):
             continue
         ms = max(float(hook.get("ms", 0.0)), 0.0)
+        if isinstance(hook.get("at_ms"), (int, float)):
+            at = start + max(float(hook["at_ms"]), 0.0) / 1e3
         end = min(at + ms / 1e3, stop)
         name = f"{hook.get('name')}{'[' + str(hook['tag']) + ']' if hook.get('tag') else ''}"
-        lane.spans.append(Span(name, "hook", at, end, dict(hook), failed=hook.get("ok") is False))
+        lane.spans.append(Span(name, "hook", min(at, stop), end, dict(hook), failed=hook.get("ok") is False))
         at = end
 
 

@@ -8,7 +8,7 @@ from lifecycle.testing import FakeMemorySaver, ProtocolViolation
 from tests.helpers.slime_like import LifecycleSlimeActor, SlimeLikeActor, slime_lifecycle_config
 
 SLEEP = ["routing_replay.clear", "clear_memory", "process_groups.destroy", "memory.pause"]
-WAKE = ["memory.resume", "clear_memory", "process_groups.reload", "switch_model[actor]"]
+WAKE = ["memory.resume", "process_groups.reload", "switch_model[actor]"]
 
 
 def wrapped(**kw):

@@ -134,7 +134,7 @@ class TestDeadlines:
     def test_timeout_names_the_rank(self, ray_cluster, remote_cls, tmp_path):
         ray = ray_cluster
         actors = make_actors(ray, remote_cls, 2, tmp_path)
-        ray.get(actors[1].set_hook_delay.remote(5.0))
+        ray.get(actors[1].set_hook_delay.remote(5.0, "process_groups.reload"))
         group = LifecycleGroup(actors, timeout_s=30)
         with pytest.raises(
             GroupTimeoutError, match=r"wake_up: ranks \[1\] did not answer within 1.0 s"

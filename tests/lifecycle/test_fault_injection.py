@@ -1,7 +1,8 @@
 """A failure injected at every hook call of every plan, before and after its effect.
 
-After each one the machine is FAILED with the exact residency, nothing else ran, and `recover`
-reaches both AWAKE and PAUSED without a protocol violation (the fakes raise where TMS would exit).
+After each one the machine is FAILED with the exact residency, nothing else ran (but, where the
+plan runs a stage's hooks together, the rest of that stage), and `recover` reaches both AWAKE and
+PAUSED without a protocol violation (the fakes raise where TMS would exit).
 """
 
 import itertools
@@ -9,7 +10,7 @@ import itertools
 import pytest
 
 from lifecycle import LifecycleFailedError, LifecyclePolicy, Residency, State
-from lifecycle.table import TABLE, Groups, Hook, Row
+from lifecycle.table import PLANS, TABLE, Groups, Hook, Row
 from lifecycle.testing import InjectedFault, recording_lifecycle
 from tests.helpers.bodies import make_body
 
@@ -41,7 +42,7 @@ def _operate(row: Row, lc, rec) -> None:
 
 
 def _calls(row: Row) -> list[str]:
-    """The hook calls the row makes, found by running it once without a fault."""
+    """The hook calls the row makes, in plan order, found by running it once without a fault."""
     lc, rec = recording_lifecycle(_policy(row), generation=True)
     _setup(row, lc)
     rec.log.clear()
@@ -49,32 +50,58 @@ def _calls(row: Row) -> list[str]:
     return [c for c in rec.log.names() if not c.startswith(("body.", "memory.disable"))]
 
 
+def _together(hook: str) -> set[str]:
+    """The hooks a plan runs in the same stage as `hook`."""
+    return {h.value for p in PLANS for st in p.stages if Hook(hook) in st for h in st} - {hook}
+
+
+def _made_with(calls: list[str], index: int) -> list[str]:
+    """The calls made when calls[index] fails while the rest of its stage runs together.
+
+    In plan order the stage's calls are contiguous: its other branches' calls before and after
+    the failing one run; its own branch stops at the failure.
+    """
+    hook = calls[index].split("[")[0]
+    partners = _together(hook)
+    made = calls[: index + 1]
+    for call in calls[index + 1 :]:
+        name = call.split("[")[0]
+        if name not in partners and name != hook:
+            break
+        if name in partners:
+            made.append(call)
+    return made
+
+
 CASES = [
-    (row, index, after, target)
+    (row, index, after, target, overlap)
     for row in TABLE
     if not row.noop and row.operation != "recover"
-    for index, _ in enumerate(_calls(row))
+    for index, call in enumerate(_calls(row))
     for after, target in itertools.product((False, True), (State.AWAKE, State.PAUSED))
+    for overlap in ((False, True) if _together(call.split("[")[0]) else (False,))
 ]
 
 
 def test_there_are_enough_cases():
-    assert len({(id(r), i) for r, i, _, _ in CASES}) >= 50
+    assert len({(id(r), i) for r, i, _, _, _ in CASES}) >= 50
+    assert len([c for c in CASES if c[4]]) >= 40  # failures inside stages that run together
 
 
 @pytest.mark.parametrize(
-    ("row", "index", "after", "target"),
+    ("row", "index", "after", "target", "overlap"),
     CASES,
     ids=[
         f"{r.operation}-{r.source}>{r.dest}-{r.when.name}-call{i}-{'after' if a else 'before'}-to-{t}"
-        for r, i, a, t in CASES
+        + ("-together" if o else "")
+        for r, i, a, t, o in CASES
     ],
 )
-def test_failure_at_every_hook_call(row, index, after, target):
+def test_failure_at_every_hook_call(row, index, after, target, overlap):
     calls = _calls(row)
     failing = calls[index]
     hook = failing.split("[")[0]
-    lc, rec = recording_lifecycle(_policy(row), generation=True)
+    lc, rec = recording_lifecycle(_policy(row), generation=True, overlap=overlap)
     _setup(row, lc)
     # The injector counts calls per hook name: fail the one at this position.
     same_hook = [c for c in calls[: index + 1] if c.split("[")[0] == hook]
@@ -83,7 +110,10 @@ def test_failure_at_every_hook_call(row, index, after, target):
     with pytest.raises(InjectedFault):
         _operate(row, lc, rec)
     made = [c for c in rec.log.names() if not c.startswith(("body.", "memory.disable"))]
-    assert made == calls[: index + 1], "nothing after the failing hook ran"
+    if overlap:
+        assert sorted(made) == sorted(_made_with(calls, index)), "the failing stage finished, nothing after"
+    else:
+        assert made == calls[: index + 1], "nothing after the failing hook ran"
     assert lc.state is State.FAILED and lc.failure is not None and lc.failure.hook == hook
 
     # Exact residency: the failed resource is unknown, everything else is what the backends hold.

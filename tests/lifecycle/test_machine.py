@@ -24,7 +24,7 @@ from lifecycle.testing import FakeMemorySaver, InjectedFault, Recorders, recordi
 from tests.helpers.bodies import make_body
 
 SLEEP = ["routing_replay.clear", "clear_memory", "process_groups.destroy", "memory.pause"]
-WAKE = ["memory.resume", "clear_memory", "process_groups.reload", "switch_model[actor]"]
+WAKE = ["memory.resume", "process_groups.reload", "switch_model[actor]"]
 TAGS = ("weights", "kv_cache")
 
 
@@ -102,7 +102,7 @@ SCENARIOS: list[Scenario] = [
     Scenario(
         ON,
         lambda lc, rec: lc.recover(State.AWAKE),
-        ["clear_memory", "switch_model[actor]"],  # memory still resident, groups found alive
+        ["switch_model[actor]"],  # memory still resident, groups found alive
         State.AWAKE,
         setup=fail_then(None),
     ),
@@ -430,4 +430,5 @@ class TestFaultWrappers:
         faults.arm("clear_memory")
         with pytest.raises(InjectedFault):
             lc.wake_up()
+            lc.sleep()
         assert faults.fired == ["memory.pause", "clear_memory"]

@@ -109,14 +109,13 @@ class TestPlanCalls:
         ]
 
     def test_wake_order_skips_resident_tags(self):
-        """wake: resume only released targeted tags, then clear memory, reload groups, restore tag, resume generation."""
+        """wake: resume only released targeted tags and reload groups (one stage), restore tag, resume generation."""
         wake = next(p for p in PLANS if p.name == "wake")
         calls = plan_calls(
             wake, self.view, {"weights": R, "kv_cache": X}, Groups.DESTROYED, TARGETS[0], self.everything
         )
         assert calls == [
             Call(Hook.MEMORY_RESUME, "kv_cache"),
-            Call(Hook.CLEAR_MEMORY),
             Call(Hook.PROCESS_GROUPS_RELOAD),
             Call(Hook.SWITCH_MODEL),
             Call(Hook.GENERATION_RESUME),
