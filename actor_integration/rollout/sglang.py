@@ -7,6 +7,9 @@ loads what the trainer rank on its GPU sent. That costs one device copy per buck
 transport (SGLang's schedulers run in their own processes and cannot use our cached handles).
 SGLang loads each call in place, so a round that fails after an earlier round of the same
 version leaves mixed weights: the adapter then refuses to generate until a version loads whole.
+
+Written against the SGLang pinned in pyproject's `sglang` extra; CI checks every call this module
+makes against that version's source (tests/actor_integration/rollout/test_sglang_source.py).
 """
 
 from __future__ import annotations
@@ -87,25 +90,31 @@ class SGLangEngine:
     def pause_generation(self, mode: str = "abort") -> None:
         if mode not in GENERATION_MODES:
             raise ValueError(f"pause_generation: mode must be one of {list(GENERATION_MODES)}, got {mode!r}")
-        if hasattr(self.engine, "pause_generation"):
-            self.engine.pause_generation(mode=mode)
-            return
         from sglang.srt.managers.io_struct import PauseGenerationReqInput
 
+        # sglang.Engine has no pause_generation (0.5.23); its HTTP server calls the tokenizer manager too.
         manager = self.engine.tokenizer_manager
         self.engine.loop.run_until_complete(manager.pause_generation(PauseGenerationReqInput(mode=mode)))
 
     def continue_generation(self) -> None:
-        if hasattr(self.engine, "continue_generation"):
-            self.engine.continue_generation()
-            return
         from sglang.srt.managers.io_struct import ContinueGenerationReqInput
 
         manager = self.engine.tokenizer_manager
         self.engine.loop.run_until_complete(manager.continue_generation(ContinueGenerationReqInput()))
 
-    def flush_cache(self) -> None:
-        self.engine.flush_cache()
+    def flush_cache(self) -> bool:
+        """True when flushed; False when SGLang refused because requests remain (it flushes nothing then)."""
+        result = self.engine.flush_cache()  # a FlushCacheReqOutput(success, message)
+        return bool(result.success)
+
+    def queued_requests(self) -> dict[str, int]:
+        """Running and waiting requests over the data-parallel ranks, as the schedulers last published them."""
+        manager = self.engine.tokenizer_manager
+        loads = self.engine.loop.run_until_complete(manager.get_loads(include=["core"]))
+        return {
+            "running": sum(int(load.num_running_reqs) for load in loads),
+            "waiting": sum(int(load.num_waiting_reqs) for load in loads),
+        }
 
     def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int = 8) -> list[list[int]]:
         if self._mixed is not None:
