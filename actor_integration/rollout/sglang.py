@@ -50,7 +50,67 @@ def sglang_codec() -> tuple[Codec, bool]:
     return encode, bool(getattr(FlattenedTensorBucket, "supports_multi_dtypes", False))
 
 
-class SGLangEngine:
+class SGLangWeights:
+    """Versioned weight loading in SGLang's flattened-bucket format, shared by the offline and the
+    HTTP adapters: each subclass sends one call with `_update`."""
+
+    def __init__(self, codec: Codec | None, multi_dtype_buckets: bool | None) -> None:
+        if codec is None:
+            codec, multi = sglang_codec()
+            multi_dtype_buckets = multi if multi_dtype_buckets is None else multi_dtype_buckets
+        self._encode = codec
+        self._multi_dtype = bool(multi_dtype_buckets)
+        self.weight_version = 0
+        self._mixed: int | None = None  # version whose rounds were partly applied
+
+    def _update(self, payloads: list[Any], *, version: int, last: bool) -> None:
+        """Send one update_weights_from_tensor call (one payload per TP rank); raise if refused.
+        The `last` call of a version flushes the cache and carries the version."""
+        raise NotImplementedError
+
+    def load_weights(
+        self, version: int, shards: Sequence[NamedTensors], *, round_index: int, final: bool
+    ) -> None:
+        groups = self._groups(shards)
+        if round_index == 0:
+            self._mixed = None
+        for i, per_rank in enumerate(groups):
+            last = final and i == len(groups) - 1
+            try:
+                self._update([self._encode(named) for named in per_rank], version=version, last=last)
+            except BaseException:
+                if round_index > 0 or i > 0:
+                    self._mixed = version
+                raise
+        if final:
+            self.weight_version = version
+            self._mixed = None
+
+    def _groups(self, shards: Sequence[NamedTensors]) -> list[list[NamedTensors]]:
+        """Calls to make, each with one tensor list per TP rank (split by dtype if SGLang needs it)."""
+        if self._multi_dtype:
+            return [list(shards)]
+        dtypes: list[torch.dtype] = []
+        for _name, tensor in shards[0] if shards else ():
+            if tensor.dtype not in dtypes:
+                dtypes.append(tensor.dtype)
+        return [[[(n, t) for n, t in named if t.dtype == dtype] for named in shards] for dtype in dtypes]
+
+    def _refuse_mixed(self, who: str) -> None:
+        if self._mixed is not None:
+            raise RuntimeError(
+                f"{who}: version {self._mixed} was applied in part (a later round failed); load a whole "
+                "version before generating"
+            )
+
+    def weights_checksum(self) -> str:
+        raise NotImplementedError(
+            "SGLang offers no bit-exact readback of its weights (get_weights_by_name truncates and converts); "
+            "compare greedy generations instead"
+        )
+
+
+class SGLangEngine(SGLangWeights):
     """Adapts `sglang.Engine` to `RolloutEngine`. Pass an engine, or keyword arguments to build one."""
 
     def __init__(
@@ -67,17 +127,11 @@ class SGLangEngine:
             raise ValueError(
                 f"SGLangEngine: got an engine and engine arguments {sorted(engine_kwargs)}; give one"
             )
-        if codec is None:
-            codec, multi = sglang_codec()
-            multi_dtype_buckets = multi if multi_dtype_buckets is None else multi_dtype_buckets
+        super().__init__(codec, multi_dtype_buckets)
         self.engine = engine
-        self._encode = codec
-        self._multi_dtype = bool(multi_dtype_buckets)
         self._takes_version = (
             "weight_version" in inspect.signature(engine.update_weights_from_tensor).parameters
         )
-        self.weight_version = 0
-        self._mixed: int | None = None  # version whose rounds were partly applied
 
     # ------------------------------------------------------------------ memory and generation
 
@@ -117,11 +171,7 @@ class SGLangEngine:
         }
 
     def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int = 8) -> list[list[int]]:
-        if self._mixed is not None:
-            raise RuntimeError(
-                f"SGLangEngine: version {self._mixed} was applied in part (a later round failed); load a whole "
-                "version before generating"
-            )
+        self._refuse_mixed("SGLangEngine")
         outputs = self.engine.generate(
             input_ids=[list(p) for p in prompts],
             sampling_params={"temperature": 0.0, "max_new_tokens": max_new_tokens},
@@ -130,47 +180,15 @@ class SGLangEngine:
 
     # ------------------------------------------------------------------ weights
 
-    def load_weights(
-        self, version: int, shards: Sequence[NamedTensors], *, round_index: int, final: bool
-    ) -> None:
-        groups = self._groups(shards)
-        if round_index == 0:
-            self._mixed = None
-        for i, per_rank in enumerate(groups):
-            last = final and i == len(groups) - 1
-            kwargs: dict[str, Any] = {
-                "named_tensors": [self._encode(named) for named in per_rank],
-                "load_format": "flattened_bucket",
-                "flush_cache": last,
-            }
-            if self._takes_version and last:
-                kwargs["weight_version"] = str(version)
-            try:
-                result = self.engine.update_weights_from_tensor(**kwargs)
-                _check(result, version)
-            except BaseException:
-                if round_index > 0 or i > 0:
-                    self._mixed = version
-                raise
-        if final:
-            self.weight_version = version
-            self._mixed = None
-
-    def _groups(self, shards: Sequence[NamedTensors]) -> list[list[NamedTensors]]:
-        """Calls to make, each with one tensor list per TP rank (split by dtype if SGLang needs it)."""
-        if self._multi_dtype:
-            return [list(shards)]
-        dtypes: list[torch.dtype] = []
-        for _name, tensor in shards[0] if shards else ():
-            if tensor.dtype not in dtypes:
-                dtypes.append(tensor.dtype)
-        return [[[(n, t) for n, t in named if t.dtype == dtype] for named in shards] for dtype in dtypes]
-
-    def weights_checksum(self) -> str:
-        raise NotImplementedError(
-            "SGLang offers no bit-exact readback of its weights (get_weights_by_name truncates and converts); "
-            "compare greedy generations instead"
-        )
+    def _update(self, payloads: list[Any], *, version: int, last: bool) -> None:
+        kwargs: dict[str, Any] = {
+            "named_tensors": payloads,
+            "load_format": "flattened_bucket",
+            "flush_cache": last,
+        }
+        if self._takes_version and last:
+            kwargs["weight_version"] = str(version)
+        _check(self.engine.update_weights_from_tensor(**kwargs), version)
 
 
 def _check(result: Any, version: int) -> None:
@@ -184,4 +202,4 @@ def _check(result: Any, version: int) -> None:
         raise RuntimeError(f"SGLang refused weight version {version}: {message}")
 
 
-__all__ = ["ENGINE_TAGS", "SGLangEngine", "sglang_codec"]
+__all__ = ["ENGINE_TAGS", "SGLangEngine", "SGLangWeights", "sglang_codec"]

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import types
+import urllib.parse
 import zipfile
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -793,3 +794,34 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 def event_loop() -> asyncio.AbstractEventLoop:
     """A loop standing in for `Engine.loop` (the adapter runs SGLang's coroutines on it)."""
     return asyncio.new_event_loop()
+
+
+HTTP_MODULES = ("sglang.srt.entrypoints.http_server", "sglang.srt.entrypoints.v1_loads")
+
+
+def request_problem(tree: SourceTree, method: str, target: str, body: Any) -> str | None:
+    """Why SGLang's HTTP server would not route or parse this request, or None if it would.
+
+    The path must be a route with that method; query parameters must be the handler's; a JSON
+    object body must bind, by keyword, to the request struct the handler parses it into.
+    """
+    routes = tree.routes(*HTTP_MODULES)
+    split = urllib.parse.urlsplit(target)
+    route = routes.get(split.path)
+    if route is None:
+        return f"{method} {split.path}: sglang {VERSION}'s HTTP server has no such route"
+    if method not in route.methods:
+        return f"{method} {split.path}: the route accepts {sorted(route.methods)} in sglang {VERSION}"
+    handler_params = {a.arg for a in [*route.handler.node.args.args, *route.handler.node.args.kwonlyargs]}
+    unknown = sorted(set(urllib.parse.parse_qs(split.query)) - handler_params)
+    if unknown:
+        return f"{method} {split.path}: query parameters {unknown} are not parameters of {route.handler.name}"
+    if isinstance(body, dict):
+        struct = tree.body_struct(route)
+        if struct is None:
+            return f"{method} {split.path}: a JSON body was sent but {route.handler.name} parses none"
+        try:
+            struct.constructor().bind(**body)
+        except TypeError as exc:
+            return f"{method} {split.path}: body {sorted(body)} does not bind to {struct.name}: {exc}"
+    return None
