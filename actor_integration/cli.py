@@ -34,14 +34,13 @@ def _diagram(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from lifecycle import checker
+    from lifecycle import checker, logs
 
     try:
-        paths = checker.log_paths(args.logs)
+        files = logs.read_logs(args.logs)
         run = checker.LogChecker()
-        for path in paths:
-            with path.open(encoding="utf-8") as lines:
-                run.feed(str(path), lines)
+        for file in files:
+            run.feed_lines(file.path, file.lines)
         findings = run.finish()
     except (FileNotFoundError, ValueError) as exc:
         print(f"lifecycle check: {exc}", file=sys.stderr)
@@ -50,7 +49,7 @@ def _check(args: argparse.Namespace) -> int:
         print(finding)
     verdict = "clean" if not findings else f"{len(findings)} finding(s)"
     print(
-        f"lifecycle check: {len(paths)} file(s), {run.events} event(s), {run.machines} machine(s): {verdict}",
+        f"lifecycle check: {len(files)} file(s), {run.events} event(s), {run.machines} machine(s): {verdict}",
         file=sys.stderr,
     )
     return 0 if not findings else 1

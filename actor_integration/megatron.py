@@ -1,4 +1,4 @@
-"""`MegatronParallelState`: the process-group backend of a Megatron trainer, and a tiny GPTModel.
+"""`MegatronParallelState`: the process-group backend of a Megatron trainer.
 
 Megatron keeps its groups in `parallel_state` module globals. Sleep calls
 `destroy_model_parallel()` and destroys WORLD (which shuts every Megatron group down); wake
@@ -22,7 +22,7 @@ from torch.distributed import ProcessGroup
 
 from actor_integration.process_groups import ReloadableProcessGroups
 
-__all__ = ["MegatronParallelState", "tiny_gpt_model"]
+__all__ = ["MegatronParallelState"]
 
 _INSTALL_HINT = "pip install rl-lifecycle[megatron]"
 
@@ -143,57 +143,3 @@ def _rebind(roots: Iterable[Any], swap: dict[int, Any]) -> None:
                     object.__setattr__(obj, key, swap[id(value)])
                 else:
                     stack.append(value)
-
-
-def tiny_gpt_model(
-    *,
-    num_layers: int = 2,
-    hidden_size: int = 64,
-    num_attention_heads: int = 4,
-    vocab_size: int = 128,
-    max_sequence_length: int = 64,
-    seed: int = 1234,
-) -> torch.nn.Module:
-    """A small megatron-core GPTModel on the local layer spec (no Transformer Engine), on CUDA.
-
-    Needs CUDA and initialised model parallelism: megatron-core's attention allocates its buffer
-    with `torch.cuda.current_device()` (measured with megatron-core 0.16.1 on a CPU build).
-    """
-    if not torch.cuda.is_available():
-        raise RuntimeError(
-            "tiny_gpt_model needs CUDA: megatron-core's GPTModel attention allocates on "
-            "torch.cuda.current_device(); run it on a GPU host"
-        )
-    ps = _parallel_state()
-    if not ps.model_parallel_is_initialized():
-        raise RuntimeError(
-            "tiny_gpt_model: Megatron model parallelism is not initialised; build MegatronParallelState "
-            "(or call initialize_model_parallel) first"
-        )
-    if hidden_size % num_attention_heads:
-        raise ValueError(
-            f"hidden_size {hidden_size} must be a multiple of num_attention_heads {num_attention_heads}"
-        )
-    from megatron.core import tensor_parallel
-    from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-    from megatron.core.transformer import TransformerConfig
-
-    tensor_parallel.model_parallel_cuda_manual_seed(seed)
-    config = TransformerConfig(
-        num_layers=num_layers,
-        hidden_size=hidden_size,
-        num_attention_heads=num_attention_heads,
-        tensor_model_parallel_size=ps.get_tensor_model_parallel_world_size(),
-        pipeline_model_parallel_size=ps.get_pipeline_model_parallel_world_size(),
-        hidden_dropout=0.0,
-        attention_dropout=0.0,
-        params_dtype=torch.float32,
-    )
-    model = GPTModel(
-        config=config,
-        transformer_layer_spec=get_gpt_layer_local_spec(),
-        vocab_size=vocab_size,
-        max_sequence_length=max_sequence_length,
-    )
-    return cast(torch.nn.Module, model.cuda())

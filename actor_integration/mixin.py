@@ -3,7 +3,7 @@
     class MyTrainer(LifecycleMixin, MegatronTrainRayActor):
         def init(self, args, role, ...):
             super().init(args, role, ...)           # or build the model here
-            self.configure_lifecycle(LifecyclePolicy.from_args(args), memory=..., process_groups=...)
+            self.configure_lifecycle(LifecyclePolicy.from_args(args), Hooks(memory=..., process_groups=...))
 
 `sleep()` and `wake_up()` become transitions (the class's own versions are replaced by the plans);
 `train()`, `save_model()` and `update_weights()` run the class's own bodies (via `super()`) as the
@@ -17,9 +17,8 @@ import inspect
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from lifecycle import Lifecycle, LifecyclePolicy, State
+from lifecycle import Hooks, Lifecycle, LifecyclePolicy, State
 from lifecycle.errors import LifecycleNotConfiguredError
-from lifecycle.machine import GenerationBackend, MemoryBackend, ProcessGroupsBackend
 
 
 class LifecycleMixin:
@@ -30,13 +29,8 @@ class LifecycleMixin:
     def configure_lifecycle(
         self,
         policy: LifecyclePolicy,
+        hooks: Hooks,
         *,
-        memory: MemoryBackend,
-        process_groups: ProcessGroupsBackend | None = None,
-        routing_replay: Callable[[], Any] | None = None,
-        clear_memory: Callable[[], Any] | None = None,
-        switch_model: Callable[[str], Any] | None = None,
-        generation: GenerationBackend | None = None,
         rank: int | None = None,
         role: str | None = None,
         initial: State = State.AWAKE,
@@ -49,21 +43,13 @@ class LifecycleMixin:
                 "an actor has one lifecycle"
             )
         self._lifecycle = Lifecycle(
-            policy,
-            memory=memory,
-            process_groups=process_groups,
-            routing_replay=routing_replay,
-            clear_memory=clear_memory,
-            switch_model=switch_model,
-            generation=generation,
-            rank=rank,
-            role=role or type(self).__name__,
-            initial=initial,
+            policy, hooks, rank=rank, role=role or type(self).__name__, initial=initial
         )
         return self._lifecycle
 
     def lifecycle_config(self) -> dict[str, Any] | None:
-        """Override to configure lazily: return `configure_lifecycle`'s keyword arguments (with `policy`).
+        """Override to configure lazily: return `configure_lifecycle`'s arguments as a dict
+        (`policy`, `hooks`, and optionally `rank`, `role`, `initial`).
 
         Called the first time the lifecycle is needed if `configure_lifecycle` was not called, e.g. by
         the `self.sleep()` at the end of slime's `init`, when the model and process groups exist.
@@ -76,7 +62,7 @@ class LifecycleMixin:
             return self.configure_lifecycle(**config)
         if self._lifecycle is None:
             raise LifecycleNotConfiguredError(
-                f"{type(self).__name__} has no lifecycle yet: call self.configure_lifecycle(policy, memory=...) "
+                f"{type(self).__name__} has no lifecycle yet: call self.configure_lifecycle(policy, Hooks(memory=...)) "
                 "in __init__ (or init) before sleep(), wake_up(), train(), save_model() or update_weights(), "
                 "or override lifecycle_config() to configure on first use"
             )

@@ -31,6 +31,7 @@ from torch.distributed.rendezvous import rendezvous
 
 from lifecycle import events
 from lifecycle.errors import RendezvousMismatchError, RendezvousTimeoutError
+from lifecycle.logs import Event
 
 __all__ = [
     "GroupHandle",
@@ -349,7 +350,7 @@ class ReloadableProcessGroups:
         # while a peer was still in connectFullMesh made that peer fail with "closed by peer".
         self._meeting.meet(f"destroyed(generation {self.generation})", self.timeout, _LIFECYCLE_CAUSE)
         self._state = _DESTROYED
-        self._log("process_groups.destroyed", t0)
+        self._log(Event.GROUPS_DESTROYED, t0)
 
     def reload(self) -> None:
         """Rebuild the accelerator WORLD and every subgroup in registration order. Collective."""
@@ -365,7 +366,7 @@ class ReloadableProcessGroups:
             self._create(handle)
         self._meeting.meet(f"reloaded(generation {self.generation})", self.timeout, _LIFECYCLE_CAUSE)
         self._state = _ALIVE
-        self._log("process_groups.reloaded", t0)
+        self._log(Event.GROUPS_RELOADED, t0)
 
     def close(self) -> None:
         """Final teardown, local and idempotent: destroy every group and WORLD."""

@@ -22,7 +22,7 @@ from typing import Any
 from transitions import Machine
 
 import lifecycle
-from lifecycle import Lifecycle, LifecyclePolicy
+from lifecycle import Hooks, Lifecycle, LifecyclePolicy
 
 
 class NoopSaver:
@@ -91,11 +91,13 @@ def bare_transitions() -> Callable[[int], None]:
 def machine_loop() -> Callable[[int], None]:
     lc = Lifecycle(
         LifecyclePolicy(use_routing_replay=True),
-        memory=NoopSaver(),
-        process_groups=NoopGroups(),
-        routing_replay=lambda: None,
-        clear_memory=lambda: None,
-        switch_model=lambda tag: None,
+        Hooks(
+            memory=NoopSaver(),
+            process_groups=NoopGroups(),
+            routing_replay=lambda: None,
+            clear_memory=lambda: None,
+            switch_model=lambda tag: None,
+        ),
         rank=0,
         role="actor",
     )

@@ -63,7 +63,7 @@ def child(name: str, gib: float, cycles: int) -> dict[str, Any]:
 
     if adapter:
         from actor_integration.memory_saver import TorchMemorySaverBackend
-        from lifecycle import LifecyclePolicy, configure_logging
+        from lifecycle import Hooks, LifecyclePolicy, configure_logging
 
         # Production logging: JSON lines written off the caller's thread.
         configure_logging(json_path=Path(tempfile.gettempdir()) / "bench_sleep_wake" / f"{name}.jsonl")
@@ -77,7 +77,9 @@ def child(name: str, gib: float, cycles: int) -> dict[str, Any]:
             """The calls an actor's driver makes: sleep()/wake_up() through the mixin."""
 
         actor = Actor()
-        actor.configure_lifecycle(LifecyclePolicy(memory_tags=("model",), model_tag=None), memory=backend)
+        actor.configure_lifecycle(
+            LifecyclePolicy(memory_tags=("model",), model_tag=None), Hooks(memory=backend)
+        )
         region = backend.region("model")
 
         def sleep() -> None:

@@ -8,16 +8,19 @@ diagrams and the log checker are derived from it.
 
 from lifecycle.errors import IllegalTransitionError, LifecycleError, LifecycleFailedError
 from lifecycle.events import capture_events, configure_logging, flush_logs
-from lifecycle.machine import Failure, GenerationBackend, Lifecycle, MemoryBackend, ProcessGroupsBackend
+from lifecycle.hooks import EventSink, GenerationBackend, Hooks, MemoryBackend, ProcessGroupsBackend
+from lifecycle.machine import Failure, Lifecycle
 from lifecycle.policy import LifecyclePolicy
 from lifecycle.table import ALL_TAGS, Groups, Hook, Residency, State
 
 __all__ = [
     "ALL_TAGS",
+    "EventSink",
     "Failure",
     "GenerationBackend",
     "Groups",
     "Hook",
+    "Hooks",
     "IllegalTransitionError",
     "Lifecycle",
     "LifecycleError",

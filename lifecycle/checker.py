@@ -9,21 +9,24 @@ table's own functions (`select_row`, `row_edges`, `plan_calls`, `apply_call`, `m
 `body_ready`); this module restates no rule of the table. Where the log contradicts the replay's
 state, the replay takes the log's word until the next transition says where the machine is, so one
 bad line gives one finding, not a cascade; a wrong hook list or residency is reported and the
-table's residency kept. Weight-sync events are checked across ranks: every rank of a slot reports each version,
-exactly one coordinator and it is the slot's first rank, one transport per slot and version.
+table's residency kept. Weight-sync events are handed, with the replayed state, to
+`lifecycle.sync_checks`, which also checks them across the ranks of a slot.
 """
 
 from __future__ import annotations
 
 import collections
 import itertools
-import json
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple, TypeVar
+from typing import Any
 
+from lifecycle import logs
+from lifecycle.errors import LogFieldError
+from lifecycle.logs import Event, LogFile, LogLine, parse_lines, read_logs
 from lifecycle.policy import LifecyclePolicy
+from lifecycle.sync_checks import WeightSyncChecks
 from lifecycle.table import (
     ALL_TAGS,
     EDGES,
@@ -45,18 +48,7 @@ from lifecycle.table import (
     select_row,
 )
 
-__all__ = [
-    "Finding",
-    "LogChecker",
-    "LogLine",
-    "check_files",
-    "check_lines",
-    "log_paths",
-    "parse_lines",
-    "read_log",
-]
-
-_E = TypeVar("_E", State, Residency, Groups, Hook)
+__all__ = ["Finding", "LogChecker", "check_files", "check_lines", "check_logs"]
 
 
 @dataclass(frozen=True)
@@ -78,65 +70,6 @@ class Finding:
         )
 
 
-class LogLine(NamedTuple):
-    """One non-blank line of a log: its number, the event dict, or why it is not one."""
-
-    line: int
-    event: dict[str, Any] | None
-    error: str | None
-
-
-def parse_lines(lines: Iterable[str]) -> Iterator[LogLine]:
-    """Parse JSON lines; blank lines are skipped, line numbers count from 1."""
-    for number, text in enumerate(lines, 1):
-        text = text.strip()
-        if not text:
-            continue
-        try:
-            data = json.loads(text)
-        except ValueError as exc:
-            yield LogLine(number, None, f"line is not JSON ({exc}): {text[:80]!r}")
-            continue
-        if not isinstance(data, dict) or not isinstance(data.get("event"), str):
-            yield LogLine(
-                number, None, f"line is not a log event (a JSON object with an 'event'): {text[:80]!r}"
-            )
-            continue
-        yield LogLine(number, data, None)
-
-
-def read_log(path: str | Path) -> Iterator[LogLine]:
-    """The lines of one JSON-lines log file."""
-    with Path(path).open(encoding="utf-8", errors="replace") as stream:
-        yield from parse_lines(stream)
-
-
-def log_paths(paths: Iterable[str | Path]) -> list[Path]:
-    """Files to read: each path as given, or the `*.jsonl` files of a directory. Raises on a missing path."""
-    out: list[Path] = []
-    for given in dict.fromkeys(paths):  # a file named twice is read once
-        path = Path(given)
-        if path.is_dir():
-            found = sorted(path.glob("*.jsonl"))
-            if not found:
-                raise FileNotFoundError(
-                    f"{path} is a directory with no *.jsonl files; pass the JSON-lines logs written by "
-                    "lifecycle.configure_logging(json_path=...), or the directory that holds them"
-                )
-            out += [p for p in found if p not in out]
-        elif path.is_file():
-            if path not in out:
-                out.append(path)
-        else:
-            raise FileNotFoundError(
-                f"{path} does not exist; pass the JSON-lines logs written by "
-                "lifecycle.configure_logging(json_path=...), or the directory that holds them"
-            )
-    if not out:
-        raise ValueError("no log files given; pass one or more JSON-lines logs or directories")
-    return out
-
-
 def check_lines(lines: Iterable[str], path: str = "<lines>") -> list[Finding]:
     """Check the lines of one log held in memory; `path` names it in the findings."""
     checker = LogChecker()
@@ -146,19 +79,19 @@ def check_lines(lines: Iterable[str], path: str = "<lines>") -> list[Finding]:
 
 def check_files(paths: Iterable[str | Path]) -> list[Finding]:
     """Check log files (or directories of `*.jsonl`) together; an empty list means the logs are clean."""
+    return check_logs(read_logs(paths))
+
+
+def check_logs(files: Iterable[LogFile]) -> list[Finding]:
+    """Check logs already read with `lifecycle.logs.read_logs` (a caller that also draws them reads once)."""
     checker = LogChecker()
-    for path in log_paths(paths):
-        with path.open(encoding="utf-8", errors="replace") as stream:
-            checker.feed(str(path), stream)
+    for file in files:
+        checker.feed_lines(file.path, file.lines)
     return checker.finish()
 
 
 # ----------------------------------------------------------------------------------------------
 # Replay state
-
-
-class _Malformed(ValueError):
-    """A field that cannot be read; reported as a finding for its line."""
 
 
 _Key = tuple[str, "int | None", "str | None"]
@@ -188,21 +121,9 @@ class _Machine:
     lost: bool = False  # after a contradiction: follow the log until a transition says where it is
     last_t: tuple[float, int] | None = None
     failed: str | None = None  # "line N: hook raised" while FAILED
-    update_version: tuple[int, int, bool] | None = None  # (version, line, ok) of the last one
-    loaded_version: tuple[int, int, bool] | None = None
 
 
-@dataclass(frozen=True)
-class _Update:
-    path: str
-    line: int
-    rank: int | None
-    role: str | None
-    coordinator: bool
-    ranks: tuple[int, ...]
-    transport: str
-    ok: bool
-
+_SYNC_EVENTS = (Event.SYNC_UPDATE, Event.SYNC_LOADED)
 
 # How a missing hook call reads in a finding.
 _DID_NOT = {
@@ -232,7 +153,7 @@ class LogChecker:
         self._order: dict[str, int] = {}
         self._machines: dict[_Key, _Machine] = {}
         self._broken: set[_Key] = set()  # configured with a policy we cannot read: not replayed
-        self._updates: dict[tuple[Any, int], list[_Update]] = collections.defaultdict(list)
+        self._sync = WeightSyncChecks(self._report)
 
     @property
     def machines(self) -> int:
@@ -241,9 +162,13 @@ class LogChecker:
 
     def feed(self, path: str, lines: Iterable[str]) -> None:
         """Replay the lines of one file."""
+        self.feed_lines(path, parse_lines(lines))
+
+    def feed_lines(self, path: str, lines: Iterable[LogLine]) -> None:
+        """Replay the parsed lines of one file."""
         self._order.setdefault(path, len(self._order))
         orphans: dict[_Key, LogLine] = {}  # first lifecycle event of a machine not configured yet
-        for entry in parse_lines(lines):
+        for entry in lines:
             if entry.event is None:
                 self._report(path, entry.line, None, None, entry.error or "unreadable line")
                 continue
@@ -252,13 +177,14 @@ class LogChecker:
             name = data["event"]
             try:
                 key = self._key(path, data)
-            except _Malformed as exc:
+            except LogFieldError as exc:
                 self._report(path, entry.line, None, None, f"{name} {exc}")
                 continue
-            if not (name.startswith("lifecycle.") or name.startswith("weight_sync.")):
+            event = Event.of(name)
+            if event is None or not (event.is_lifecycle or event in _SYNC_EVENTS):
                 continue
             try:
-                if name == "lifecycle.configured":
+                if event is Event.CONFIGURED:
                     orphan = orphans.pop(key, None)
                     if orphan is not None and orphan.event is not None:
                         self._report(
@@ -275,9 +201,9 @@ class LogChecker:
                     continue
                 machine = self._machines.get(key)
                 if machine is None:
-                    if name.startswith("lifecycle."):
+                    if event.is_lifecycle:
                         orphans.setdefault(key, entry)
-                    elif name in ("weight_sync.update", "weight_sync.loaded") and key[1:] != (None, None):
+                    elif key[1:] != (None, None):
                         # Without rank or role the event was not logged through Lifecycle.event: no
                         # actor to check it against. With them, its machine must be in this file.
                         self._report(
@@ -289,11 +215,11 @@ class LogChecker:
                             "(no lifecycle.configured with this rank and role before it)",
                         )
                     continue
-                self._dispatch(name, key, machine, entry.line, data)
-            except _Malformed as exc:
+                self._dispatch(event, key, machine, entry.line, data)
+            except LogFieldError as exc:
                 self._report(path, entry.line, key[1], key[2], f"malformed {name}: {exc}")
                 lost = self._machines.get(key)
-                if lost is not None and name.startswith("lifecycle."):
+                if lost is not None and event.is_lifecycle:
                     lost.op, lost.lost = None, True
         for key, orphan in orphans.items():
             self._report(
@@ -307,8 +233,7 @@ class LogChecker:
 
     def finish(self) -> list[Finding]:
         """Run the cross-rank checks and return every finding, by file then line."""
-        self._check_updates()
-        self._updates.clear()
+        self._sync.finish()
         return sorted(
             self._findings,
             key=lambda f: (self._order.get(f.path, len(self._order)), f.path, f.line, f.message),
@@ -316,19 +241,19 @@ class LogChecker:
 
     # ------------------------------------------------------------------ per event
 
-    def _dispatch(self, name: str, key: _Key, m: _Machine, line: int, d: dict[str, Any]) -> None:
-        if m.lost and name.startswith("lifecycle."):
-            self._follow(key, m, line, name, d)
-        elif name == "lifecycle.transition":
+    def _dispatch(self, event: Event, key: _Key, m: _Machine, line: int, d: dict[str, Any]) -> None:
+        if m.lost and event.is_lifecycle:
+            self._follow(key, m, line, event, d)
+        elif event is Event.TRANSITION:
             self._transition(key, m, line, d)
-        elif name == "lifecycle.failed":
+        elif event is Event.FAILED:
             self._failed(key, m, line, d)
-        elif name == "lifecycle.body":
+        elif event is Event.BODY:
             self._body(key, m, line, d)
-        elif name == "lifecycle.noop":
+        elif event is Event.NOOP:
             self._noop(key, m, line, d)
-        elif name == "lifecycle.refused":
-            state = _enum(d, "state", State)
+        elif event is Event.REFUSED:
+            state = logs.enum_field(d, "state", State)
             if state is not m.state:
                 self._at(
                     key,
@@ -336,49 +261,47 @@ class LogChecker:
                     f"refusal of {d.get('operation')} logged in {state}, but the replay is in {m.state}",
                 )
                 m.state, m.op, m.lost = state, None, True
-        elif name == "lifecycle.resolved":
+        elif event is Event.RESOLVED:
             self._resolved(key, m, line, d)
-        elif name == "weight_sync.update":
-            self._update(key, m, line, d)
-        elif name == "weight_sync.loaded":
-            self._loaded(key, m, line, d)
+        elif event in _SYNC_EVENTS:
+            self._sync.event(event, key, None if m.lost else m.state, line, d)
 
-    def _follow(self, key: _Key, m: _Machine, line: int, name: str, d: dict[str, Any]) -> None:
+    def _follow(self, key: _Key, m: _Machine, line: int, event: Event, d: dict[str, Any]) -> None:
         """Take the state from the log, unchecked, until a move or exit transition or a failure."""
-        if name == "lifecycle.transition":
-            m.state = _enum(d, "dst", State)
-            m.lost = _text(d, "phase") == "enter"
-        elif name == "lifecycle.failed":
+        if event is Event.TRANSITION:
+            m.state = logs.enum_field(d, "dst", State)
+            m.lost = logs.text(d, "phase") == "enter"
+        elif event is Event.FAILED:
             m.state, m.lost, m.failed = State.FAILED, False, f"line {line}: hook {d.get('hook')} raised"
-        elif name in ("lifecycle.body", "lifecycle.noop", "lifecycle.refused"):
-            m.state = _enum(d, "state", State)
-        if name in ("lifecycle.transition", "lifecycle.failed"):
-            residency = _residency(d)
+        elif event in (Event.BODY, Event.NOOP, Event.REFUSED):
+            m.state = logs.enum_field(d, "state", State)
+        if event in (Event.TRANSITION, Event.FAILED):
+            residency = logs.residency(d)
             if set(residency) == set(m.tags):
                 m.residency = residency
-            m.groups = _optional_enum(d, "groups", Groups)
-        if name == "lifecycle.resolved" and isinstance(d.get("resolved"), dict):
+            m.groups = logs.optional_enum(d, "groups", Groups)
+        if event is Event.RESOLVED and isinstance(d.get("resolved"), dict):
             for tag, value in d["resolved"].items():
                 if tag in m.residency:
-                    m.residency[tag] = _value(Residency, value, "resolved")
+                    m.residency[tag] = logs.member(Residency, value, "resolved")
                 elif tag == "process_groups":
-                    m.groups = _value(Groups, value, "resolved")
-        if name in ("lifecycle.transition", "lifecycle.body"):
+                    m.groups = logs.member(Groups, value, "resolved")
+        if event in (Event.TRANSITION, Event.BODY):
             self._check_t(key, m, line, d)
 
     def _configured(self, key: _Key, line: int, d: dict[str, Any]) -> None:
         self._broken.discard(key)
         self._machines.pop(key, None)
         try:
-            policy = LifecyclePolicy.from_dict(_get(d, "policy"))
-            hooks = _get(d, "hooks")
+            policy = LifecyclePolicy.from_dict(logs.get(d, "policy"))
+            hooks = logs.get(d, "hooks")
             if not isinstance(hooks, list):
-                raise _Malformed(f"hooks={hooks!r} is not a list of hook names")
-            present = frozenset(_value(Hook, h, "hooks") for h in hooks)
-            state = _enum(d, "state", State)
-            residency = _residency(d)
-            groups = _optional_enum(d, "groups", Groups)
-        except (TypeError, ValueError, AttributeError) as exc:  # _Malformed is a ValueError
+                raise LogFieldError(f"hooks={hooks!r} is not a list of hook names")
+            present = frozenset(logs.member(Hook, h, "hooks") for h in hooks)
+            state = logs.enum_field(d, "state", State)
+            residency = logs.residency(d)
+            groups = logs.optional_enum(d, "groups", Groups)
+        except (TypeError, ValueError, AttributeError) as exc:  # LogFieldError is a ValueError
             self._broken.add(key)
             self._at(key, line, f"lifecycle.configured cannot be read ({exc}); this machine is not replayed")
             return
@@ -409,12 +332,12 @@ class LogChecker:
             )
 
     def _transition(self, key: _Key, m: _Machine, line: int, d: dict[str, Any]) -> None:
-        op = _text(d, "operation")
-        phase = _text(d, "phase")
-        src, dst = _enum(d, "src", State), _enum(d, "dst", State)
+        op = logs.text(d, "operation")
+        phase = logs.text(d, "phase")
+        src, dst = logs.enum_field(d, "src", State), logs.enum_field(d, "dst", State)
         targets = self._targets(m, d)
-        logged = _logged_calls(d)
-        residency, groups = _residency(d), _optional_enum(d, "groups", Groups)
+        logged = logs.logged_calls(d)
+        residency, groups = logs.residency(d), logs.optional_enum(d, "groups", Groups)
         self._check_t(key, m, line, d)
         edge = _EDGE_INDEX.get((src, dst, op, phase))
 
@@ -482,12 +405,12 @@ class LogChecker:
             m.failed = None
 
     def _failed(self, key: _Key, m: _Machine, line: int, d: dict[str, Any]) -> None:
-        op, phase = _text(d, "operation"), _text(d, "phase")
-        src = _enum(d, "src", State)
+        op, phase = logs.text(d, "operation"), logs.text(d, "phase")
+        src = logs.enum_field(d, "src", State)
         targets = self._targets(m, d)
-        logged = _logged_calls(d)
-        residency, groups = _residency(d), _optional_enum(d, "groups", Groups)
-        hook = _value(Hook, _get(d, "hook"), "hook")
+        logged = logs.logged_calls(d)
+        residency, groups = logs.residency(d), logs.optional_enum(d, "groups", Groups)
+        hook = logs.member(Hook, logs.get(d, "hook"), "hook")
         where = f"hook {hook}{_tag(d.get('tag'))} raised during {op} from {src}"
 
         def enter_failed() -> None:
@@ -571,8 +494,8 @@ class LogChecker:
         return out
 
     def _body(self, key: _Key, m: _Machine, line: int, d: dict[str, Any]) -> None:
-        op = _text(d, "operation")
-        state = _enum(d, "state", State)
+        op = logs.text(d, "operation")
+        state = logs.enum_field(d, "state", State)
         self._check_t(key, m, line, d)
         if m.state is State.FAILED:
             self._at(
@@ -635,8 +558,8 @@ class LogChecker:
             m.op = None
 
     def _noop(self, key: _Key, m: _Machine, line: int, d: dict[str, Any]) -> None:
-        op, reason = _text(d, "operation"), _text(d, "reason")
-        state = _enum(d, "state", State)
+        op, reason = logs.text(d, "operation"), logs.text(d, "reason")
+        state = logs.enum_field(d, "state", State)
         if state is not m.state:
             self._at(key, line, f"{op} no-op logged in {state}, but the replay is in {m.state}")
             m.state, m.op, m.lost = state, None, True
@@ -702,9 +625,9 @@ class LogChecker:
         )
 
     def _resolved(self, key: _Key, m: _Machine, line: int, d: dict[str, Any]) -> None:
-        resolved = _get(d, "resolved")
+        resolved = logs.get(d, "resolved")
         if not isinstance(resolved, dict):
-            raise _Malformed(f"resolved={resolved!r} is not a mapping")
+            raise LogFieldError(f"resolved={resolved!r} is not a mapping")
         if m.state is not State.FAILED:
             self._at(
                 key, line, f"lifecycle.resolved in {m.state}; only recover from FAILED resolves unknown state"
@@ -714,7 +637,7 @@ class LogChecker:
                 if m.groups is not Groups.UNKNOWN:
                     known = m.groups and m.groups.value
                     self._at(key, line, f"resolved the process groups, which the replay knows as {known}")
-                m.groups = _value(Groups, value, "resolved")
+                m.groups = logs.member(Groups, value, "resolved")
             elif name in m.residency:
                 if m.residency[name] is not Residency.UNKNOWN:
                     self._at(
@@ -722,51 +645,13 @@ class LogChecker:
                         line,
                         f"resolved tag {name!r}, which the replay knows as {m.residency[name].value}",
                     )
-                m.residency[name] = _value(Residency, value, "resolved")
+                m.residency[name] = logs.member(Residency, value, "resolved")
             else:
                 self._at(
                     key,
                     line,
                     f"resolved tag {name!r}, which is not one of this machine's tags {list(m.tags)}",
                 )
-
-    def _update(self, key: _Key, m: _Machine, line: int, d: dict[str, Any]) -> None:
-        version = _int(d, "version")
-        ranks = _get(d, "ranks")
-        if not isinstance(ranks, list) or not all(isinstance(r, int) for r in ranks):
-            raise _Malformed(f"ranks={ranks!r} is not a list of ranks")
-        coordinator = _get(d, "coordinator")
-        if not isinstance(coordinator, bool):
-            raise _Malformed(f"coordinator={coordinator!r} is not a bool")
-        slot = d.get("slot")
-        if isinstance(slot, (list, dict)):
-            raise _Malformed(f"slot={slot!r} is not a slot index")
-        ok = d.get("ok") is not False
-        if m.state is not State.SYNCING and not m.lost:
-            self._at(
-                key,
-                line,
-                f"weight_sync.update (slot {slot}, version {version}) logged in {m.state}; updates run inside the sync body (SYNCING)",
-            )
-        m.update_version = self._version(key, line, "weight_sync.update", version, ok, m.update_version)
-        if slot is not None:  # a rank outside every slot sends to no engine: nothing to cross-check
-            update = _Update(
-                key[0], line, key[1], key[2], coordinator, tuple(ranks), str(_get(d, "transport")), ok
-            )
-            self._updates[(slot, version)].append(update)
-
-    def _loaded(self, key: _Key, m: _Machine, line: int, d: dict[str, Any]) -> None:
-        version = _int(d, "version")
-        if m.state is not State.SYNCING and not m.lost:
-            self._at(
-                key,
-                line,
-                f"weight_sync.loaded (version {version}) logged in {m.state}; the rollout loads inside its sync body (SYNCING)",
-            )
-        ok = d.get("ok") is not False
-        m.loaded_version = self._version(key, line, "weight_sync.loaded", version, ok, m.loaded_version)
-
-    # ------------------------------------------------------------------ helpers
 
     def _row_for(
         self, key: _Key, m: _Machine, line: int, edge: Edge, targets: tuple[str, ...], dst: State
@@ -834,12 +719,12 @@ class LogChecker:
         return plan_calls(edge.plan, m.policy, m.residency, m.groups, targets, m.present)
 
     def _targets(self, m: _Machine, d: Mapping[str, Any]) -> tuple[str, ...]:
-        targets = _get(d, "targets")
+        targets = logs.get(d, "targets")
         if not isinstance(targets, list) or not targets or not all(isinstance(t, str) for t in targets):
-            raise _Malformed(f"targets={targets!r} is not a non-empty list of tags")
+            raise LogFieldError(f"targets={targets!r} is not a non-empty list of tags")
         unknown = [t for t in targets if t not in m.tags]
         if unknown:
-            raise _Malformed(f"targets {unknown} are not among this machine's tags {list(m.tags)}")
+            raise LogFieldError(f"targets {unknown} are not among this machine's tags {list(m.tags)}")
         return tuple(targets)
 
     def _noop_targets(self, m: _Machine, d: Mapping[str, Any]) -> Iterator[tuple[str, ...]]:
@@ -881,9 +766,9 @@ class LogChecker:
             )
 
     def _check_t(self, key: _Key, m: _Machine, line: int, d: Mapping[str, Any]) -> None:
-        t = _get(d, "t")
+        t = logs.get(d, "t")
         if not isinstance(t, (int, float)) or isinstance(t, bool):
-            raise _Malformed(f"t={t!r} is not a time in epoch seconds")
+            raise LogFieldError(f"t={t!r} is not a time in epoch seconds")
         if m.last_t is not None and t <= m.last_t[0]:
             self._at(
                 key,
@@ -893,89 +778,12 @@ class LogChecker:
             )
         m.last_t = (float(t), line)
 
-    def _version(
-        self,
-        key: _Key,
-        line: int,
-        event: str,
-        version: int,
-        ok: bool,
-        previous: tuple[int, int, bool] | None,
-    ) -> tuple[int, int, bool]:
-        # The same version again is a retry, legal only after a failed attempt.
-        if previous is not None and (version < previous[0] or (version == previous[0] and previous[2])):
-            self._at(
-                key,
-                line,
-                f"{event} version {version} does not increase (line {previous[1]} has version {previous[0]})",
-            )
-        return (version, line, ok)
-
-    def _check_updates(self) -> None:
-        for (slot, version), updates in self._updates.items():
-            self._check_update_group(f"slot {slot} version {version}", updates)
-
-    def _check_update_group(self, what: str, updates: list[_Update]) -> None:
-        """One slot's reports of one version: same ranks, all of them, one coordinator, one transport."""
-        coordinators = list({u.rank: u for u in updates if u.coordinator}.values())  # a retry is no second
-        reference = next(
-            (u for u in coordinators if u.ranks and u.rank == min(u.ranks)),
-            coordinators[0] if coordinators else updates[0],
-        )
-        ranks = reference.ranks
-
-        def report(u: _Update, message: str) -> None:
-            self._report(u.path, u.line, u.rank, u.role, f"{what}: {message}")
-
-        ok_reports: collections.Counter[int | None] = collections.Counter()
-        for u in updates:
-            if u.ranks != ranks:
-                report(
-                    u,
-                    f"ranks {list(u.ranks)} differ from {list(ranks)} (line {reference.line} of {reference.path})",
-                )
-            if u.rank not in ranks:
-                report(u, f"rank {u.rank} is not among the slot's ranks {list(ranks)}")
-            if u.transport != reference.transport:
-                report(
-                    u,
-                    f"transport {u.transport!r} differs from {reference.transport!r} of rank {reference.rank}; "
-                    "a slot uses one transport per version",
-                )
-            ok_reports[u.rank] += u.ok
-            if u.ok and ok_reports[u.rank] == 2:
-                report(u, f"rank {u.rank} reported this update twice")
-        # A failed version is already logged with its error; who did not report is part of it.
-        if all(u.ok for u in updates):
-            missing = [r for r in ranks if r not in ok_reports]
-            if missing:
-                report(
-                    reference,
-                    f"ranks {missing} did not report weight_sync.update (the slot's ranks are {list(ranks)})",
-                )
-        if not ranks:
-            return
-        first = min(ranks)
-        if not coordinators:
-            report(reference, f"no rank coordinated; rank {first}, the slot's first rank, must")
-        for u in coordinators:
-            if u.rank != first:
-                twice = (
-                    " (two coordinators: the slot's engine is updated twice, vime #57)"
-                    if len(coordinators) > 1
-                    else ""
-                )
-                report(
-                    u,
-                    f"rank {u.rank} coordinated, but the coordinator is the slot's first rank {first}{twice}",
-                )
-
     def _key(self, path: str, data: Mapping[str, Any]) -> _Key:
         rank, role = data.get("rank"), data.get("role")
         if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool)):
-            raise _Malformed(f"has rank={rank!r}, which is not an integer")
+            raise LogFieldError(f"has rank={rank!r}, which is not an integer")
         if role is not None and not isinstance(role, str):
-            raise _Malformed(f"has role={role!r}, which is not a string")
+            raise LogFieldError(f"has role={role!r}, which is not a string")
         return (path, rank, role)
 
     def _at(self, key: _Key, line: int, message: str) -> None:
@@ -989,68 +797,6 @@ _EDGE_INDEX: dict[tuple[State, State, str, str], Edge] = {
     (e.source, e.dest, e.operation, e.phase): e for e in EDGES
 }
 assert len(_EDGE_INDEX) == len(EDGES), "two edges share (source, dest, operation, phase)"
-
-
-# ----------------------------------------------------------------------------------------------
-# Field readers: a bad value is a finding for its line, never an exception out of the checker.
-
-
-def _get(d: Mapping[str, Any], name: str) -> Any:
-    if name not in d:
-        raise _Malformed(f"has no {name!r} field")
-    return d[name]
-
-
-def _text(d: Mapping[str, Any], name: str) -> str:
-    value = _get(d, name)
-    if not isinstance(value, str):
-        raise _Malformed(f"{name}={value!r} is not a string")
-    return value
-
-
-def _int(d: Mapping[str, Any], name: str) -> int:
-    value = _get(d, name)
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise _Malformed(f"{name}={value!r} is not an integer")
-    return value
-
-
-def _value(kind: type[_E], value: Any, name: str) -> _E:
-    try:
-        return kind(value)
-    except ValueError:
-        raise _Malformed(f"{name} has {value!r}, which is not one of {[e.value for e in kind]}") from None
-
-
-def _enum(d: Mapping[str, Any], name: str, kind: type[_E]) -> _E:
-    return _value(kind, _get(d, name), name)
-
-
-def _optional_enum(d: Mapping[str, Any], name: str, kind: type[_E]) -> _E | None:
-    value = _get(d, name)
-    return None if value is None else _value(kind, value, name)
-
-
-def _residency(d: Mapping[str, Any]) -> dict[str, Residency]:
-    value = _get(d, "residency")
-    if not isinstance(value, dict):
-        raise _Malformed(f"residency={value!r} is not a mapping of tag to residency")
-    return {str(tag): _value(Residency, r, "residency") for tag, r in value.items()}
-
-
-def _logged_calls(d: Mapping[str, Any]) -> list[tuple[Call, bool]]:
-    hooks = _get(d, "hooks")
-    if not isinstance(hooks, list):
-        raise _Malformed(f"hooks={hooks!r} is not a list")
-    out = []
-    for entry in hooks:
-        if not isinstance(entry, dict) or not isinstance(entry.get("ok"), bool):
-            raise _Malformed(f"hook entry {entry!r} is not {{name, ms, ok[, tag]}}")
-        tag = entry.get("tag")
-        if tag is not None and not isinstance(tag, str):
-            raise _Malformed(f"hook entry {entry!r} has a tag that is not a string")
-        out.append((Call(_value(Hook, entry.get("name"), "hooks"), tag), entry["ok"]))
-    return out
 
 
 # ----------------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ __all__ = [
     "LifecycleError",
     "LifecycleFailedError",
     "LifecycleNotConfiguredError",
+    "LogFieldError",
     "MemorySaverConfigError",
     "MemoryStateError",
     "ProtocolViolation",
@@ -112,6 +113,10 @@ class ProtocolViolation(LifecycleError, AssertionError):
 
 class InjectedFault(LifecycleError, RuntimeError):
     """Raised where a `FaultInjector` was armed (tests, `lifecycle demo --inject-fault`)."""
+
+
+class LogFieldError(LifecycleError, ValueError):
+    """A field of a log line cannot be read; the checker reports it as a finding for that line."""
 
 
 # ---------------------------------------------------------------------------------------------- memory

@@ -1,11 +1,19 @@
-"""Structured lifecycle events through structlog: JSON lines per rank, or readable console lines.
+"""Structured lifecycle events through structlog: the application's pipeline, and a per-rank sink.
 
-Events: `lifecycle.configured`, `lifecycle.transition`, `lifecycle.body`, `lifecycle.noop`,
-`lifecycle.refused`, `lifecycle.failed`. The rule (from torchtitan's per-rank logger) is that
-logging never blocks or crashes the machine: rendering happens in the caller, writing happens on a
-background thread, a full queue drops lines (and counts them), and any logging error is swallowed.
+Two destinations, either or both:
 
-The lifecycle logger is independent of the application's own structlog configuration.
+- **The application's structlog.** When the application configured structlog (`structlog.configure`),
+  every event goes through `structlog.get_logger("lifecycle")`: its processors, renderers and
+  context variables apply (`bind_contextvars(trial=..., iteration=...)`), and
+  `structlog.testing.capture_logs()` sees the events. `configure_logging(application=...)` forces it
+  on or off.
+- **The per-rank sink** of `configure_logging(json_path=...)` (or `stream=...`): JSON lines that
+  `lifecycle check` and `lifecycle timeline` read, with the context variables merged in. Its rule
+  (torchtitan's per-rank logger) is that logging never blocks or crashes the machine: rendering
+  happens in the caller, writing on a background thread; a full queue drops lines and counts them;
+  every logging error is swallowed. Without either, events are console lines on stderr.
+
+Event names are `lifecycle.logs.Event`.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from typing import IO, Any
 import structlog
 
 LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
+_LOGGER_NAME = "lifecycle"
 
 
 class AsyncLineWriter:
@@ -104,18 +113,21 @@ class _Capture:
 
 
 class _Sink:
-    """The current destination: a structlog logger plus what it writes to."""
+    """The library's own destination: a structlog logger plus what it writes to."""
 
-    def __init__(self, logger: Any, level: int, writer: AsyncLineWriter | None) -> None:
+    def __init__(self, logger: Any, level: int, writer: AsyncLineWriter | None, *, fallback: bool) -> None:
         self.logger = logger
         self.level = level
         self.writer = writer
+        self.fallback = fallback  # the stderr console of an unconfigured process: yields to the app
 
 
-def _make_sink(level: str, renderer: Any, writer: AsyncLineWriter | None, capture: _Capture | None) -> _Sink:
+def _make_sink(
+    level: str, renderer: Any, writer: AsyncLineWriter | None, capture: _Capture | None, *, fallback: bool
+) -> _Sink:
     if level not in LEVELS:
         raise ValueError(f"unknown log level {level!r}; use one of {sorted(LEVELS)}")
-    processors: list[Any] = [structlog.processors.add_log_level]
+    processors: list[Any] = [structlog.contextvars.merge_contextvars, structlog.processors.add_log_level]
     if capture is not None:
         processors.append(capture)
     else:
@@ -126,11 +138,13 @@ def _make_sink(level: str, renderer: Any, writer: AsyncLineWriter | None, captur
         wrapper_class=structlog.make_filtering_bound_logger(LEVELS[level]),
         cache_logger_on_first_use=True,
     )
-    return _Sink(logger, LEVELS[level], writer)
+    return _Sink(logger, LEVELS[level], writer, fallback=fallback)
 
 
 _lock = threading.Lock()
 _sink: _Sink | None = None
+_application: bool | None = None  # None: follow structlog.is_configured()
+_app_logger: Any = structlog.get_logger(_LOGGER_NAME)
 
 
 def configure_logging(
@@ -139,15 +153,22 @@ def configure_logging(
     stream: IO[str] | None = None,
     level: str = "info",
     fmt: str | None = None,
+    application: bool | None = None,
 ) -> None:
     """Send lifecycle events to a JSON-lines file, or to a stream (console format unless fmt="json").
 
-    Calling it again replaces the destination (the previous file is flushed and closed).
+    `application`: also send them through the application's structlog configuration (True), never
+    (False), or when the application has configured structlog (None, the default). Calling it again
+    replaces the destination (the previous file is flushed and closed).
     """
     if json_path is not None and stream is not None:
         raise ValueError("configure_logging: give json_path or stream, not both")
     if fmt not in (None, "json", "console"):
         raise ValueError(f"configure_logging: fmt must be 'json' or 'console', got {fmt!r}")
+    if application not in (None, True, False):
+        raise ValueError(f"configure_logging: application must be True, False or None, got {application!r}")
+    if level not in LEVELS:
+        raise ValueError(f"configure_logging: unknown log level {level!r}; use one of {sorted(LEVELS)}")
     if json_path is not None:
         path = Path(json_path)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -160,7 +181,9 @@ def configure_logging(
             if fmt == "json"
             else structlog.dev.ConsoleRenderer(colors=False)
         )
-    _install(_make_sink(level, renderer, writer, None))
+    global _application
+    _application = application
+    _install(_make_sink(level, renderer, writer, None, fallback=False))
 
 
 def _install(sink: _Sink | None, *, close_previous: bool = True) -> _Sink | None:
@@ -179,23 +202,39 @@ def _current() -> _Sink:
         with _lock:
             if _sink is None:
                 writer = AsyncLineWriter(sys.stderr, owns_stream=False)
-                _sink = _make_sink("info", structlog.dev.ConsoleRenderer(colors=False), writer, None)
+                _sink = _make_sink(
+                    "info", structlog.dev.ConsoleRenderer(colors=False), writer, None, fallback=True
+                )
             sink = _sink
     return sink
 
 
+def _to_application() -> bool:
+    return structlog.is_configured() if _application is None else _application
+
+
 def enabled(level: int) -> bool:
-    return level >= _current().level
+    """Whether an event at `level` goes anywhere (callers skip building its fields otherwise)."""
+    return level >= _current().level or _to_application()
 
 
 def emit(level: str, event: str, fields: dict[str, Any]) -> None:
     """Log one event; never raises."""
+    name = str(event)
+    sink = _current()
+    to_app = _to_application()
     try:
-        getattr(_current().logger, level)(event, **fields)
+        if not (to_app and sink.fallback):  # the stderr fallback yields to a configured application
+            getattr(sink.logger, level)(name, **fields)
     except Exception:
-        sink = _sink
-        if sink is not None and sink.writer is not None:
+        if sink.writer is not None:
             sink.writer.errors += 1
+    if to_app:
+        try:
+            getattr(_app_logger, level)(name, **fields)
+        except Exception:
+            if sink.writer is not None:
+                sink.writer.errors += 1
 
 
 def flush_logs(timeout: float = 5.0) -> bool:
@@ -213,9 +252,12 @@ def dropped_events() -> int:
 
 @contextlib.contextmanager
 def capture_events(level: str = "debug") -> Iterator[list[dict[str, Any]]]:
-    """Collect lifecycle events as dicts (with `event` and `level` keys) for the block's duration."""
+    """Collect lifecycle events as dicts (with `event` and `level` keys) for the block's duration.
+
+    Only the library's sink is replaced; with an application configured, events still reach it too.
+    """
     capture = _Capture()
-    previous = _install(_make_sink(level, None, None, capture), close_previous=False)
+    previous = _install(_make_sink(level, None, None, capture, fallback=False), close_previous=False)
     try:
         yield capture.entries
     finally:

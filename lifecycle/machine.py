@@ -8,12 +8,14 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import Any, TypeVar
 
 from transitions import Machine
 
 from lifecycle import events
 from lifecycle.errors import IllegalTransitionError, LifecycleFailedError
+from lifecycle.hooks import Hooks
+from lifecycle.logs import Event
 from lifecycle.policy import LifecyclePolicy
 from lifecycle.table import (
     ALL_TAGS,
@@ -42,33 +44,6 @@ from lifecycle.table import (
 )
 
 T = TypeVar("T")
-
-
-@runtime_checkable
-class MemoryBackend(Protocol):
-    """torch_memory_saver's own interface: the real `torch_memory_saver` singleton fits as is."""
-
-    def pause(self, tag: str | None = None) -> None: ...
-
-    def resume(self, tag: str | None = None) -> None: ...
-
-    def disable(self) -> contextlib.AbstractContextManager[Any]: ...
-
-
-@runtime_checkable
-class ProcessGroupsBackend(Protocol):
-    def destroy(self) -> None: ...
-
-    def reload(self) -> None: ...
-
-
-@runtime_checkable
-class GenerationBackend(Protocol):
-    """A rollout engine's generation control: pause (and flush) before release, resume after wake."""
-
-    def pause(self) -> None: ...
-
-    def resume(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -111,62 +86,32 @@ class Lifecycle:
     def __init__(
         self,
         policy: LifecyclePolicy,
+        hooks: Hooks,
         *,
-        memory: MemoryBackend,
-        process_groups: ProcessGroupsBackend | None = None,
-        routing_replay: Callable[[], Any] | None = None,
-        clear_memory: Callable[[], Any] | None = None,
-        switch_model: Callable[[str], Any] | None = None,
-        generation: GenerationBackend | None = None,
         rank: int | None = None,
         role: str | None = None,
         initial: State = State.AWAKE,
     ) -> None:
         if not isinstance(policy, LifecyclePolicy):
             raise TypeError(f"Lifecycle needs a LifecyclePolicy, got {type(policy).__name__}")
-        _require(
-            memory, "memory", ("pause", "resume", "disable"), "torch_memory_saver's pause/resume/disable"
-        )
-        _require(process_groups, "process_groups", ("destroy", "reload"), "destroy()/reload()")
-        _require(generation, "generation", ("pause", "resume"), "pause()/resume()")
-        for name, hook in (
-            ("routing_replay", routing_replay),
-            ("clear_memory", clear_memory),
-            ("switch_model", switch_model),
-        ):
-            if hook is not None and not callable(hook):
-                raise TypeError(f"Lifecycle: {name} must be a callable, got {type(hook).__name__}")
+        if not isinstance(hooks, Hooks):
+            raise TypeError(
+                f"Lifecycle needs its hooks as lifecycle.Hooks(memory=..., ...), got {type(hooks).__name__}"
+            )
         initial = State(initial)
         if initial not in (State.AWAKE, State.PAUSED):
             raise ValueError(f"Lifecycle: initial must be State.AWAKE or State.PAUSED, got {initial}")
 
         self.policy = policy
+        self.hooks = hooks
         self._view = policy.view()
         self._tags = policy.tags
-        self._memory = memory
-        self._process_groups = process_groups
-        self._routing_replay = routing_replay
-        self._clear_memory = clear_memory
-        self._switch_model = switch_model
-        self._generation = generation
-        present = {Hook.MEMORY_PAUSE, Hook.MEMORY_RESUME}
-        if process_groups is not None:
-            present |= {Hook.PROCESS_GROUPS_DESTROY, Hook.PROCESS_GROUPS_RELOAD}
-        if generation is not None:
-            present |= {Hook.GENERATION_PAUSE, Hook.GENERATION_RESUME}
-        for hook_slot, given in (
-            (Hook.ROUTING_REPLAY_CLEAR, routing_replay),
-            (Hook.CLEAR_MEMORY, clear_memory),
-            (Hook.SWITCH_MODEL, switch_model),
-        ):
-            if given is not None:
-                present.add(hook_slot)
-        self._present = frozenset(present)
+        self._present = hooks.present
 
         start = Residency.RESIDENT if initial is State.AWAKE else Residency.RELEASED
         self._residency: dict[str, Residency] = dict.fromkeys(self._tags, start)
         self._groups: Groups | None = None
-        if process_groups is not None:
+        if hooks.process_groups is not None:
             destroyed = initial is State.PAUSED and policy.destroy_process_groups
             self._groups = Groups.DESTROYED if destroyed else Groups.ALIVE
         self._failure: Failure | None = None
@@ -198,7 +143,7 @@ class Lifecycle:
 
         self._emit(
             "info",
-            "lifecycle.configured",
+            Event.CONFIGURED,
             {
                 "policy": policy.to_dict(),
                 "hooks": sorted(h.value for h in self._present),
@@ -227,11 +172,6 @@ class Lifecycle:
     @property
     def failure(self) -> Failure | None:
         return self._failure
-
-    @property
-    def hooks(self) -> frozenset[Hook]:
-        """The hook slots this actor supplied."""
-        return self._present
 
     @property
     def context(self) -> dict[str, Any]:
@@ -333,7 +273,7 @@ class Lifecycle:
             if row.noop:
                 self._emit(
                     "info",
-                    "lifecycle.noop",
+                    Event.NOOP,
                     {
                         "operation": operation,
                         "state": state,
@@ -376,7 +316,9 @@ class Lifecycle:
         self._in_body = True
         try:
             context = (
-                self._memory.disable() if row.body_context == "memory.disable" else contextlib.nullcontext()
+                self.hooks.memory.disable()
+                if row.body_context == "memory.disable"
+                else contextlib.nullcontext()
             )
             with context:
                 result = body(*args, **kwargs)
@@ -384,7 +326,7 @@ class Lifecycle:
             self._in_body = False
             self._emit(
                 "error",
-                "lifecycle.body",
+                Event.BODY,
                 {
                     "operation": row.operation,
                     "state": row.body_state,
@@ -401,7 +343,7 @@ class Lifecycle:
         self._in_body = False
         self._emit(
             "info",
-            "lifecycle.body",
+            Event.BODY,
             {
                 "operation": row.operation,
                 "state": row.body_state,
@@ -446,7 +388,7 @@ class Lifecycle:
         if events.enabled(_INFO):
             self._emit(
                 "info",
-                "lifecycle.transition",
+                Event.TRANSITION,
                 {
                     "src": edge.source,
                     "dst": edge.dest,
@@ -467,30 +409,30 @@ class Lifecycle:
         tag = None if call.tag == ALL_TAGS else call.tag
         fn: Callable[[], Any]
         if hook is Hook.MEMORY_PAUSE:
-            fn = functools.partial(self._memory.pause, tag=tag)
+            fn = functools.partial(self.hooks.memory.pause, tag=tag)
         elif hook is Hook.MEMORY_RESUME:
-            fn = functools.partial(self._memory.resume, tag=tag)
+            fn = functools.partial(self.hooks.memory.resume, tag=tag)
         elif hook is Hook.PROCESS_GROUPS_DESTROY:
-            assert self._process_groups is not None
-            fn = self._process_groups.destroy
+            assert self.hooks.process_groups is not None
+            fn = self.hooks.process_groups.destroy
         elif hook is Hook.PROCESS_GROUPS_RELOAD:
-            assert self._process_groups is not None
-            fn = self._process_groups.reload
+            assert self.hooks.process_groups is not None
+            fn = self.hooks.process_groups.reload
         elif hook is Hook.CLEAR_MEMORY:
-            assert self._clear_memory is not None
-            fn = self._clear_memory
+            assert self.hooks.clear_memory is not None
+            fn = self.hooks.clear_memory
         elif hook is Hook.ROUTING_REPLAY_CLEAR:
-            assert self._routing_replay is not None
-            fn = self._routing_replay
+            assert self.hooks.routing_replay is not None
+            fn = self.hooks.routing_replay
         elif hook is Hook.SWITCH_MODEL:
-            assert self._switch_model is not None and self.policy.model_tag is not None
-            fn = functools.partial(self._switch_model, self.policy.model_tag)
+            assert self.hooks.switch_model is not None and self.policy.model_tag is not None
+            fn = functools.partial(self.hooks.switch_model, self.policy.model_tag)
         elif hook is Hook.GENERATION_PAUSE:
-            assert self._generation is not None
-            fn = self._generation.pause
+            assert self.hooks.generation is not None
+            fn = self.hooks.generation.pause
         elif hook is Hook.GENERATION_RESUME:
-            assert self._generation is not None
-            fn = self._generation.resume
+            assert self.hooks.generation is not None
+            fn = self.hooks.generation.resume
         else:  # pragma: no cover - the enum is closed
             raise AssertionError(f"unhandled hook {hook}")
         self._callables[call] = fn
@@ -519,7 +461,7 @@ class Lifecycle:
         self._fail_event(self._model)
         self._emit(
             "error",
-            "lifecycle.failed",
+            Event.FAILED,
             {
                 "t": self._failure.time,
                 "operation": edge.operation,
@@ -542,7 +484,7 @@ class Lifecycle:
         for tag, residency in self._residency.items():
             if residency is not Residency.UNKNOWN:
                 continue
-            query = getattr(self._memory, "is_paused", None)
+            query = getattr(self.hooks.memory, "is_paused", None)
             if query is None:
                 raise self._failed_error(
                     "recover",
@@ -554,7 +496,7 @@ class Lifecycle:
             self._residency[tag] = Residency.RELEASED if paused else Residency.RESIDENT
             resolved[tag] = self._residency[tag]
         if self._groups is Groups.UNKNOWN:
-            query = getattr(self._process_groups, "is_alive", None)
+            query = getattr(self.hooks.process_groups, "is_alive", None)
             if query is None:
                 raise self._failed_error(
                     "recover",
@@ -564,14 +506,14 @@ class Lifecycle:
             self._groups = Groups.ALIVE if query() else Groups.DESTROYED
             resolved["process_groups"] = self._groups
         if resolved:
-            self._emit("info", "lifecycle.resolved", {"resolved": resolved})
+            self._emit("info", Event.RESOLVED, {"resolved": resolved})
 
     def _nested(self, operation: str) -> None:
         running = self._running
         if self._in_body and operation in LIFECYCLE_CALLS:
             self._emit(
                 "info",
-                "lifecycle.noop",
+                Event.NOOP,
                 {"operation": operation, "state": self.state, "reason": f"nested in {running}"},
             )
             return None
@@ -584,9 +526,7 @@ class Lifecycle:
             operation=operation,
             allowed=LIFECYCLE_CALLS if self._in_body else (),
         )
-        self._emit(
-            "warning", "lifecycle.refused", {"operation": operation, "state": state, "reason": str(error)}
-        )
+        self._emit("warning", Event.REFUSED, {"operation": operation, "state": state, "reason": str(error)})
         raise error
 
     # ------------------------------------------------------------------ errors
@@ -607,7 +547,7 @@ class Lifecycle:
             "succeeds"
         )
         self._emit(
-            "warning", "lifecycle.refused", {"operation": operation, "state": State.FAILED, "reason": advice}
+            "warning", Event.REFUSED, {"operation": operation, "state": State.FAILED, "reason": advice}
         )
         return LifecycleFailedError(
             f"{what}; residency {self._residency_view()}, groups {self._groups and self._groups.value}. {advice}.",
@@ -643,7 +583,7 @@ class Lifecycle:
         message = f"{self._who()} cannot {operation} from {state}: " + "; ".join(dict.fromkeys(reasons))
         self._emit(
             "warning",
-            "lifecycle.refused",
+            Event.REFUSED,
             {"operation": operation, "state": state, "reason": message, "targets": list(targets)},
         )
         return IllegalTransitionError(message, state=state, operation=operation, allowed=allowed)
@@ -708,14 +648,3 @@ def _hook_dicts(records: list[tuple[Call, float, bool]]) -> list[dict[str, Any]]
 def _check_operation(operation: str) -> None:
     if operation not in OPERATIONS:
         raise ValueError(f"unknown operation {operation!r}; operations are {list(OPERATIONS)}")
-
-
-def _require(obj: object, name: str, methods: tuple[str, ...], what: str) -> None:
-    if obj is None and name != "memory":
-        return
-    missing = [m for m in methods if not callable(getattr(obj, m, None))]
-    if missing:
-        raise TypeError(
-            f"Lifecycle: {name} must provide {what}; {type(obj).__name__} lacks {missing}"
-            + (". For machines without CUDA pass actor_integration.NoopMemory()" if name == "memory" else "")
-        )

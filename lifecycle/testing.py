@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from lifecycle.errors import InjectedFault, ProtocolViolation
 from lifecycle.events import capture_events
+from lifecycle.faults import FaultInjector
+from lifecycle.hooks import Hooks
 from lifecycle.machine import Lifecycle
 from lifecycle.policy import LifecyclePolicy
 from lifecycle.table import Hook, State
@@ -26,15 +28,12 @@ __all__ = [
     "FakeMemorySaver",
     "FakeProcessGroups",
     "FaultInjector",
-    "FaultyMemory",
-    "FaultyProcessGroups",
     "InjectedFault",
     "ProtocolViolation",
     "Recorders",
     "RecordingHook",
     "capture_events",
     "recording_lifecycle",
-    "with_faults",
 ]
 
 
@@ -59,40 +58,6 @@ class CallLog:
     def clear(self) -> None:
         with self._lock:
             self.calls.clear()
-
-
-@dataclass
-class FaultInjector:
-    """Makes the n-th call of a hook raise `InjectedFault`, before or after its effect.
-
-    Hooks are named as in the logs: "memory.pause", "process_groups.reload", "clear_memory", ...
-    """
-
-    armed: dict[str, tuple[int, bool]] = field(default_factory=dict)
-    counts: dict[str, int] = field(default_factory=dict)
-    fired: list[str] = field(default_factory=list)
-
-    def arm(self, hook: str | Hook, *, at: int = 1, after_effect: bool = False) -> None:
-        name = Hook(hook).value
-        self.armed[name] = (self.counts.get(name, 0) + at, after_effect)
-
-    def disarm(self) -> None:
-        self.armed.clear()
-
-    def check(self, hook: str, *, after_effect: bool) -> None:
-        """Called by fakes twice per call: before (after_effect=False) and after the effect."""
-        if not after_effect:
-            self.counts[hook] = self.counts.get(hook, 0) + 1
-        target = self.armed.get(hook)
-        if target is None:
-            return
-        at, when_after = target
-        if self.counts.get(hook, 0) == at and when_after == after_effect:
-            del self.armed[hook]
-            self.fired.append(hook)
-            raise InjectedFault(
-                f"injected fault in {hook} (call {at}, {'after' if after_effect else 'before'} effect)"
-            )
 
 
 class FakeMemorySaver:
@@ -252,92 +217,6 @@ class FakeGeneration:
             self.faults.check("generation.resume", after_effect=True)
 
 
-class FaultyMemory:
-    """Wraps a real memory backend so a `FaultInjector` can fail its calls (tests, `demo --inject-fault`)."""
-
-    def __init__(self, inner: Any, faults: FaultInjector) -> None:
-        self.inner, self.faults = inner, faults
-
-    def pause(self, tag: str | None = None) -> None:
-        self.faults.check("memory.pause", after_effect=False)
-        self.inner.pause(tag=tag)
-        self.faults.check("memory.pause", after_effect=True)
-
-    def resume(self, tag: str | None = None) -> None:
-        self.faults.check("memory.resume", after_effect=False)
-        self.inner.resume(tag=tag)
-        self.faults.check("memory.resume", after_effect=True)
-
-    def disable(self) -> Any:
-        return self.inner.disable()
-
-    def __getattr__(self, name: str) -> Any:
-        # is_paused, region, ...: present exactly when the wrapped backend has them.
-        return getattr(self.inner, name)
-
-
-class FaultyProcessGroups:
-    """Wraps a real process-group backend for a `FaultInjector`."""
-
-    def __init__(self, inner: Any, faults: FaultInjector) -> None:
-        self.inner, self.faults = inner, faults
-
-    def destroy(self) -> None:
-        self.faults.check("process_groups.destroy", after_effect=False)
-        self.inner.destroy()
-        self.faults.check("process_groups.destroy", after_effect=True)
-
-    def reload(self) -> None:
-        self.faults.check("process_groups.reload", after_effect=False)
-        self.inner.reload()
-        self.faults.check("process_groups.reload", after_effect=True)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-
-class FaultyGeneration:
-    def __init__(self, inner: Any, faults: FaultInjector) -> None:
-        self.inner, self.faults = inner, faults
-
-    def pause(self) -> None:
-        self.faults.check("generation.pause", after_effect=False)
-        self.inner.pause()
-
-    def resume(self) -> None:
-        self.faults.check("generation.resume", after_effect=False)
-        self.inner.resume()
-
-
-def faulty_hook(name: str, fn: Callable[..., Any], faults: FaultInjector) -> Callable[..., Any]:
-    def hook(*args: Any) -> Any:
-        faults.check(name, after_effect=False)
-        return fn(*args)
-
-    return hook
-
-
-def with_faults(faults: FaultInjector, **hooks: Any) -> dict[str, Any]:
-    """The keyword arguments of `Lifecycle(...)`/`configure_lifecycle(...)`, each wrapped for `faults`."""
-    wrapped: dict[str, Any] = {}
-    for name, hook in hooks.items():
-        if hook is None:
-            wrapped[name] = None
-        elif name == "memory":
-            wrapped[name] = FaultyMemory(hook, faults)
-        elif name == "process_groups":
-            wrapped[name] = FaultyProcessGroups(hook, faults)
-        elif name == "generation":
-            wrapped[name] = FaultyGeneration(hook, faults)
-        elif name in ("routing_replay", "clear_memory", "switch_model"):
-            wrapped[name] = faulty_hook(
-                Hook.ROUTING_REPLAY_CLEAR.value if name == "routing_replay" else name, hook, faults
-            )
-        else:
-            raise ValueError(f"with_faults: {name!r} is not a lifecycle hook slot")
-    return wrapped
-
-
 @dataclass
 class Recorders:
     """The fakes behind one `recording_lifecycle`, sharing one log and one injector."""
@@ -389,27 +268,13 @@ def recording_lifecycle(
         switch_model=RecordingHook(Hook.SWITCH_MODEL.value, log=log, faults=faults),
         generation=FakeGeneration(log=log, faults=faults) if generation else None,
     )
-    lifecycle = Lifecycle(
-        policy,
+    hooks = Hooks(
         memory=memory,
         process_groups=groups,
         routing_replay=rec.routing_replay,
         clear_memory=rec.clear_memory,
         switch_model=rec.switch_model,
         generation=rec.generation,
-        rank=rank,
-        role=role,
-        initial=initial,
     )
+    lifecycle = Lifecycle(policy, hooks, rank=rank, role=role, initial=initial)
     return lifecycle, rec
-
-
-def make_body(rec: Recorders, lifecycle: Lifecycle, operation: str, result: Any = None) -> Callable[[], Any]:
-    """A body that checks the protocol, records itself, and returns `result`."""
-
-    def body() -> Any:
-        rec.check_body(lifecycle, operation)
-        rec.log.add("body", operation)
-        return result
-
-    return body

@@ -6,20 +6,21 @@
 Each machine's states tile its time from its `lifecycle.configured` event to the last timestamp
 of its file; transitions, their hooks and bodies nest inside the state they ran in; no-ops,
 refusals, failures and weight-sync events are instants. Lines that are not events are skipped
-here: `lifecycle.checker` is what reports them.
+here: `lifecycle.checker` is what reports them. Every function takes log paths, files already
+read (`lifecycle.logs.read_logs`) or, past `read_lanes`, the lanes themselves.
 """
 
 from __future__ import annotations
 
 import collections
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lifecycle.checker import log_paths, read_log
+from lifecycle.logs import Event, LogFile, read_logs
 from lifecycle.table import State
 
 if TYPE_CHECKING:
@@ -123,11 +124,14 @@ class Lane:
 # Reading logs into lanes
 
 
-def read_lanes(paths: Iterable[str | Path]) -> list[Lane]:
+Logs = Iterable[str | Path | LogFile]  # paths, directories of *.jsonl, or files already read
+
+
+def read_lanes(logs: Logs) -> list[Lane]:
     """One lane per machine in the logs, ordered by rank, then role, then file."""
     lanes: list[Lane] = []
-    for path in log_paths(paths):
-        lanes += _read_file(path)
+    for file in read_logs(logs):
+        lanes += _read_file(file)
     if not lanes:
         raise ValueError(
             "no lifecycle events with a rank or role in the given logs; pass the JSON-lines files written by "
@@ -141,11 +145,11 @@ def read_lanes(paths: Iterable[str | Path]) -> list[Lane]:
     return lanes
 
 
-def _read_file(path: Path) -> list[Lane]:
+def _read_file(file: LogFile) -> list[Lane]:
     lanes: dict[tuple[Any, Any], Lane] = {}
     now: float | None = None
     end = float("-inf")
-    for entry in read_log(path):
+    for entry in file.lines:
         d = entry.event
         if d is None:
             continue
@@ -164,7 +168,7 @@ def _read_file(path: Path) -> list[Lane]:
         if lane is None:
             if key == (None, None) and not name.startswith("lifecycle."):
                 continue  # not an actor's event
-            lane = lanes[key] = Lane(str(path), key[0], key[1])
+            lane = lanes[key] = Lane(file.path, key[0], key[1])
         end = max(end, _add_event(lane, name, d, when))
     for lane in lanes.values():
         lane.close(end)
@@ -174,9 +178,10 @@ def _read_file(path: Path) -> list[Lane]:
 def _add_event(lane: Lane, name: str, d: dict[str, Any], when: float) -> float:
     """Add one event to its lane; return the latest time it covers."""
     try:
-        if name == "lifecycle.configured":
+        event = Event.of(name)
+        if event is Event.CONFIGURED:
             lane.set_state(when, State(d["state"]))
-        elif name == "lifecycle.transition":
+        elif event is Event.TRANSITION:
             start = float(d["t"])
             stop = start + max(float(d["duration_ms"]), 0.0) / 1e3
             src, dst = State(d["src"]), State(d["dst"])
@@ -192,7 +197,7 @@ def _add_event(lane: Lane, name: str, d: dict[str, Any], when: float) -> float:
             _hook_spans(lane, d.get("hooks") or [], start, stop)
             lane.set_state(stop, dst)
             return stop
-        elif name == "lifecycle.failed":
+        elif event is Event.FAILED:
             hooks = d.get("hooks") or []
             total = sum(float(h.get("ms", 0.0)) for h in hooks if isinstance(h, dict)) / 1e3
             _hook_spans(lane, hooks, when - total, when)
@@ -206,21 +211,21 @@ def _add_event(lane: Lane, name: str, d: dict[str, Any], when: float) -> float:
                 )
             )
             lane.set_state(when, State.FAILED)
-        elif name == "lifecycle.body":
+        elif event is Event.BODY:
             start = float(d["t"])
             stop = start + max(float(d["duration_ms"]), 0.0) / 1e3
             ok = bool(d.get("ok", True))
             args = _pick(d, "operation", "state", "ok", "error")
             lane.spans.append(Span(f"{d['operation']} body", "body", start, stop, args, failed=not ok))
             return stop
-        elif name in ("lifecycle.noop", "lifecycle.refused"):
+        elif event in (Event.NOOP, Event.REFUSED):
             kind = name.removeprefix("lifecycle.")
             lane.marks.append(
                 Mark(kind, f"{kind} {d.get('operation')}", when, _pick(d, "operation", "state", "reason"))
             )
-        elif name == "lifecycle.resolved":
+        elif event is Event.RESOLVED:
             lane.marks.append(Mark("resolved", "resolved", when, {"resolved": d.get("resolved")}))
-        elif name.startswith("weight_sync."):
+        elif event is not None and event.is_weight_sync:
             version = f" v{d['version']}" if "version" in d else ""
             lane.marks.append(Mark("weight_sync", f"{name}{version}", when, _fields(d)))
         else:
@@ -287,9 +292,16 @@ _DEPTH = {"transition": 0, "body": 0, "hook": 1}
 # Chrome / Perfetto trace
 
 
-def build_trace(paths: Iterable[str | Path]) -> dict[str, Any]:
+def _lanes(logs: Logs | Sequence[Lane]) -> list[Lane]:
+    items = list(logs)
+    if items and all(isinstance(item, Lane) for item in items):
+        return items  # type: ignore[return-value]
+    return read_lanes(items)  # type: ignore[arg-type]
+
+
+def build_trace(logs: Logs | Sequence[Lane]) -> dict[str, Any]:
     """Chrome trace-event JSON: one process per rank, one thread per role, microseconds from the first event."""
-    lanes = read_lanes(paths)
+    lanes = _lanes(logs)
     origin = _origin(lanes)
 
     def us(x: float) -> float:
@@ -344,9 +356,9 @@ def build_trace(paths: Iterable[str | Path]) -> dict[str, Any]:
     }
 
 
-def write_trace(paths: Iterable[str | Path], out_json: str | Path) -> Path:
-    """Write `build_trace(paths)` to `out_json` (open it in ui.perfetto.dev or chrome://tracing)."""
-    trace = build_trace(paths)
+def write_trace(logs: Logs | Sequence[Lane], out_json: str | Path) -> Path:
+    """Write `build_trace(logs)` to `out_json` (open it in ui.perfetto.dev or chrome://tracing)."""
+    trace = build_trace(logs)
     out = Path(out_json)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(trace, default=str), encoding="utf-8")
@@ -376,16 +388,16 @@ class TimelinePicture:
     seconds: float
 
 
-def draw_figure(paths: Iterable[str | Path]) -> Figure:
+def draw_figure(logs: Logs | Sequence[Lane]) -> Figure:
     """A matplotlib figure of the logs: one horizontal lane per machine, a bar per state interval."""
-    return _draw(read_lanes(paths))[0]
+    return _draw(_lanes(logs))[0]
 
 
-def render_png(paths: Iterable[str | Path], out_png: str | Path, *, dpi: int = 110) -> TimelinePicture:
+def render_png(logs: Logs | Sequence[Lane], out_png: str | Path, *, dpi: int = 110) -> TimelinePicture:
     """Draw the logs (see `draw_figure`) into a PNG file with matplotlib's Agg canvas."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    figure, lanes, bars, markers, seconds = _draw(read_lanes(paths))
+    figure, lanes, bars, markers, seconds = _draw(_lanes(logs))
     FigureCanvasAgg(figure)
     out = Path(out_png)
     out.parent.mkdir(parents=True, exist_ok=True)

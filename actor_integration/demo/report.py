@@ -6,6 +6,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from lifecycle.logs import Event
 from lifecycle.table import State
 from lifecycle.timeline import read_lanes
 
@@ -25,7 +26,7 @@ def per_rank_rows(
         transitions = sum(1 for span in lane.spans if span.cat == "transition")
         noops = sum(1 for mark in lane.marks if mark.kind == "noop")
         failures = sum(1 for mark in lane.marks if mark.kind == "failed")
-        name = "weight_sync.update" if lane.role == "trainer" else "weight_sync.loaded"
+        name = Event.SYNC_UPDATE if lane.role == "trainer" else Event.SYNC_LOADED
         synced = [
             m.args
             for m in lane.marks

@@ -8,9 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from actor_integration.rollout.actor import RolloutActor
-from actor_integration.rollout.reference import ReferenceEngine, TinyLMConfig
+from actor_integration.rollout.reference import ReferenceEngine
+from actor_integration.tiny_model import TinyLMConfig
 from lifecycle import configure_logging, flush_logs
-from lifecycle.testing import FaultInjector
+from lifecycle.faults import FaultInjector
 
 # The engine call each lifecycle hook of the rollout ends in.
 _HOOK_OF_CALL = {

@@ -24,10 +24,10 @@ from actor_integration.memory_saver import select_memory_backend
 from actor_integration.mixin import LifecycleMixin
 from actor_integration.model_tag import CpuWeightBackup, ModelTagSwitch
 from actor_integration.process_groups import ReloadableProcessGroups
-from actor_integration.rollout.reference import TinyLM, TinyLMConfig, weights_checksum
+from actor_integration.tiny_model import TinyLM, TinyLMConfig, weights_checksum
 from actor_integration.weight_sync import SlotTopology, WeightSender, configure_sender
-from lifecycle import LifecyclePolicy, configure_logging, flush_logs
-from lifecycle.testing import FaultInjector, with_faults
+from lifecycle import Hooks, LifecyclePolicy, configure_logging, flush_logs
+from lifecycle.faults import FaultInjector, with_faults
 
 
 class TinyTrainer:
@@ -170,12 +170,14 @@ class DemoTrainer(LifecycleMixin, TinyTrainer):
         )
         lifecycle = self.configure_lifecycle(
             LifecyclePolicy(offload_train=True, colocate=True, memory_tags=("model",)),
-            **with_faults(
+            with_faults(
                 self.faults,
-                memory=self.memory,
-                process_groups=self.groups,
-                clear_memory=ClearMemory(host=True),
-                switch_model=ModelTagSwitch(self.backup, lambda: self.model),
+                Hooks(
+                    memory=self.memory,
+                    process_groups=self.groups,
+                    clear_memory=ClearMemory(host=True),
+                    switch_model=ModelTagSwitch(self.backup, lambda: self.model),
+                ),
             ),
             rank=rank,
             role="trainer",

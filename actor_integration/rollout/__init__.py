@@ -17,7 +17,7 @@ from actor_integration.rollout.engine import (
     EngineMemory,
     RolloutEngine,
 )
-from actor_integration.rollout.reference import ReferenceEngine, TinyLM, TinyLMConfig, weights_checksum
+from actor_integration.rollout.reference import ReferenceEngine
 from actor_integration.rollout.sglang import SGLangEngine
 
 __all__ = [
@@ -30,7 +30,4 @@ __all__ = [
     "RolloutActor",
     "RolloutEngine",
     "SGLangEngine",
-    "TinyLM",
-    "TinyLMConfig",
-    "weights_checksum",
 ]

@@ -24,7 +24,8 @@ from actor_integration.weight_sync.protocol import (
     VersionGate,
     WeightReceiver,
 )
-from lifecycle import Lifecycle, LifecyclePolicy, State
+from lifecycle import Hooks, Lifecycle, LifecyclePolicy, State
+from lifecycle.logs import Event
 
 ROLLOUT_POLICY = LifecyclePolicy(
     memory_tags=("weights", "kv_cache"),
@@ -60,9 +61,10 @@ class RolloutActor:
         self.max_new_tokens = max_new_tokens
         self.lifecycle = Lifecycle(
             ROLLOUT_POLICY,
-            memory=QueryableEngineMemory(built) if hasattr(built, "residency") else EngineMemory(built),
-            # Cached IPC handles keep the trainer's staging memory mapped: drop them on every sleep.
-            generation=EngineGeneration(built, mode=generation_mode, on_pause=self.receiver.release),
+            Hooks(
+                memory=QueryableEngineMemory(built) if hasattr(built, "residency") else EngineMemory(built),
+                generation=EngineGeneration(built, mode=generation_mode, on_pause=self.receiver.release),
+            ),
             role="rollout",
             rank=rank,
             initial=initial,
@@ -134,7 +136,7 @@ class RolloutActor:
             elapsed = time.perf_counter() - self.gate.started
             self.gate.abort()
             self.lifecycle.event(
-                "weight_sync.loaded",
+                Event.SYNC_LOADED,
                 "error",
                 version=version,
                 bytes=self._loaded_bytes,
@@ -150,7 +152,7 @@ class RolloutActor:
         if final:
             elapsed = self.gate.commit(version)
             self.lifecycle.event(
-                "weight_sync.loaded",
+                Event.SYNC_LOADED,
                 version=version,
                 bytes=self._loaded_bytes,
                 checksum_ok=self.receiver.verify,

@@ -27,7 +27,8 @@ import torch
 
 from actor_integration.weight_sync.buckets import SUM32, Bucket, BucketManifest, checksum, pack_into, padded
 from actor_integration.weight_sync.topology import local_device_index, physical_gpu_id
-from actor_integration.weight_sync.transport import DisableContext, ReceiverTransport, SenderTransport
+from actor_integration.weight_sync.transport import ReceiverTransport, SenderTransport
+from lifecycle.hooks import MemoryDisable
 
 _CAPACITY_STEP = 2 << 20  # round capacities up so small growth does not reallocate every update
 
@@ -66,7 +67,7 @@ class CudaIpcSender(SenderTransport):
         self,
         *,
         device: torch.device | str | int | None = None,
-        memory: DisableContext | None = None,
+        memory: MemoryDisable | None = None,
     ) -> None:
         super().__init__()
         if not torch.cuda.is_available():

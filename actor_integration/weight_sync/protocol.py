@@ -31,14 +31,10 @@ import torch.distributed as dist
 
 from actor_integration.weight_sync.buckets import Bucket, BucketManifest, checksum, iter_buckets, unpack
 from actor_integration.weight_sync.topology import RankSlot
-from actor_integration.weight_sync.transport import (
-    EventSink,
-    ReceiverTransport,
-    SenderTransport,
-    emit,
-    receiver_class,
-)
+from actor_integration.weight_sync.transport import ReceiverTransport, SenderTransport, emit, receiver_class
 from lifecycle.errors import CorruptBucketError, StaleVersionError, WeightSyncError, WeightSyncTimeout
+from lifecycle.hooks import EventSink
+from lifecycle.logs import Event
 
 __all__ = [
     "CorruptBucketError",
@@ -260,7 +256,7 @@ class WeightSender:
             }
             if error is not None:
                 fields["error"] = repr(error)
-            emit(self.lifecycle, "weight_sync.update", "info" if error is None else "error", **fields)
+            emit(self.lifecycle, Event.SYNC_UPDATE, "info" if error is None else "error", **fields)
 
     def release(self) -> None:
         """Free the transport's staging buffers (call when the trainer sleeps, if configured)."""

@@ -15,12 +15,14 @@ import os
 import tempfile
 import uuid
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
 import torch
 
 from actor_integration.weight_sync.buckets import Bucket, BucketManifest
 from lifecycle import events
+from lifecycle.hooks import EventSink, MemoryDisable
+from lifecycle.logs import Event
 
 TRANSPORTS: tuple[str, ...] = ("cuda_ipc", "shm", "disk", "nccl")
 REQUESTABLE: tuple[str, ...] = ("auto", *TRANSPORTS)
@@ -37,18 +39,6 @@ _RECEIVERS = {
     "disk": "actor_integration.weight_sync.disk:DiskReceiver",
     "nccl": "actor_integration.weight_sync.nccl:NcclReceiver",
 }
-
-
-class EventSink(Protocol):
-    """What `Lifecycle.event` offers; weight-sync events go through it when a lifecycle is given."""
-
-    def event(self, name: str, level: str = "info", **fields: Any) -> None: ...
-
-
-class DisableContext(Protocol):
-    """The part of a memory backend the senders use: torch_memory_saver's `disable()`."""
-
-    def disable(self) -> contextlib.AbstractContextManager[Any]: ...
 
 
 def emit(sink: EventSink | None, name: str, level: str = "info", **fields: Any) -> None:
@@ -151,7 +141,7 @@ def _check_name(name: object, allowed: tuple[str, ...]) -> None:
 _probe_cache: dict[bool, tuple[bool, str]] = {}
 
 
-def probe_cuda_ipc(memory: DisableContext | None = None) -> tuple[bool, str]:
+def probe_cuda_ipc(memory: MemoryDisable | None = None) -> tuple[bool, str]:
     """Whether this process can export a CUDA IPC handle for a buffer the senders would allocate.
 
     Probed once per process (per with/without memory backend): under torch_memory_saver's preload
@@ -186,7 +176,7 @@ def select_transport(
     requested: str,
     *,
     colocated: bool,
-    memory: DisableContext | None = None,
+    memory: MemoryDisable | None = None,
     lifecycle: EventSink | None = None,
 ) -> str:
     """Resolve a requested transport (default `auto`) for an engine, or refuse it with the reason.
@@ -218,7 +208,7 @@ def select_transport(
     else:
         ok, why = probe_cuda_ipc(memory)
         chosen, reason = ("cuda_ipc", why) if ok else ("shm", f"{why}; falling back to shared host memory")
-    emit(lifecycle, "weight_sync.transport", requested=requested, chosen=chosen, reason=reason)
+    emit(lifecycle, Event.SYNC_TRANSPORT, requested=requested, chosen=chosen, reason=reason)
     return chosen
 
 
@@ -247,7 +237,7 @@ def configure_sender(
     requested: str = "auto",
     *,
     colocated: bool,
-    memory: DisableContext | None = None,
+    memory: MemoryDisable | None = None,
     directory: str | os.PathLike[str] | None = None,
     group: Any = None,
     src: int | None = None,

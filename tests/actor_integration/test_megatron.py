@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from spawn_world import no_crash, run_world
 from torch.distributed.distributed_c10d import Store
 
-from actor_integration.megatron import MegatronParallelState, tiny_gpt_model
+from actor_integration.megatron import MegatronParallelState
 from actor_integration.process_groups import ReloadableProcessGroups
+from tests.helpers.models import tiny_gpt_model
+from tests.helpers.spawn import no_crash, run_world
 
 
 def _megatron_installed() -> bool:

@@ -33,7 +33,7 @@ from actor_integration.memory_saver import (
     select_memory_backend,
     validate_environment,
 )
-from lifecycle import Lifecycle, LifecyclePolicy, Residency, State
+from lifecycle import Hooks, Lifecycle, LifecyclePolicy, Residency, State
 from lifecycle.testing import InjectedFault, ProtocolViolation
 
 REPO = Path(__file__).resolve().parents[2]
@@ -745,7 +745,7 @@ class TestLifecycleDrivesNoopMemory:
     @pytest.mark.parametrize("tags", [TAGS, None])
     def test_sleep_sleep_wake_wake(self, tags: tuple[str, ...] | None) -> None:
         memory = self.make(tags)
-        lifecycle = Lifecycle(LifecyclePolicy(memory_tags=tags, model_tag=None), memory=memory)
+        lifecycle = Lifecycle(LifecyclePolicy(memory_tags=tags, model_tag=None), Hooks(memory=memory))
         lifecycle.sleep()
         lifecycle.sleep()
         assert lifecycle.state is State.PAUSED and memory.is_paused()
@@ -756,7 +756,7 @@ class TestLifecycleDrivesNoopMemory:
     def test_partial_wake_then_sync_then_sleep(self) -> None:
         memory = self.make(TAGS)
         policy = LifecyclePolicy(memory_tags=TAGS, sync_requires=("weights",), model_tag=None)
-        lifecycle = Lifecycle(policy, memory=memory, initial=State.AWAKE)
+        lifecycle = Lifecycle(policy, Hooks(memory=memory), initial=State.AWAKE)
         lifecycle.sleep()
         lifecycle.wake_up(tags=["weights"])
         assert memory.is_paused("kv_cache") and not memory.is_paused("weights")
@@ -779,7 +779,7 @@ class TestLifecycleDrivesNoopMemory:
             original(tag)
 
         memory.pause = flaky
-        lifecycle = Lifecycle(LifecyclePolicy(memory_tags=TAGS, model_tag=None), memory=memory)
+        lifecycle = Lifecycle(LifecyclePolicy(memory_tags=TAGS, model_tag=None), Hooks(memory=memory))
         with pytest.raises(InjectedFault):
             lifecycle.sleep()
         assert lifecycle.state is State.FAILED
@@ -801,7 +801,7 @@ class TestLifecycleDrivesTorchMemorySaverBackend(TestLifecycleDrivesNoopMemory):
     def test_contents_survive_and_the_sync_body_runs_outside_tms(self) -> None:
         backend = self.make(TAGS)
         policy = LifecyclePolicy(memory_tags=TAGS, sync_requires=("weights",), model_tag=None)
-        lifecycle = Lifecycle(policy, memory=backend)
+        lifecycle = Lifecycle(policy, Hooks(memory=backend))
         lifecycle.sleep()
         lifecycle.sleep()
         assert all(torch.equal(a.tensor, torch.full((3,), -7.0)) for a in self.saver.allocations)
@@ -910,14 +910,14 @@ class TestRealTorchMemorySaver:
             f"""
             import ctypes
             from actor_integration.memory_saver import MemoryStateError, TorchMemorySaverBackend
-            from lifecycle import Lifecycle, LifecyclePolicy
+            from lifecycle import Hooks, Lifecycle, LifecyclePolicy
             from torch_memory_saver import torch_memory_saver
 
             pointer = ctypes.c_void_p()
             # cudaMalloc as torch would call it: interposed by the preloaded TMS library.
             assert ctypes.CDLL({real_tms.preload_library!r}).cudaMalloc(ctypes.byref(pointer), 1 << 20) == 0
             backend = TorchMemorySaverBackend(tags=None, hook_mode="preload", cuda_major={real_tms.major})
-            lifecycle = Lifecycle(LifecyclePolicy(model_tag=None), memory=backend)
+            lifecycle = Lifecycle(LifecyclePolicy(model_tag=None), Hooks(memory=backend))
             lifecycle.sleep(); lifecycle.sleep(); lifecycle.wake_up(); lifecycle.wake_up()
             backend.pause()
             try:

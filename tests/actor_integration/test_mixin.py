@@ -3,9 +3,9 @@
 import pytest
 
 from actor_integration import LifecycleMixin, LifecycleNotConfiguredError
-from actor_integration.testing import LifecycleSlimeActor, SlimeLikeActor, slime_lifecycle_config
-from lifecycle import LifecyclePolicy, State, capture_events
+from lifecycle import Hooks, LifecyclePolicy, State, capture_events
 from lifecycle.testing import FakeMemorySaver, ProtocolViolation
+from tests.helpers.slime_like import LifecycleSlimeActor, SlimeLikeActor, slime_lifecycle_config
 
 SLEEP = ["routing_replay.clear", "clear_memory", "process_groups.destroy", "memory.pause"]
 WAKE = ["memory.resume", "clear_memory", "process_groups.reload", "switch_model[actor]"]
@@ -151,7 +151,7 @@ class TestMisuse:
     def test_configured_twice(self):
         actor = wrapped()
         with pytest.raises(RuntimeError, match="already called"):
-            actor.configure_lifecycle(LifecyclePolicy(), memory=FakeMemorySaver())
+            actor.configure_lifecycle(LifecyclePolicy(), Hooks(memory=FakeMemorySaver()))
 
     def test_async_actor_refused(self):
         class AsyncActor(LifecycleMixin):
@@ -159,13 +159,13 @@ class TestMisuse:
                 return None
 
         with pytest.raises(TypeError, match=r"async actors.*AsyncActor\.generate"):
-            AsyncActor().configure_lifecycle(LifecyclePolicy(), memory=FakeMemorySaver())
+            AsyncActor().configure_lifecycle(LifecyclePolicy(), Hooks(memory=FakeMemorySaver()))
 
     def test_missing_body(self):
         class NoSync(LifecycleMixin):
             pass
 
         actor = NoSync()
-        actor.configure_lifecycle(LifecyclePolicy(), memory=FakeMemorySaver())
+        actor.configure_lifecycle(LifecyclePolicy(), Hooks(memory=FakeMemorySaver()))
         with pytest.raises(NotImplementedError, match=r"NoSync.update_weights\(\) has no body"):
             actor.update_weights()

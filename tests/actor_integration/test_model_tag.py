@@ -12,7 +12,7 @@ from actor_integration.model_tag import (
     WeightMismatchError,
     named_model_tensors,
 )
-from lifecycle import Lifecycle, LifecyclePolicy
+from lifecycle import Hooks, Lifecycle, LifecyclePolicy
 from lifecycle.testing import FakeMemorySaver
 
 
@@ -171,7 +171,7 @@ class TestModelTagSwitch:
         switch = ModelTagSwitch(backup, lambda: net)
         switch("ref")  # a ref forward left the ref weights in place
         memory = FakeMemorySaver()
-        lifecycle = Lifecycle(LifecyclePolicy(model_tag="actor"), memory=memory, switch_model=switch)
+        lifecycle = Lifecycle(LifecyclePolicy(model_tag="actor"), Hooks(memory=memory, switch_model=switch))
         lifecycle.sleep()
         with torch.no_grad():
             for _, tensor in named_model_tensors(net):

@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from spawn_world import no_crash, run_world
 from torch.distributed.distributed_c10d import Store
 
 from actor_integration.process_groups import (
@@ -23,8 +22,9 @@ from actor_integration.process_groups import (
     RendezvousMismatchError,
     RendezvousTimeoutError,
 )
-from lifecycle import Groups, Lifecycle, LifecyclePolicy, State
+from lifecycle import Groups, Hooks, Lifecycle, LifecyclePolicy, State
 from lifecycle.testing import FakeMemorySaver
+from tests.helpers.spawn import no_crash, run_world
 
 CYCLES = 50
 WARMUP = 5
@@ -118,7 +118,7 @@ def _lifecycle_worker(rank: int, world_size: int, store: Store, init_method: str
     )
     both = groups.new_group([0, 1], name="both")
     memory = FakeMemorySaver()
-    machine = Lifecycle(LifecyclePolicy(), memory=memory, process_groups=groups, rank=rank)
+    machine = Lifecycle(LifecyclePolicy(), Hooks(memory=memory, process_groups=groups), rank=rank)
     out: dict[str, Any] = {"steps": []}
 
     def record(step: str) -> None:
@@ -388,7 +388,7 @@ class TestRecovery:
         self, single: ReloadableProcessGroups, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         handle = single.new_group([0], name="tp")
-        machine = Lifecycle(LifecyclePolicy(), memory=FakeMemorySaver(), process_groups=single)
+        machine = Lifecycle(LifecyclePolicy(), Hooks(memory=FakeMemorySaver(), process_groups=single))
         machine.sleep()
         real_new_group, calls = dist.new_group, []
 

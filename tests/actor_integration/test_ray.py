@@ -14,7 +14,7 @@ from actor_integration import (
     InconsistentGroupError,
     LifecycleGroup,
 )
-from actor_integration.testing import LifecycleSlimeActor
+from tests.helpers.slime_like import LifecycleSlimeActor
 
 pytestmark = pytest.mark.ray
 
@@ -37,7 +37,7 @@ class SlowSlimeActor(LifecycleSlimeActor):
         setattr(target, name, slow)
         self.lifecycle._callables.clear()  # re-bind on next use
         if hook == "clear_memory":
-            self.lifecycle._clear_memory = slow
+            self.lifecycle.hooks = self.lifecycle.hooks.replace(clear_memory=slow)
 
     def ping(self) -> str:
         return "pong"

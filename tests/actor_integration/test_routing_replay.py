@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from actor_integration.routing_replay import RoutingReplayCache, RoutingReplayClear
-from lifecycle import Lifecycle, LifecyclePolicy
+from lifecycle import Hooks, Lifecycle, LifecyclePolicy
 from lifecycle.testing import FakeMemorySaver
 
 
@@ -116,8 +116,7 @@ class TestRoutingReplayClear:
         memory.pause = pause_after_checking  # type: ignore[method-assign]
         lifecycle = Lifecycle(
             LifecyclePolicy(use_routing_replay=True, model_tag=None),
-            memory=memory,
-            routing_replay=RoutingReplayClear(RoutingReplayCache),
+            Hooks(memory=memory, routing_replay=RoutingReplayClear(RoutingReplayCache)),
         )
         lifecycle.sleep()
         assert seen_at_pause == [True]

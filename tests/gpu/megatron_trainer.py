@@ -27,9 +27,9 @@ from actor_integration import (
     ReloadableProcessGroups,
     TorchMemorySaverBackend,
 )
-from actor_integration.megatron import tiny_gpt_model
 from actor_integration.model_tag import named_model_tensors
-from lifecycle import LifecyclePolicy, State
+from lifecycle import Hooks, LifecyclePolicy, State
+from tests.helpers.models import tiny_gpt_model
 
 BATCH, SEQ, VOCAB = 4, 32, 128
 
@@ -100,10 +100,12 @@ class LifecycleMegatronTrainer(LifecycleMixin, MegatronTrainer):
         super().init(workdir)
         self.configure_lifecycle(
             LifecyclePolicy(offload_train=True, colocate=True, memory_tags=("model",)),
-            memory=self.memory,
-            process_groups=self.parallel,
-            clear_memory=ClearMemory(host=True),
-            switch_model=ModelTagSwitch(self.backup, lambda: self.model),
+            Hooks(
+                memory=self.memory,
+                process_groups=self.parallel,
+                clear_memory=ClearMemory(host=True),
+                switch_model=ModelTagSwitch(self.backup, lambda: self.model),
+            ),
             rank=0,
             role="actor",
         )

@@ -69,7 +69,7 @@ def free_bytes() -> int:
 def test_sleep_releases_wake_restores_contents_bit_exact() -> None:
     from actor_integration.clear_memory import ClearMemory
     from actor_integration.memory_saver import MemoryStateError, TorchMemorySaverBackend
-    from lifecycle import Lifecycle, LifecyclePolicy, State
+    from lifecycle import Hooks, Lifecycle, LifecyclePolicy, State
 
     backend = TorchMemorySaverBackend(tags=("model",), cpu_backup=True, hook_mode="torch")
     print(backend.describe(), flush=True)
@@ -80,7 +80,8 @@ def test_sleep_releases_wake_restores_contents_bit_exact() -> None:
         )
     reference = model.clone()  # plain memory, outside any region
     lifecycle = Lifecycle(
-        LifecyclePolicy(memory_tags=("model",), model_tag=None), memory=backend, clear_memory=ClearMemory()
+        LifecyclePolicy(memory_tags=("model",), model_tag=None),
+        Hooks(memory=backend, clear_memory=ClearMemory()),
     )
 
     before = free_bytes()
@@ -150,7 +151,7 @@ def test_preload_disable_makes_allocations_shareable_over_cuda_ipc() -> None:
         """
         import torch
         from actor_integration.memory_saver import TorchMemorySaverBackend
-        from lifecycle import Lifecycle, LifecyclePolicy
+        from lifecycle import Hooks, Lifecycle, LifecyclePolicy
 
         backend = TorchMemorySaverBackend(tags=None, hook_mode="preload")
         print("backend:", backend.describe(), flush=True)
@@ -170,7 +171,7 @@ def test_preload_disable_makes_allocations_shareable_over_cuda_ipc() -> None:
             received.untyped_storage()._share_cuda_()
             return "shared"
 
-        lifecycle = Lifecycle(LifecyclePolicy(model_tag=None), memory=backend)
+        lifecycle = Lifecycle(LifecyclePolicy(model_tag=None), Hooks(memory=backend))
         lifecycle.sleep()
         print("sync from PAUSED:", lifecycle.run("sync", sync_body), flush=True)
         lifecycle.wake_up()

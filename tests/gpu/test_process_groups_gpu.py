@@ -27,7 +27,7 @@ from torch.distributed.distributed_c10d import Store
 
 import lifecycle
 from actor_integration.process_groups import ReloadableProcessGroups
-from lifecycle import Groups, Lifecycle, LifecyclePolicy
+from lifecycle import Groups, Hooks, Lifecycle, LifecyclePolicy
 from lifecycle.testing import FakeMemorySaver
 
 pytestmark = [
@@ -193,7 +193,8 @@ def test_megatron_gpt_trains_across_sleep_and_wake(store: Store) -> None:
     pytest.importorskip("megatron.core", reason="megatron-core is not installed")
     from megatron.core import parallel_state as ps
 
-    from actor_integration.megatron import MegatronParallelState, tiny_gpt_model
+    from actor_integration.megatron import MegatronParallelState
+    from tests.helpers.models import tiny_gpt_model
 
     torch.cuda.set_device(0)
     groups = ReloadableProcessGroups.init(
@@ -220,7 +221,7 @@ def test_megatron_gpt_trains_across_sleep_and_wake(store: Store) -> None:
         return float(loss.item())
 
     losses = [step() for _ in range(3)]
-    machine = Lifecycle(LifecyclePolicy(), memory=FakeMemorySaver(), process_groups=state)
+    machine = Lifecycle(LifecyclePolicy(), Hooks(memory=FakeMemorySaver(), process_groups=state))
     awake_used = _used()
     t0 = time.perf_counter()
     machine.sleep()

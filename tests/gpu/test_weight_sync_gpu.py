@@ -28,6 +28,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from actor_integration.tiny_model import TinyLMConfig  # noqa: E402 - after the importorskip
+from tests.helpers.engine_pipe import EngineClient, serve_rollout  # noqa: E402
+from tests.helpers.models import perturbed  # noqa: E402
+
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
@@ -116,7 +120,7 @@ def tms_producer_main(address: str) -> None:
     payload = RankPayload(
         1, 0, True, 0, 0, "cuda_ipc", sender.sender_id, sender.gpu, tuple(manifests), tuple(descriptors)
     )
-    from actor_integration.rollout import weights_checksum
+    from actor_integration.tiny_model import weights_checksum
 
     result["producer_checksum"] = weights_checksum(weights)
     conn.send((result, payload))
@@ -128,7 +132,7 @@ def tms_producer_main(address: str) -> None:
 
 def test_tms_preload_breaks_legacy_ipc_and_cuda_ipc_works_in_the_same_process():
     library = tms_preload_library()
-    from actor_integration.rollout import weights_checksum
+    from actor_integration.tiny_model import weights_checksum
     from actor_integration.weight_sync import WeightReceiver
 
     listener = Listener(("127.0.0.1", 0), authkey=AUTH)
@@ -172,71 +176,27 @@ def test_tms_preload_breaks_legacy_ipc_and_cuda_ipc_works_in_the_same_process():
 # 2. One GPU: versioned updates, handle reuse, release on sleep.
 
 
-def serve_rollout(conn, devices) -> None:
-    from actor_integration.rollout import ReferenceEngine, RolloutActor, TinyLMConfig
-
-    config = TinyLMConfig(
-        vocab_size=4096, dim=512, n_layers=4, n_heads=8, max_seq_len=64, dtype="bfloat16", seed=5
-    )
-    actor = RolloutActor(ReferenceEngine(config, devices=devices))
-    while True:
-        message = conn.recv()
-        if message is None:
-            return
-        method, args = message
-        try:
-            if method == "handles_opened":
-                result = actor.receiver.transport("cuda_ipc").handles_opened  # type: ignore[attr-defined]
-            elif method == "visible_devices":
-                result = os.environ.get("CUDA_VISIBLE_DEVICES")
-            else:
-                result = getattr(actor, method)(*args)
-            conn.send(("ok", result))
-        except Exception as exc:
-            conn.send(("error", exc))
-
-
-class Remote:
-    def __init__(self, conn) -> None:
-        self.conn = conn
-
-    def __call__(self, version, payloads):
-        return self.call("update_weights", version, payloads)
-
-    def call(self, method, *args):
-        self.conn.send((method, args))
-        status, value = self.conn.recv()
-        if status == "error":
-            raise value
-        return value
+CONFIG = TinyLMConfig(
+    vocab_size=4096, dim=512, n_layers=4, n_heads=8, max_seq_len=64, dtype="bfloat16", seed=5
+)
 
 
 def trained_model(device: str, seed: int):
-    from actor_integration.rollout import TinyLM, TinyLMConfig
-
-    config = TinyLMConfig(
-        vocab_size=4096, dim=512, n_layers=4, n_heads=8, max_seq_len=64, dtype="bfloat16", seed=5
-    )
-    model = TinyLM(config).to(device)
-    g = torch.Generator(device=device).manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_((torch.randn(p.shape, generator=g, device=device) * 0.05).to(p.dtype))
-    return model
+    return perturbed(CONFIG, seed, scale=0.05, device=device)
 
 
 def test_cuda_ipc_updates_reuse_handles_and_release_them_on_sleep():
     import torch.multiprocessing as mp
 
-    from actor_integration.rollout import weights_checksum
+    from actor_integration.tiny_model import weights_checksum
     from actor_integration.weight_sync import RankSlot, WeightSender
     from actor_integration.weight_sync.cuda_ipc import CudaIpcSender
 
     spawn = mp.get_context("spawn")
     ours, theirs = spawn.Pipe()
-    server = spawn.Process(target=serve_rollout, args=(theirs, ["cuda:0"]), daemon=True)
+    server = spawn.Process(target=serve_rollout, args=(theirs, CONFIG, ["cuda:0"]), daemon=True)
     server.start()
-    rollout = Remote(ours)
+    rollout = EngineClient(ours)
     result: dict = {}
     try:
         from actor_integration.weight_sync import select_transport
@@ -303,7 +263,7 @@ def test_cuda_ipc_updates_reuse_handles_and_release_them_on_sleep():
 
 
 def two_gpu_trainer(rank: int, port: int, conn, out: str) -> None:
-    from actor_integration.rollout import weights_checksum
+    from actor_integration.tiny_model import weights_checksum
     from actor_integration.weight_sync import SlotTopology, WeightSender
     from actor_integration.weight_sync.cuda_ipc import CudaIpcSender
 
@@ -321,7 +281,7 @@ def two_gpu_trainer(rank: int, port: int, conn, out: str) -> None:
         groups[me.slot],
         CudaIpcSender(device=rank),
         rank=rank,
-        engine_call=Remote(conn) if me.is_coordinator else None,
+        engine_call=EngineClient(conn) if me.is_coordinator else None,
         bucket_bytes=8 << 20,
         deadline_s=120.0,
     )
@@ -346,7 +306,7 @@ def test_two_gpu_slot_with_remapped_devices(tmp_path):
     ours, theirs = spawn.Pipe()
     # The engine sees the GPUs in the other order: its cuda:0 is GPU 1. Engine rank i must live on
     # the GPU of slot rank i (GPU i), so its replicas go to cuda:1 and cuda:0.
-    server = spawn.Process(target=serve_rollout, args=(theirs, ["cuda:1", "cuda:0"]), daemon=True)
+    server = spawn.Process(target=serve_rollout, args=(theirs, CONFIG, ["cuda:1", "cuda:0"]), daemon=True)
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     os.environ["CUDA_VISIBLE_DEVICES"] = "1,0"  # inherited at start, before the child touches CUDA
     try:
@@ -358,8 +318,8 @@ def test_two_gpu_slot_with_remapped_devices(tmp_path):
             os.environ["CUDA_VISIBLE_DEVICES"] = visible
     try:
         mp.spawn(two_gpu_trainer, args=(free_port(), ours, str(tmp_path)), nprocs=2)
-        engine_checksum = Remote(ours).call("weights_checksum")
-        engine_visible = Remote(ours).call("visible_devices")
+        engine_checksum = EngineClient(ours).call("weights_checksum")
+        engine_visible = EngineClient(ours).call("visible_devices")
     finally:
         ours.send(None)
         server.join(60)

@@ -21,10 +21,12 @@ from lifecycle import (
     configure_logging,
     flush_logs,
 )
-from lifecycle.checker import Finding, LogChecker, check_files, check_lines, log_paths
+from lifecycle.checker import Finding, LogChecker, check_files, check_lines
+from lifecycle.logs import log_paths
 from lifecycle.machine import Lifecycle
 from lifecycle.table import TABLE
-from lifecycle.testing import InjectedFault, Recorders, make_body, recording_lifecycle
+from lifecycle.testing import InjectedFault, Recorders, recording_lifecycle
+from tests.helpers.bodies import make_body
 
 TAGS = ("weights", "kv_cache", "cuda_graph")
 SLOTS = {0: (0, 1), 1: (2, 3)}  # slot -> the trainer ranks that feed one rollout engine

@@ -4,7 +4,8 @@ import random
 import threading
 
 from lifecycle import IllegalTransitionError, LifecyclePolicy, Residency, State, capture_events
-from lifecycle.testing import make_body, recording_lifecycle
+from lifecycle.testing import recording_lifecycle
+from tests.helpers.bodies import make_body
 
 THREADS, CALLS = 16, 1000
 

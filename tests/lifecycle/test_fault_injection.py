@@ -10,7 +10,8 @@ import pytest
 
 from lifecycle import LifecycleFailedError, LifecyclePolicy, Residency, State
 from lifecycle.table import TABLE, Groups, Hook, Row
-from lifecycle.testing import InjectedFault, make_body, recording_lifecycle
+from lifecycle.testing import InjectedFault, recording_lifecycle
+from tests.helpers.bodies import make_body
 
 TAGS = ("weights", "kv_cache")
 

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from lifecycle import (
+    Hooks,
     IllegalTransitionError,
     Lifecycle,
     LifecycleFailedError,
@@ -19,13 +20,8 @@ from lifecycle import (
     capture_events,
 )
 from lifecycle.table import TABLE, Hook, row_edges
-from lifecycle.testing import (
-    FakeMemorySaver,
-    InjectedFault,
-    Recorders,
-    make_body,
-    recording_lifecycle,
-)
+from lifecycle.testing import FakeMemorySaver, InjectedFault, Recorders, recording_lifecycle
+from tests.helpers.bodies import make_body
 
 SLEEP = ["routing_replay.clear", "clear_memory", "process_groups.destroy", "memory.pause"]
 WAKE = ["memory.resume", "clear_memory", "process_groups.reload", "switch_model[actor]"]
@@ -271,7 +267,7 @@ class TestNesting:
         """A hook is not a body: a lifecycle call from inside a hook is refused, and the machine FAILs."""
         holder: dict[str, Lifecycle] = {}
         memory = FakeMemorySaver()
-        lc = Lifecycle(LifecyclePolicy(), memory=memory, clear_memory=lambda: holder["lc"].wake_up())
+        lc = Lifecycle(LifecyclePolicy(), Hooks(memory=memory, clear_memory=lambda: holder["lc"].wake_up()))
         holder["lc"] = lc
         with pytest.raises(IllegalTransitionError, match="inside its hooks"):
             lc.sleep()
@@ -334,7 +330,7 @@ class TestFailure:
             is_paused = None  # type: ignore[assignment]
 
         saver = BareSaver()
-        lc = Lifecycle(LifecyclePolicy(), memory=saver, clear_memory=lambda: None)
+        lc = Lifecycle(LifecyclePolicy(), Hooks(memory=saver, clear_memory=lambda: None))
 
         def boom(tag=None):
             raise RuntimeError("cuMemUnmap failed")
@@ -411,92 +407,18 @@ class TestThreads:
         assert "memory.pause" in rec.log.names()
 
 
-class TestEvents:
-    def test_transition_event_fields(self):
-        """One lifecycle.transition per edge with src, dst, operation, duration and each hook's name, ms, ok."""
-        lc, _ = recording_lifecycle(LifecyclePolicy(use_routing_replay=True), rank=3, role="actor")
-        lc.step = 7
-        with capture_events() as events:
-            lc.sleep()
-        (event,) = events
-        assert event["event"] == "lifecycle.transition" and event["level"] == "info"
-        assert (
-            event["src"],
-            event["dst"],
-            event["operation"],
-            event["rank"],
-            event["role"],
-            event["step"],
-        ) == (State.AWAKE, State.PAUSED, "sleep", 3, "actor", 7)
-        assert [h["name"] for h in event["hooks"]] == SLEEP
-        assert all(h["ok"] and h["ms"] >= 0 for h in event["hooks"])
-        assert (
-            event["duration_ms"] >= 0
-            and event["residency"] == {"*": "released"}
-            and event["groups"] == "destroyed"
-        )
-
-    def test_json_lines_file(self, tmp_path):
-        import json
-
-        import lifecycle
-
-        path = tmp_path / "rank0.jsonl"
-        lifecycle.configure_logging(json_path=path)
-        try:
-            lc, _ = recording_lifecycle(LifecyclePolicy(), rank=0, role="actor")
-            lc.sleep()
-            lc.sleep()
-            assert lifecycle.flush_logs()
-            lines = [json.loads(line) for line in path.read_text().splitlines()]
-        finally:
-            lifecycle.configure_logging(stream=__import__("io").StringIO(), level="warning")
-        assert [x["event"] for x in lines] == [
-            "lifecycle.configured",
-            "lifecycle.transition",
-            "lifecycle.noop",
-        ]
-        assert lines[1]["src"] == "AWAKE" and lines[1]["rank"] == 0 and "timestamp" in lines[1]
-
-    def test_logging_never_crashes_the_machine(self):
-        """A broken stream counts errors; the machine keeps working."""
-        import io
-
-        import lifecycle
-        from lifecycle import events as ev
-
-        broken = io.StringIO()
-        broken.close()
-        lifecycle.configure_logging(stream=broken, fmt="json")
-        try:
-            lc, _ = recording_lifecycle(LifecyclePolicy())
-            lc.sleep()
-            lc.wake_up()
-            lifecycle.flush_logs()
-            errors = ev._current().writer.errors  # type: ignore[union-attr]
-        finally:
-            lifecycle.configure_logging(stream=io.StringIO(), level="warning")
-        assert lc.state is State.AWAKE
-        assert errors >= 1
-
-    def test_filtered_level_emits_nothing(self):
-        lc, _ = recording_lifecycle(LifecyclePolicy())
-        with capture_events(level="warning") as events:
-            lc.sleep()
-        assert events == []
-
-
 class TestFaultWrappers:
     def test_with_faults_wraps_real_backends(self):
         """The injector fails a wrapped backend's call; the backend's own query still serves recover."""
-        from lifecycle.testing import FakeProcessGroups, FaultInjector, with_faults
+        from lifecycle.faults import with_faults
+        from lifecycle.testing import FakeProcessGroups, FaultInjector
 
         faults = FaultInjector()
         memory, groups, cleared = FakeMemorySaver(), FakeProcessGroups(), []
         lc = Lifecycle(
             LifecyclePolicy(),
-            **with_faults(
-                faults, memory=memory, process_groups=groups, clear_memory=lambda: cleared.append(1)
+            with_faults(
+                faults, Hooks(memory=memory, process_groups=groups, clear_memory=lambda: cleared.append(1))
             ),
         )
         faults.arm("memory.pause", after_effect=True)

@@ -15,7 +15,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from lifecycle import IllegalTransitionError, LifecycleFailedError, LifecyclePolicy, Residency, State
 from lifecycle.table import Groups, Hook
-from lifecycle.testing import InjectedFault, ProtocolViolation, make_body, recording_lifecycle
+from lifecycle.testing import InjectedFault, ProtocolViolation, recording_lifecycle
+from tests.helpers.bodies import make_body
 
 TAGS = ("weights", "kv_cache")
 EXPECTED = (IllegalTransitionError, LifecycleFailedError, InjectedFault)

@@ -25,8 +25,9 @@ from lifecycle import (
     flush_logs,
 )
 from lifecycle.machine import Lifecycle
-from lifecycle.testing import InjectedFault, Recorders, make_body, recording_lifecycle
+from lifecycle.testing import InjectedFault, Recorders, recording_lifecycle
 from lifecycle.timeline import STATE_COLORS, build_trace, draw_figure, read_lanes, render_png, write_trace
+from tests.helpers.bodies import make_body
 
 TAGS = ("weights", "kv_cache", "cuda_graph")
 US = 1e-3  # tolerance in microseconds: the trace rounds times to nanoseconds

@@ -3,7 +3,15 @@
 import os
 
 import pytest
-from sglang_source import OFFLINE_ENV, VERSION, SourceTree, WheelUnavailable, cached_wheel, fetch_wheel
+
+from tests.helpers.sglang_source import (
+    OFFLINE_ENV,
+    VERSION,
+    SourceTree,
+    WheelUnavailable,
+    cached_wheel,
+    fetch_wheel,
+)
 
 
 @pytest.fixture(scope="session")

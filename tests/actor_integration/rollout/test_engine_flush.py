@@ -5,16 +5,11 @@ import threading
 
 import pytest
 
-from actor_integration.rollout import (
-    ROLLOUT_POLICY,
-    EngineGeneration,
-    ReferenceEngine,
-    RolloutActor,
-    TinyLMConfig,
-)
+from actor_integration.rollout import ROLLOUT_POLICY, EngineGeneration, ReferenceEngine, RolloutActor
 from actor_integration.rollout import engine as engine_module
 from actor_integration.rollout.engine import QueryableEngineMemory
-from lifecycle import Lifecycle, Residency, State
+from actor_integration.tiny_model import TinyLMConfig
+from lifecycle import Hooks, Lifecycle, Residency, State
 from lifecycle.errors import EngineNotIdleError, LifecycleError
 
 CONFIG = TinyLMConfig(vocab_size=53, dim=16, n_layers=2, n_heads=4, max_seq_len=24, seed=1)
@@ -64,7 +59,7 @@ def rollout_lifecycle(engine, clock, *, deadline=5.0, mode="retract"):
         engine, mode=mode, flush_deadline_s=deadline, flush_backoff_s=0.05, clock=clock
     )
     return Lifecycle(
-        ROLLOUT_POLICY, memory=QueryableEngineMemory(engine), generation=generation, role="rollout"
+        ROLLOUT_POLICY, Hooks(memory=QueryableEngineMemory(engine), generation=generation), role="rollout"
     )
 
 

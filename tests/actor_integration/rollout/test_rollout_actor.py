@@ -10,10 +10,8 @@ from actor_integration.rollout import (
     EngineMemory,
     ReferenceEngine,
     RolloutActor,
-    TinyLMConfig,
-    weights_checksum,
 )
-from actor_integration.rollout.reference import perturbed
+from actor_integration.tiny_model import TinyLMConfig, weights_checksum
 from actor_integration.weight_sync import (
     CorruptBucketError,
     RankSlot,
@@ -23,6 +21,7 @@ from actor_integration.weight_sync import (
 )
 from actor_integration.weight_sync.shm import ShmReceiver, ShmSender
 from lifecycle import IllegalTransitionError, State, capture_events
+from tests.helpers.models import perturbed
 
 CONFIG = TinyLMConfig(vocab_size=53, dim=16, n_layers=2, n_heads=4, max_seq_len=24, seed=1)
 

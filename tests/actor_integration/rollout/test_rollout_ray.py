@@ -4,11 +4,12 @@ import functools
 
 import pytest
 
-from actor_integration.rollout import ReferenceEngine, RolloutActor, TinyLMConfig, weights_checksum
-from actor_integration.rollout.reference import perturbed
+from actor_integration.rollout import ReferenceEngine, RolloutActor
+from actor_integration.tiny_model import TinyLMConfig, weights_checksum
 from actor_integration.weight_sync import RankSlot, WeightSender, WeightSyncError
 from actor_integration.weight_sync.disk import DiskSender
 from actor_integration.weight_sync.shm import ShmSender
+from tests.helpers.models import perturbed
 
 pytestmark = pytest.mark.ray
 

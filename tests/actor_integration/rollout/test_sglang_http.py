@@ -7,12 +7,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import torch
-from sglang_source import request_problem
 
 from actor_integration.rollout import GENERATION_MODES, RolloutActor
 from actor_integration.rollout.sglang_http import SGLangHTTPEngine, SGLangServerError, SGLangServerTimeout
 from lifecycle import Residency, State
 from lifecycle.errors import EngineNotIdleError
+from tests.helpers.sglang_source import request_problem
 
 
 class FakeSGLangServer:

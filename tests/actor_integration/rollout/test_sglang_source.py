@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from sglang_source import VERSION, SourceShapedSGLang, event_loop, literal_values
 
 from actor_integration.rollout import ENGINE_TAGS, GENERATION_MODES, RolloutActor, SGLangEngine
 from actor_integration.rollout.sglang import sglang_codec
+from tests.helpers.sglang_source import VERSION, SourceShapedSGLang, event_loop, literal_values
 
 ENGINE = "sglang.srt.entrypoints.engine.Engine"
 TOKENIZER_MANAGER = "sglang.srt.managers.tokenizer_manager.TokenizerManager"

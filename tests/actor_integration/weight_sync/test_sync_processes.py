@@ -17,8 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from actor_integration.rollout import ReferenceEngine, RolloutActor, TinyLMConfig, weights_checksum
-from actor_integration.rollout.reference import perturbed
+from actor_integration.tiny_model import TinyLMConfig, weights_checksum
 from actor_integration.weight_sync import (
     RankSlot,
     SlotTopology,
@@ -29,6 +28,8 @@ from actor_integration.weight_sync import (
 from actor_integration.weight_sync.disk import DiskSender
 from actor_integration.weight_sync.nccl import NcclReceiver, NcclSender
 from actor_integration.weight_sync.shm import ShmSender
+from tests.helpers.engine_pipe import EngineClient, serve_rollout
+from tests.helpers.models import perturbed
 
 CONFIG = TinyLMConfig(vocab_size=61, dim=16, n_layers=2, n_heads=2, max_seq_len=32, seed=3)
 SPAWN = mp.get_context("spawn")
@@ -61,46 +62,9 @@ def read(out: Path, world: int) -> list[dict]:
 # ------------------------------------------------------------------ the engine process
 
 
-class EngineClient:
-    """`engine_call` over a pipe to `serve_engine`; the engine's exceptions come back raised."""
-
-    def __init__(self, conn) -> None:
-        self.conn = conn
-
-    def __call__(self, version, payloads):
-        return self.call("update_weights", version, payloads)
-
-    def call(self, method, *args):
-        self.conn.send((method, args))
-        status, value = self.conn.recv()
-        if status == "error":
-            raise value
-        return value
-
-
-def serve_engine(conn, devices, receiver=None) -> None:
-    actor = RolloutActor(ReferenceEngine(CONFIG, devices=devices), receiver=receiver)
-    seen_ranks = []
-    while True:
-        message = conn.recv()
-        if message is None:
-            return
-        method, args = message
-        try:
-            if method == "seen_ranks":
-                result = seen_ranks
-            else:
-                if method == "update_weights":
-                    seen_ranks.append([p.rank for p in args[1]])
-                result = getattr(actor, method)(*args)
-            conn.send(("ok", result))
-        except Exception as exc:
-            conn.send(("error", exc))
-
-
 def start_engine(devices):
     ours, theirs = SPAWN.Pipe()
-    process = SPAWN.Process(target=serve_engine, args=(theirs, devices), daemon=True)
+    process = SPAWN.Process(target=serve_rollout, args=(theirs, CONFIG, devices), daemon=True)
     process.start()
     return process, EngineClient(ours), ours
 
@@ -281,7 +245,9 @@ def broadcast_main(rank, world, port, conn, out) -> None:
     init_gloo(rank, world, port)
     group = dist.new_group(ranks=[0, 1], backend="gloo")
     if rank == 1:  # the engine process joins the broadcast group
-        serve_engine(conn, ["cpu"], receiver=WeightReceiver(transports={"nccl": NcclReceiver(group, src=0)}))
+        serve_rollout(
+            conn, CONFIG, ["cpu"], receiver=WeightReceiver(transports={"nccl": NcclReceiver(group, src=0)})
+        )
         write(out, rank, {})
     else:
         sender = WeightSender(

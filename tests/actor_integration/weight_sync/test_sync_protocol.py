@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from actor_integration.rollout import ReferenceEngine, RolloutActor, TinyLMConfig, weights_checksum
-from actor_integration.rollout.reference import perturbed
+from actor_integration.rollout import ReferenceEngine, RolloutActor
+from actor_integration.tiny_model import TinyLMConfig, weights_checksum
 from actor_integration.weight_sync import (
     CorruptBucketError,
     RankPayload,
@@ -25,6 +25,7 @@ from actor_integration.weight_sync import (
 from actor_integration.weight_sync.disk import DiskSender
 from actor_integration.weight_sync.shm import ShmSender
 from lifecycle import capture_events
+from tests.helpers.models import perturbed
 
 CONFIG = TinyLMConfig(vocab_size=61, dim=16, n_layers=2, n_heads=2, max_seq_len=32, seed=3)
 

@@ -12,7 +12,7 @@ import argparse
 from typing import Any
 
 from actor_integration.mixin import LifecycleMixin
-from lifecycle import LifecyclePolicy
+from lifecycle import Hooks, LifecyclePolicy
 from lifecycle.testing import CallLog, FakeMemorySaver, FakeProcessGroups, ProtocolViolation, RecordingHook
 
 
@@ -99,11 +99,13 @@ def slime_lifecycle_config(actor: SlimeLikeActor) -> dict[str, Any]:
     """`configure_lifecycle` arguments for a slime-shaped actor built by `SlimeLikeActor.build`."""
     return {
         "policy": LifecyclePolicy.from_args(actor.args),
-        "memory": actor.tms,
-        "process_groups": actor.groups,
-        "routing_replay": actor.routing_replay,
-        "clear_memory": actor.clear_memory,
-        "switch_model": actor.switch_model,
+        "hooks": Hooks(
+            memory=actor.tms,
+            process_groups=actor.groups,
+            routing_replay=actor.routing_replay,
+            clear_memory=actor.clear_memory,
+            switch_model=actor.switch_model,
+        ),
         "rank": actor.rank,
         "role": "actor",
     }

@@ -1,0 +1,141 @@
+"""The hook bundle an actor hands its machine, and the backend interfaces beside it.
+
+`Hooks` lists the slots once; the machine, the mixin and fault injection all take a `Hooks`.
+The Protocols are what each slot must offer; the real objects fit them as they are (the
+`torch_memory_saver` singleton is a `MemoryBackend`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from lifecycle.table import Hook
+
+__all__ = [
+    "EventSink",
+    "GenerationBackend",
+    "Hooks",
+    "MemoryBackend",
+    "MemoryDisable",
+    "ProcessGroupsBackend",
+]
+
+
+@runtime_checkable
+class MemoryDisable(Protocol):
+    """The part of a memory backend a weight sender needs: allocations inside `disable()` are plain."""
+
+    def disable(self) -> contextlib.AbstractContextManager[Any]: ...
+
+
+@runtime_checkable
+class MemoryBackend(MemoryDisable, Protocol):
+    """torch_memory_saver's own interface: the real `torch_memory_saver` singleton fits as is."""
+
+    def pause(self, tag: str | None = None) -> None: ...
+
+    def resume(self, tag: str | None = None) -> None: ...
+
+
+@runtime_checkable
+class ProcessGroupsBackend(Protocol):
+    def destroy(self) -> None: ...
+
+    def reload(self) -> None: ...
+
+
+@runtime_checkable
+class GenerationBackend(Protocol):
+    """A rollout engine's generation control: pause (and flush) before release, resume after wake."""
+
+    def pause(self) -> None: ...
+
+    def resume(self) -> None: ...
+
+
+class EventSink(Protocol):
+    """What `Lifecycle.event` offers: layers above the machine log through it with the actor's context."""
+
+    def event(self, name: str, level: str = "info", **fields: Any) -> None: ...
+
+
+_METHODS: dict[str, tuple[tuple[str, ...], str]] = {
+    "memory": (("pause", "resume", "disable"), "torch_memory_saver's pause/resume/disable"),
+    "process_groups": (("destroy", "reload"), "destroy()/reload()"),
+    "generation": (("pause", "resume"), "pause()/resume()"),
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Hooks:
+    """What a plan may call. Only `memory` is required; a slot left None is skipped by every plan.
+
+    memory: pauses and resumes tags (torch_memory_saver, `TorchMemorySaverBackend`, `NoopMemory`).
+    process_groups: destroyed on sleep, reloaded on wake (`ReloadableProcessGroups`, Megatron's).
+    routing_replay: clears routing-replay caches before memory is released (MoE).
+    clear_memory: drops garbage and cached blocks around the memory calls.
+    switch_model: called with the policy's `model_tag` after a wake (slime's `_switch_model`).
+    generation: pauses and resumes an engine's generation (rollout).
+    """
+
+    memory: MemoryBackend
+    process_groups: ProcessGroupsBackend | None = None
+    routing_replay: Callable[[], Any] | None = None
+    clear_memory: Callable[[], Any] | None = None
+    switch_model: Callable[[str], Any] | None = None
+    generation: GenerationBackend | None = None
+
+    def __post_init__(self) -> None:
+        for slot in dataclasses.fields(self):
+            value = getattr(self, slot.name)
+            if value is None:
+                if slot.name == "memory":
+                    raise TypeError(
+                        "Hooks: memory is required (torch_memory_saver's pause/resume/disable); for machines "
+                        "without CUDA pass actor_integration.NoopMemory()"
+                    )
+                continue
+            methods = _METHODS.get(slot.name)
+            if methods is None:
+                if not callable(value):
+                    raise TypeError(f"Hooks: {slot.name} must be a callable, got {type(value).__name__}")
+                continue
+            missing = [m for m in methods[0] if not callable(getattr(value, m, None))]
+            if missing:
+                hint = (
+                    ". For machines without CUDA pass actor_integration.NoopMemory()"
+                    if slot.name == "memory"
+                    else ""
+                )
+                raise TypeError(
+                    f"Hooks: {slot.name} must provide {methods[1]}; {type(value).__name__} lacks {missing}{hint}"
+                )
+
+    @property
+    def present(self) -> frozenset[Hook]:
+        """The hook slots of the table these hooks fill (memory always)."""
+        present = {Hook.MEMORY_PAUSE, Hook.MEMORY_RESUME}
+        if self.process_groups is not None:
+            present |= {Hook.PROCESS_GROUPS_DESTROY, Hook.PROCESS_GROUPS_RELOAD}
+        if self.generation is not None:
+            present |= {Hook.GENERATION_PAUSE, Hook.GENERATION_RESUME}
+        for hook, given in (
+            (Hook.ROUTING_REPLAY_CLEAR, self.routing_replay),
+            (Hook.CLEAR_MEMORY, self.clear_memory),
+            (Hook.SWITCH_MODEL, self.switch_model),
+        ):
+            if given is not None:
+                present.add(hook)
+        return frozenset(present)
+
+    def slots(self) -> Iterator[tuple[str, Any]]:
+        """(slot name, value) for every slot, in declaration order."""
+        for slot in dataclasses.fields(self):
+            yield slot.name, getattr(self, slot.name)
+
+    def replace(self, **changes: Any) -> Hooks:
+        return dataclasses.replace(self, **changes)

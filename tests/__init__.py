@@ -1,0 +1,1 @@
+"""The test suite (its own helpers live in `tests.helpers`)."""

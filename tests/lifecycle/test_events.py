@@ -1,0 +1,182 @@
+"""Lifecycle events: through the application's structlog, and into the per-rank JSON-lines sink."""
+
+import io
+import json
+
+import pytest
+import structlog
+from structlog.testing import capture_logs
+
+import lifecycle
+from lifecycle import LifecyclePolicy, State, capture_events
+from lifecycle import events as ev
+from lifecycle.testing import recording_lifecycle
+
+SLEEP = ["routing_replay.clear", "clear_memory", "process_groups.destroy", "memory.pause"]
+
+
+@pytest.fixture
+def quiet_after():
+    """Each test may configure structlog and the sink; put both back as conftest left them."""
+    yield
+    structlog.reset_defaults()
+    structlog.contextvars.clear_contextvars()
+    lifecycle.configure_logging(stream=io.StringIO(), level="warning")
+
+
+@pytest.mark.usefixtures("quiet_after")
+class TestSink:
+    def test_transition_event_fields(self):
+        """One lifecycle.transition per edge with src, dst, operation, duration and each hook's name, ms, ok."""
+        lc, _ = recording_lifecycle(LifecyclePolicy(use_routing_replay=True), rank=3, role="actor")
+        lc.step = 7
+        with capture_events() as events:
+            lc.sleep()
+        (event,) = events
+        assert event["event"] == "lifecycle.transition" and event["level"] == "info"
+        assert (
+            event["src"],
+            event["dst"],
+            event["operation"],
+            event["rank"],
+            event["role"],
+            event["step"],
+        ) == (State.AWAKE, State.PAUSED, "sleep", 3, "actor", 7)
+        assert [h["name"] for h in event["hooks"]] == SLEEP
+        assert all(h["ok"] and h["ms"] >= 0 for h in event["hooks"])
+        assert (
+            event["duration_ms"] >= 0
+            and event["residency"] == {"*": "released"}
+            and event["groups"] == "destroyed"
+        )
+
+    def test_json_lines_file(self, tmp_path):
+        path = tmp_path / "rank0.jsonl"
+        lifecycle.configure_logging(json_path=path)
+        try:
+            lc, _ = recording_lifecycle(LifecyclePolicy(), rank=0, role="actor")
+            lc.sleep()
+            lc.sleep()
+            assert lifecycle.flush_logs()
+            lines = [json.loads(line) for line in path.read_text().splitlines()]
+        finally:
+            lifecycle.configure_logging(stream=io.StringIO(), level="warning")
+        assert [x["event"] for x in lines] == [
+            "lifecycle.configured",
+            "lifecycle.transition",
+            "lifecycle.noop",
+        ]
+        assert lines[1]["src"] == "AWAKE" and lines[1]["rank"] == 0 and "timestamp" in lines[1]
+
+    def test_logging_never_crashes_the_machine(self):
+        """A broken stream counts errors; the machine keeps working."""
+        broken = io.StringIO()
+        broken.close()
+        lifecycle.configure_logging(stream=broken, fmt="json")
+        try:
+            lc, _ = recording_lifecycle(LifecyclePolicy())
+            lc.sleep()
+            lc.wake_up()
+            lifecycle.flush_logs()
+            errors = ev._current().writer.errors  # type: ignore[union-attr]
+        finally:
+            lifecycle.configure_logging(stream=io.StringIO(), level="warning")
+        assert lc.state is State.AWAKE
+        assert errors >= 1
+
+    def test_filtered_level_emits_nothing(self):
+        lc, _ = recording_lifecycle(LifecyclePolicy())
+        with capture_events(level="warning") as events:
+            lc.sleep()
+        assert events == []
+
+
+@pytest.mark.usefixtures("quiet_after")
+class TestApplicationStructlog:
+    """Events flow through the application's structlog configuration when it has one."""
+
+    def test_capture_logs_sees_the_events(self):
+        """structlog.testing.capture_logs() catches lifecycle events once the application configured structlog."""
+        structlog.configure(processors=[structlog.processors.JSONRenderer()])
+        lc, _ = recording_lifecycle(LifecyclePolicy(), rank=2, role="actor")
+        with capture_logs() as logs:
+            lc.sleep()
+        (event,) = logs
+        assert event["event"] == "lifecycle.transition" and event["log_level"] == "info"
+        assert (event["src"], event["dst"], event["rank"], event["role"]) == (
+            State.AWAKE,
+            State.PAUSED,
+            2,
+            "actor",
+        )
+
+    def test_context_variables_reach_the_application_and_the_sink(self, tmp_path):
+        """Fields bound with bind_contextvars (a trial id, an RL iteration) appear in both destinations."""
+        seen = []
+
+        def keep(_logger, _name, event_dict):
+            seen.append(dict(event_dict))
+            raise structlog.DropEvent
+
+        structlog.configure(processors=[structlog.contextvars.merge_contextvars, keep])
+        path = tmp_path / "rank0.jsonl"
+        lifecycle.configure_logging(json_path=path)
+        lc, _ = recording_lifecycle(LifecyclePolicy(), rank=0, role="actor")
+        structlog.contextvars.bind_contextvars(trial="t-17", iteration=4)
+        lc.sleep()
+        assert lifecycle.flush_logs()
+        lines = [json.loads(line) for line in path.read_text().splitlines()]
+        transition = next(x for x in lines if x["event"] == "lifecycle.transition")
+        assert (transition["trial"], transition["iteration"]) == ("t-17", 4)
+        (app,) = [x for x in seen if x["event"] == "lifecycle.transition"]
+        assert (app["trial"], app["iteration"], app["rank"]) == ("t-17", 4, 0)
+
+    def test_the_application_renderer_applies(self):
+        """The application's own processors and renderer format the events."""
+        out = io.StringIO()
+        structlog.configure(
+            processors=[structlog.processors.add_log_level, structlog.processors.KeyValueRenderer()],
+            logger_factory=structlog.PrintLoggerFactory(out),
+        )
+        lc, _ = recording_lifecycle(LifecyclePolicy(), role="actor")
+        lc.sleep()
+        assert "event='lifecycle.transition'" in out.getvalue() and "level='info'" in out.getvalue()
+
+    def test_application_false_keeps_events_out_of_the_application(self, tmp_path):
+        """configure_logging(application=False): only the per-rank sink gets them."""
+        structlog.configure(processors=[structlog.processors.JSONRenderer()])
+        lifecycle.configure_logging(json_path=tmp_path / "r.jsonl", application=False)
+        lc, _ = recording_lifecycle(LifecyclePolicy())
+        with capture_logs() as logs:
+            lc.sleep()
+        assert logs == []
+        assert lifecycle.flush_logs() and "lifecycle.transition" in (tmp_path / "r.jsonl").read_text()
+
+    def test_application_true_without_configuration_uses_structlog_defaults(self):
+        """application=True routes through structlog even when the application never configured it."""
+        lifecycle.configure_logging(stream=io.StringIO(), level="warning", application=True)
+        lc, _ = recording_lifecycle(LifecyclePolicy())
+        with capture_logs() as logs:
+            lc.sleep()
+        assert [x["event"] for x in logs] == ["lifecycle.transition"]
+
+    def test_an_unconfigured_application_gets_console_lines_not_structlog_output(self, capsys):
+        """Without structlog configured and without a sink, events are console lines on stderr only."""
+        ev._install(None)
+        lc, _ = recording_lifecycle(LifecyclePolicy(), role="actor")
+        lc.sleep()
+        assert lifecycle.flush_logs()
+        captured = capsys.readouterr()
+        assert "lifecycle.transition" in captured.err and captured.out == ""
+
+    def test_a_failing_application_pipeline_never_reaches_the_machine(self):
+        """An application processor that raises is swallowed; the machine keeps working."""
+
+        def explode(*_):
+            raise RuntimeError("processor bug")
+
+        structlog.configure(processors=[explode])
+        lc, _ = recording_lifecycle(LifecyclePolicy())
+        lc.sleep()
+        lc.wake_up()
+        assert lc.state is State.AWAKE
