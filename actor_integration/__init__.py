@@ -24,7 +24,7 @@ _EXPORTS = {
     "NoopMemory": "actor_integration.memory_saver",
     "TorchMemorySaverBackend": "actor_integration.memory_saver",
     "select_memory_backend": "actor_integration.memory_saver",
-    "validate_environment": "actor_integration.memory_saver",
+    "validate_environment": "actor_integration.tms_env",
     "CpuWeightBackup": "actor_integration.model_tag",
     "ModelTagSwitch": "actor_integration.model_tag",
     "RoutingReplayCache": "actor_integration.routing_replay",

@@ -62,7 +62,8 @@ def check_torch() -> list[Check]:
 def check_memory_saver(env: Mapping[str, str]) -> list[Check]:
     import torch
 
-    from actor_integration.memory_saver import MemorySaverConfigError, preload_library, validate_environment
+    from actor_integration.tms_env import preload_library, validate_environment
+    from lifecycle.errors import MemorySaverConfigError
 
     version = _version("torch-memory-saver")
     if version is None:

@@ -31,7 +31,7 @@ from lifecycle.table import (
     select_row,
 )
 
-TRAINER = LifecyclePolicy(offload_train=True, colocate=True, memory_tags=("model",))
+TRAINER = LifecyclePolicy(offload_train=True, memory_tags=("model",))
 ROLLOUT = LifecyclePolicy(
     memory_tags=("weights", "kv_cache"),
     sync_requires=("weights",),

@@ -9,14 +9,15 @@ from typing import Any
 
 from lifecycle.table import ALL_TAGS, PolicyView
 
+# Fields older logs may carry: `colocate` (read nowhere; a transport concern, see configure_sender).
+_RETIRED = frozenset({"colocate"})
+
 
 @dataclass(frozen=True, kw_only=True)
 class LifecyclePolicy:
     """How one actor sleeps and wakes.
 
     offload_train: sleep after every train step (slime `--offload-train`).
-    colocate: the actor shares its GPUs with a rollout engine (slime `--colocate`); weight
-        transports that cannot reach a process on the same GPU are refused.
     use_routing_replay: clear routing-replay caches before releasing memory (MoE).
     memory_tags: the torch_memory_saver tags this actor pauses, in order; resume uses the
         same order. None tracks all memory as one unit (`pause()` / `resume()` with no tag).
@@ -28,7 +29,6 @@ class LifecyclePolicy:
     """
 
     offload_train: bool = False
-    colocate: bool = False
     use_routing_replay: bool = False
     memory_tags: tuple[str, ...] | None = None
     destroy_process_groups: bool = True
@@ -39,7 +39,6 @@ class LifecyclePolicy:
     def __post_init__(self) -> None:
         for name in (
             "offload_train",
-            "colocate",
             "use_routing_replay",
             "destroy_process_groups",
             "auto_wake",
@@ -116,10 +115,10 @@ class LifecyclePolicy:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> LifecyclePolicy:
         known = {f for f in cls.__dataclass_fields__}
-        extra = sorted(set(data) - known)
+        extra = sorted(set(data) - known - _RETIRED)
         if extra:
             raise ValueError(f"unknown LifecyclePolicy fields {extra}; known fields: {sorted(known)}")
-        fields = dict(data)
+        fields = {k: v for k, v in data.items() if k not in _RETIRED}
         for name in ("memory_tags", "sync_requires"):
             if isinstance(fields.get(name), list):
                 fields[name] = tuple(fields[name])
@@ -150,7 +149,6 @@ class LifecyclePolicy:
             offload_train = True
         fields: dict[str, Any] = {
             "offload_train": bool(offload_train),
-            "colocate": colocate,
             "use_routing_replay": bool(getattr(args, "use_routing_replay", False)),
             "model_tag": "actor" if role == "actor" else None,
         }

@@ -169,7 +169,7 @@ class DemoTrainer(LifecycleMixin, TinyTrainer):
             deadline_s=timeout_s,
         )
         lifecycle = self.configure_lifecycle(
-            LifecyclePolicy(offload_train=True, colocate=True, memory_tags=("model",)),
+            LifecyclePolicy(offload_train=True, memory_tags=("model",)),
             with_faults(
                 self.faults,
                 Hooks(

@@ -99,7 +99,7 @@ class LifecycleMegatronTrainer(LifecycleMixin, MegatronTrainer):
     def init(self, workdir: Path) -> None:
         super().init(workdir)
         self.configure_lifecycle(
-            LifecyclePolicy(offload_train=True, colocate=True, memory_tags=("model",)),
+            LifecyclePolicy(offload_train=True, memory_tags=("model",)),
             Hooks(
                 memory=self.memory,
                 process_groups=self.parallel,

@@ -145,7 +145,7 @@ def test_raw_tms_second_pause_exits_the_process() -> None:
 
 def test_preload_disable_makes_allocations_shareable_over_cuda_ipc() -> None:
     """slime #2188: under preload + TMS_INIT_ENABLE=1, only memory allocated inside disable() can be exported."""
-    from actor_integration.memory_saver import preload_library
+    from actor_integration.tms_env import preload_library
 
     result = run_python(
         """
@@ -188,7 +188,7 @@ def test_preload_disable_makes_allocations_shareable_over_cuda_ipc() -> None:
 
 
 def test_preload_adapter_refuses_where_raw_tms_exits() -> None:
-    from actor_integration.memory_saver import preload_library
+    from actor_integration.tms_env import preload_library
 
     result = run_python(
         """

@@ -60,7 +60,7 @@ def expect(error: type[BaseException], call: Callable[[], Any]) -> None:
 def trainer_offload(path: Path) -> None:
     """slime's colocated trainer: starts asleep, sleeps after every train step."""
     with json_log(path):
-        policy = LifecyclePolicy(offload_train=True, colocate=True, use_routing_replay=True)
+        policy = LifecyclePolicy(offload_train=True, use_routing_replay=True)
         lc, rec = recording_lifecycle(policy, initial=State.PAUSED, rank=0, role="trainer")
         lc.run("train", body(rec, lc, "train"))  # PAUSED: wake, train, sleep
         lc.run("sync", body(rec, lc, "sync"))  # PAUSED: groups up, sync, groups down
@@ -167,7 +167,7 @@ def weight_sync(directory: Path) -> list[Path]:
             path = directory / f"trainer{rank}.jsonl"
             out.append(path)
             with json_log(path):
-                policy = LifecyclePolicy(offload_train=True, colocate=True)
+                policy = LifecyclePolicy(offload_train=True)
                 lc, rec = recording_lifecycle(policy, initial=State.PAUSED, rank=rank, role="trainer")
                 lc.event("weight_sync.transport", requested="auto", chosen="cuda_ipc", reason="colocated")
                 for version in VERSIONS:

@@ -55,12 +55,12 @@ class TestFromArgs:
         policy = LifecyclePolicy.from_args(
             self.ns(colocate=True, offload_train=None, use_routing_replay=True)
         )
-        assert (policy.offload_train, policy.colocate, policy.use_routing_replay, policy.model_tag) == (
-            True,
-            True,
-            True,
-            "actor",
-        )
+        assert (policy.offload_train, policy.use_routing_replay, policy.model_tag) == (True, True, "actor")
+
+    def test_logs_with_the_retired_colocate_field_still_replay(self):
+        """Policies logged before `colocate` left the policy (it was read nowhere) still load."""
+        policy = LifecyclePolicy.from_dict({"offload_train": True, "colocate": True})
+        assert policy.offload_train and not hasattr(policy, "colocate")
 
     def test_release_train_turns_offload_off(self):
         policy = LifecyclePolicy.from_args(self.ns(colocate=True, offload_train=True, release_train=True))

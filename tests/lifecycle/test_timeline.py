@@ -66,7 +66,7 @@ def sync_body(lc: Lifecycle, rec: Recorders, version: int, ranks: tuple[int, ...
 
 def trainer(path: Path, rank: int, ranks: tuple[int, ...]) -> None:
     with json_log(path):
-        policy = LifecyclePolicy(offload_train=True, colocate=True)
+        policy = LifecyclePolicy(offload_train=True)
         lc, rec = recording_lifecycle(policy, initial=State.PAUSED, rank=rank, role="trainer")
         for version in (1, 2):
             if rank == 2 and version == 2:
