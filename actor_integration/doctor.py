@@ -203,7 +203,7 @@ def check_cuda_graph_registration(env: Mapping[str, str], cuda_graphs: bool | No
 def check_ipc_allocator(env: Mapping[str, str], transport: str) -> Check:
     """expandable_segments in a process that exports CUDA IPC handles for the weight sync."""
     # One parser of the allocator setting: the one the torch_memory_saver adapter refuses with.
-    from actor_integration.memory_saver import _expandable_segments
+    from actor_integration.tms_env import _expandable_segments
 
     name = "CUDA IPC + expandable_segments"
     if transport != "cuda_ipc":
