@@ -76,7 +76,9 @@ def _timeline(args: argparse.Namespace) -> int:
 def _doctor(args: argparse.Namespace) -> int:
     from actor_integration import doctor
 
-    report = doctor.run_checks(ray_address=args.address)
+    report = doctor.run_checks(
+        ray_address=args.address, cuda_graphs=args.cuda_graphs, transport=args.transport
+    )
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -122,6 +124,18 @@ def build_parser() -> argparse.ArgumentParser:
     doctor = sub.add_parser("doctor", help="check this environment before a colocated job")
     doctor.add_argument("--address", help="Ray cluster address to check (default: RAY_ADDRESS)")
     doctor.add_argument("--json", action="store_true", help="print the report as JSON")
+    doctor.add_argument(
+        "--cuda-graphs",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="whether a process captures CUDA graphs (SGLang does unless --disable-cuda-graph)",
+    )
+    doctor.add_argument(
+        "--transport",
+        choices=["auto", "cuda_ipc", "shm", "disk", "nccl"],
+        default=None,
+        help="the weight transport the job will use (default: the one doctor recommends)",
+    )
     doctor.set_defaults(func=_doctor)
     return parser
 

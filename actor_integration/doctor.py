@@ -1,7 +1,9 @@
 """`lifecycle doctor`: check the environment before a colocated job and recommend a weight transport.
 
 Each check gives a verdict (ok / warn / fail / skip) and one line of detail; on a CPU-only machine
-the GPU checks are reported as skipped with the reason, not failed.
+the GPU checks are reported as skipped with the reason, not failed. Two hazards depend on how the
+job runs, which the caller says (`--cuda-graphs`, `--transport`): CUDA graphs with NCCL buffer
+registration over torch_memory_saver memory, and expandable_segments with CUDA IPC export.
 """
 
 from __future__ import annotations
@@ -149,6 +151,79 @@ def check_nccl() -> Check:
     )
 
 
+def check_cuda_graph_registration(env: Mapping[str, str], cuda_graphs: bool | None) -> Check:
+    """CUDA graphs over memory torch_memory_saver releases, with NCCL graph buffer registration on."""
+    name = "CUDA graphs + NCCL buffer registration"
+    register = env.get("NCCL_GRAPH_REGISTER")
+    # NCCL registers the buffers of graph-captured collectives (NCCL_GRAPH_REGISTER, default on);
+    # a torch_memory_saver resume maps new physical pages under the same addresses, the
+    # registrations still point at the old ones, and replay hangs (torch_memory_saver #88 and
+    # #107, sglang #40648). SGLang 0.5.23 defaults it to 0 for its own multi-rank graphs only.
+    fix = "export NCCL_GRAPH_REGISTER=0 for every process that captures CUDA graphs (trainer and rollout)"
+    if _version("torch-memory-saver") is None:
+        return Check(name, "skip", "torch_memory_saver is not installed: no physical pages are swapped")
+    if register == "0":
+        return Check(
+            name, "ok", "NCCL_GRAPH_REGISTER=0: captured collectives keep no stale buffer registrations"
+        )
+    if cuda_graphs is False:
+        return Check(name, "skip", "no CUDA graphs captured (--no-cuda-graphs)")
+    if cuda_graphs is None:
+        if register is None:
+            return Check(
+                name,
+                "skip",
+                "say whether a process captures CUDA graphs (SGLang does unless --disable-cuda-graph): "
+                "--cuda-graphs / --no-cuda-graphs",
+            )
+        return Check(
+            name,
+            "warn",
+            f"NCCL_GRAPH_REGISTER={register!r} registers graph-captured NCCL buffers, which go stale when "
+            "torch_memory_saver releases and resumes memory; if a process captures CUDA graphs (SGLang "
+            f"does by default) replay can hang: {fix}",
+        )
+    if register is None:
+        return Check(
+            name,
+            "warn",
+            "NCCL_GRAPH_REGISTER is unset, so NCCL registers graph-captured buffers; they go stale when "
+            "torch_memory_saver resumes memory on new pages and replay can hang (SGLang 0.5.23 turns "
+            f"the registration off for its own multi-rank graphs, a trainer's graphs keep it): {fix}",
+        )
+    return Check(
+        name,
+        "fail",
+        f"NCCL_GRAPH_REGISTER={register!r} with CUDA graphs over torch_memory_saver memory: the "
+        "registrations go stale when memory is resumed on new pages and graph replay hangs "
+        f"(torch_memory_saver #88, sglang #40648); {fix}",
+    )
+
+
+def check_ipc_allocator(env: Mapping[str, str], transport: str) -> Check:
+    """expandable_segments in a process that exports CUDA IPC handles for the weight sync."""
+    # One parser of the allocator setting: the one the torch_memory_saver adapter refuses with.
+    from actor_integration.tms_env import _expandable_segments
+
+    name = "CUDA IPC + expandable_segments"
+    if transport != "cuda_ipc":
+        return Check(name, "skip", f"transport {transport}: no CUDA IPC handles are exported")
+    enabled = [
+        n for n in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF") if _expandable_segments(env.get(n, ""))
+    ]
+    if not enabled:
+        return Check(name, "ok", "expandable_segments is off: the trainer's buffers export over CUDA IPC")
+    return Check(
+        name,
+        "fail",
+        f"{', '.join(f'{n}={env[n]!r}' for n in enabled)} enables expandable_segments; exporting its memory "
+        "over CUDA IPC fails with 'pidfd_getfd: Operation not permitted' (NeMo-RL #3782). Remove "
+        "expandable_segments:True from the trainer's environment, or switch it off around update_weights "
+        "(torch.cuda.memory._set_allocator_settings('expandable_segments:False'), as verl does), or use "
+        "--transport shm",
+    )
+
+
 def check_ray(address: str | None, env: Mapping[str, str]) -> Check:
     version = _version("ray")
     if version is None:
@@ -172,8 +247,17 @@ def check_ray(address: str | None, env: Mapping[str, str]) -> Check:
     return Check("Ray", "ok", f"ray {version}: no running cluster here; `lifecycle demo` starts a local one")
 
 
-def run_checks(environ: Mapping[str, str] | None = None, *, ray_address: str | None = None) -> dict[str, Any]:
+def run_checks(
+    environ: Mapping[str, str] | None = None,
+    *,
+    ray_address: str | None = None,
+    cuda_graphs: bool | None = None,
+    transport: str | None = None,
+) -> dict[str, Any]:
+    """Every check. `cuda_graphs`: whether a process captures CUDA graphs (None: not said);
+    `transport`: the weight transport the job will use (None or "auto": the recommended one)."""
     env = dict(os.environ if environ is None else environ)
+    planned = transport
     checks = check_torch()
     checks += check_memory_saver(env)
     ipc_checks, ipc_ok = check_cuda_ipc(env)
@@ -186,6 +270,8 @@ def run_checks(environ: Mapping[str, str] | None = None, *, ray_address: str | N
         transport, why = "shm", "CUDA IPC export fails under this allocator: shared host memory instead"
     else:
         transport, why = "shm", "no GPU: shared host memory between the processes"
+    checks.append(check_cuda_graph_registration(env, cuda_graphs))
+    checks.append(check_ipc_allocator(env, transport if planned in (None, "auto") else planned))
     return {
         "checks": [asdict(c) for c in checks],
         "transport": transport,

@@ -33,6 +33,8 @@ __all__ = [
     "ProtocolViolation",
     "RendezvousMismatchError",
     "RendezvousTimeoutError",
+    "SGLangServerError",
+    "SGLangServerTimeout",
     "StaleVersionError",
     "UnknownModelTagError",
     "WeightMismatchError",
@@ -229,3 +231,12 @@ class CorruptBucketError(WeightSyncError):
 
 class EngineNotIdleError(LifecycleError, RuntimeError):
     """The engine still had requests after pausing generation; its memory was not released."""
+
+
+class SGLangServerError(LifecycleError, RuntimeError):
+    """An SGLang server refused a request (`status`, SGLang's text in `answer`) or could not be
+    reached (`status` None). Fields: method, path, status, answer."""
+
+
+class SGLangServerTimeout(LifecycleError, TimeoutError):
+    """An SGLang server did not answer a request in time. Fields: method, path, timeout_s."""

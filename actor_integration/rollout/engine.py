@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from lifecycle.errors import EngineNotIdleError
+
 GENERATION_MODES = ("abort", "retract", "in_place")  # SGLang's pause_generation modes
 ENGINE_TAGS = ("weights", "kv_cache")
+FLUSH_DEADLINE_S = 30.0  # how long `EngineGeneration` retries a flush that reports the engine busy
 
 NamedTensors = Sequence[tuple[str, torch.Tensor]]
 
@@ -22,6 +26,10 @@ class RolloutEngine(Protocol):
     engine rank i (the trainer rank on the same GPU sent them). Round 0 starts the version, the
     round with `final=True` completes it; an engine that can stage keeps its previous weights
     until then.
+
+    `flush_cache` answers whether it flushed: False means the engine still had requests and
+    flushed nothing (SGLang refuses then); an engine that returns None cannot tell and counts
+    as flushed. Engines that can say what is still queued also implement `ReportsQueue`.
     """
 
     weight_version: int
@@ -36,13 +44,28 @@ class RolloutEngine(Protocol):
 
     def continue_generation(self) -> None: ...
 
-    def flush_cache(self) -> None: ...
+    def flush_cache(self) -> bool | None: ...
 
     def load_weights(
         self, version: int, shards: Sequence[NamedTensors], *, round_index: int, final: bool
     ) -> None: ...
 
     def weights_checksum(self) -> str: ...
+
+
+@runtime_checkable
+class ReportsQueue(Protocol):
+    """An engine that can say which requests it still holds: `{"running": n, "waiting": m}`."""
+
+    def queued_requests(self) -> dict[str, int]: ...
+
+
+class Clock(Protocol):
+    """What `EngineGeneration` waits with: the `time` module, or a fake one in tests."""
+
+    def monotonic(self) -> float: ...
+
+    def sleep(self, seconds: float, /) -> None: ...
 
 
 class EngineMemory:
@@ -77,22 +100,78 @@ class QueryableEngineMemory(EngineMemory):
 
 class EngineGeneration:
     """A `GenerationBackend` over an engine: pause = pause generation, flush the cache, then run
-    `on_pause` (the rollout drops its cached IPC handles there); resume = continue generation."""
+    `on_pause` (the rollout drops its cached IPC handles there); resume = continue generation.
+
+    A flush that reports the engine busy is retried with a growing backoff until
+    `flush_deadline_s` (None: `FLUSH_DEADLINE_S`; 0: one attempt), then `EngineNotIdleError`
+    is raised. The sleep plan pauses generation before it releases memory, so that error leaves
+    the machine FAILED with the memory still resident, never released under live requests.
+    """
 
     def __init__(
-        self, engine: RolloutEngine, *, mode: str = "abort", on_pause: Callable[[], Any] | None = None
+        self,
+        engine: RolloutEngine,
+        *,
+        mode: str = "abort",
+        on_pause: Callable[[], Any] | None = None,
+        flush_deadline_s: float | None = None,
+        flush_backoff_s: float = 0.05,
+        clock: Clock = time,
     ) -> None:
         if mode not in GENERATION_MODES:
             raise ValueError(f"EngineGeneration: mode must be one of {list(GENERATION_MODES)}, got {mode!r}")
+        deadline = FLUSH_DEADLINE_S if flush_deadline_s is None else flush_deadline_s
+        if deadline < 0 or flush_backoff_s <= 0:
+            raise ValueError(
+                f"EngineGeneration: flush_deadline_s must be >= 0 and flush_backoff_s > 0, got "
+                f"{flush_deadline_s!r} and {flush_backoff_s!r}"
+            )
         self.engine = engine
         self.mode = mode
         self.on_pause = on_pause
+        self.flush_deadline_s = deadline
+        self.flush_backoff_s = flush_backoff_s
+        self.clock = clock
 
     def pause(self) -> None:
         self.engine.pause_generation(self.mode)
-        self.engine.flush_cache()
+        self._flush()
         if self.on_pause is not None:
             self.on_pause()
 
     def resume(self) -> None:
         self.engine.continue_generation()
+
+    def _flush(self) -> None:
+        # After a retract or in_place pause, requests can stay queued and SGLang refuses the flush
+        # (sglang #31962): asserting on it kills the scheduler, retrying without a deadline spins.
+        start = self.clock.monotonic()
+        backoff = self.flush_backoff_s
+        attempts = 0
+        while True:
+            attempts += 1
+            if self.engine.flush_cache() is not False:
+                return
+            waited = self.clock.monotonic() - start
+            if waited >= self.flush_deadline_s:
+                break
+            self.clock.sleep(min(backoff, self.flush_deadline_s - waited))
+            backoff = min(backoff * 2, 1.0)
+        queued: dict[str, int] | None = None
+        what = "the engine cannot say what is queued"
+        if isinstance(self.engine, ReportsQueue):
+            try:
+                queued = self.engine.queued_requests()
+                what = f"still queued: {queued}"
+            except Exception as exc:  # the report is a courtesy: never mask the not-idle error
+                what = f"asking what is queued failed: {exc!r}"
+        raise EngineNotIdleError(
+            f"flush_cache reported the engine busy after pause_generation(mode={self.mode!r}), "
+            f"{attempts} attempt(s) over {waited:.2f} s ({what}); the cache was not flushed and no "
+            "memory was released. Drain or abort the requests (mode 'abort' aborts them; 'in_place' "
+            "keeps running requests in the engine), then recover(target=State.PAUSED) to sleep again.",
+            mode=self.mode,
+            queued=queued,
+            waited_s=waited,
+            attempts=attempts,
+        )

@@ -11,6 +11,7 @@ trainer rank on its GPU, minus the sharding).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 
 import torch
@@ -45,6 +46,8 @@ class ReferenceEngine:
         self._resident = dict.fromkeys(ENGINE_TAGS, True)
         self._weights_valid = True
         self._paused = False
+        self._running = 0  # generate calls in progress: a flush refuses while any runs, as SGLang's does
+        self._running_lock = threading.Lock()
         self._staged: list[dict[str, torch.Tensor]] | None = None
         self._staged_version: int | None = None
         self.weight_version = 0
@@ -131,11 +134,18 @@ class ReferenceEngine:
         self.calls.append("continue_generation")
         self._paused = False
 
-    def flush_cache(self) -> None:
+    def flush_cache(self) -> bool:
+        """Zero the KV cache; False (nothing flushed) while a generation is running."""
         self.calls.append("flush_cache")
+        if self._running:
+            return False
         for kv in self._kv:
             if kv is not None:
                 kv.zero_()
+        return True
+
+    def queued_requests(self) -> dict[str, int]:
+        return {"running": self._running, "waiting": 0}
 
     def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int = 8) -> list[list[int]]:
         if self._paused:
@@ -153,7 +163,13 @@ class ReferenceEngine:
         self.calls.append("generate")
         kv = self._kv[0]
         assert kv is not None
-        return self.models[0].generate(prompts, max_new_tokens=max_new_tokens, cache=kv)
+        with self._running_lock:
+            self._running += 1
+        try:
+            return self.models[0].generate(prompts, max_new_tokens=max_new_tokens, cache=kv)
+        finally:
+            with self._running_lock:
+                self._running -= 1
 
     # ------------------------------------------------------------------ weights
 

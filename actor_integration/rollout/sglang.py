@@ -7,6 +7,9 @@ loads what the trainer rank on its GPU sent. That costs one device copy per buck
 transport (SGLang's schedulers run in their own processes and cannot use our cached handles).
 SGLang loads each call in place, so a round that fails after an earlier round of the same
 version leaves mixed weights: the adapter then refuses to generate until a version loads whole.
+
+Written against the SGLang pinned in pyproject's `sglang` extra; CI checks every call this module
+makes against that version's source (tests/actor_integration/rollout/test_sglang_source.py).
 """
 
 from __future__ import annotations
@@ -47,79 +50,23 @@ def sglang_codec() -> tuple[Codec, bool]:
     return encode, bool(getattr(FlattenedTensorBucket, "supports_multi_dtypes", False))
 
 
-class SGLangEngine:
-    """Adapts `sglang.Engine` to `RolloutEngine`. Pass an engine, or keyword arguments to build one."""
+class SGLangWeights:
+    """Versioned weight loading in SGLang's flattened-bucket format, shared by the offline and the
+    HTTP adapters: each subclass sends one call with `_update`."""
 
-    def __init__(
-        self,
-        engine: Any = None,
-        *,
-        codec: Codec | None = None,
-        multi_dtype_buckets: bool | None = None,
-        **engine_kwargs: Any,
-    ) -> None:
-        if engine is None:
-            engine = _import_sglang().Engine(**engine_kwargs)
-        elif engine_kwargs:
-            raise ValueError(
-                f"SGLangEngine: got an engine and engine arguments {sorted(engine_kwargs)}; give one"
-            )
+    def __init__(self, codec: Codec | None, multi_dtype_buckets: bool | None) -> None:
         if codec is None:
             codec, multi = sglang_codec()
             multi_dtype_buckets = multi if multi_dtype_buckets is None else multi_dtype_buckets
-        self.engine = engine
         self._encode = codec
         self._multi_dtype = bool(multi_dtype_buckets)
-        self._takes_version = (
-            "weight_version" in inspect.signature(engine.update_weights_from_tensor).parameters
-        )
         self.weight_version = 0
         self._mixed: int | None = None  # version whose rounds were partly applied
 
-    # ------------------------------------------------------------------ memory and generation
-
-    def release_memory_occupation(self, tags: Sequence[str] | None = None) -> None:
-        self.engine.release_memory_occupation(tags=None if tags is None else list(tags))
-
-    def resume_memory_occupation(self, tags: Sequence[str] | None = None) -> None:
-        self.engine.resume_memory_occupation(tags=None if tags is None else list(tags))
-
-    def pause_generation(self, mode: str = "abort") -> None:
-        if mode not in GENERATION_MODES:
-            raise ValueError(f"pause_generation: mode must be one of {list(GENERATION_MODES)}, got {mode!r}")
-        if hasattr(self.engine, "pause_generation"):
-            self.engine.pause_generation(mode=mode)
-            return
-        from sglang.srt.managers.io_struct import PauseGenerationReqInput
-
-        manager = self.engine.tokenizer_manager
-        self.engine.loop.run_until_complete(manager.pause_generation(PauseGenerationReqInput(mode=mode)))
-
-    def continue_generation(self) -> None:
-        if hasattr(self.engine, "continue_generation"):
-            self.engine.continue_generation()
-            return
-        from sglang.srt.managers.io_struct import ContinueGenerationReqInput
-
-        manager = self.engine.tokenizer_manager
-        self.engine.loop.run_until_complete(manager.continue_generation(ContinueGenerationReqInput()))
-
-    def flush_cache(self) -> None:
-        self.engine.flush_cache()
-
-    def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int = 8) -> list[list[int]]:
-        if self._mixed is not None:
-            raise RuntimeError(
-                f"SGLangEngine: version {self._mixed} was applied in part (a later round failed); load a whole "
-                "version before generating"
-            )
-        outputs = self.engine.generate(
-            input_ids=[list(p) for p in prompts],
-            sampling_params={"temperature": 0.0, "max_new_tokens": max_new_tokens},
-        )
-        return [list(out["output_ids"]) for out in outputs]
-
-    # ------------------------------------------------------------------ weights
+    def _update(self, payloads: list[Any], *, version: int, last: bool) -> None:
+        """Send one update_weights_from_tensor call (one payload per TP rank); raise if refused.
+        The `last` call of a version flushes the cache and carries the version."""
+        raise NotImplementedError
 
     def load_weights(
         self, version: int, shards: Sequence[NamedTensors], *, round_index: int, final: bool
@@ -129,16 +76,8 @@ class SGLangEngine:
             self._mixed = None
         for i, per_rank in enumerate(groups):
             last = final and i == len(groups) - 1
-            kwargs: dict[str, Any] = {
-                "named_tensors": [self._encode(named) for named in per_rank],
-                "load_format": "flattened_bucket",
-                "flush_cache": last,
-            }
-            if self._takes_version and last:
-                kwargs["weight_version"] = str(version)
             try:
-                result = self.engine.update_weights_from_tensor(**kwargs)
-                _check(result, version)
+                self._update([self._encode(named) for named in per_rank], version=version, last=last)
             except BaseException:
                 if round_index > 0 or i > 0:
                     self._mixed = version
@@ -157,11 +96,99 @@ class SGLangEngine:
                 dtypes.append(tensor.dtype)
         return [[[(n, t) for n, t in named if t.dtype == dtype] for named in shards] for dtype in dtypes]
 
+    def _refuse_mixed(self, who: str) -> None:
+        if self._mixed is not None:
+            raise RuntimeError(
+                f"{who}: version {self._mixed} was applied in part (a later round failed); load a whole "
+                "version before generating"
+            )
+
     def weights_checksum(self) -> str:
         raise NotImplementedError(
             "SGLang offers no bit-exact readback of its weights (get_weights_by_name truncates and converts); "
             "compare greedy generations instead"
         )
+
+
+class SGLangEngine(SGLangWeights):
+    """Adapts `sglang.Engine` to `RolloutEngine`. Pass an engine, or keyword arguments to build one."""
+
+    def __init__(
+        self,
+        engine: Any = None,
+        *,
+        codec: Codec | None = None,
+        multi_dtype_buckets: bool | None = None,
+        **engine_kwargs: Any,
+    ) -> None:
+        if engine is None:
+            engine = _import_sglang().Engine(**engine_kwargs)
+        elif engine_kwargs:
+            raise ValueError(
+                f"SGLangEngine: got an engine and engine arguments {sorted(engine_kwargs)}; give one"
+            )
+        super().__init__(codec, multi_dtype_buckets)
+        self.engine = engine
+        self._takes_version = (
+            "weight_version" in inspect.signature(engine.update_weights_from_tensor).parameters
+        )
+
+    # ------------------------------------------------------------------ memory and generation
+
+    def release_memory_occupation(self, tags: Sequence[str] | None = None) -> None:
+        self.engine.release_memory_occupation(tags=None if tags is None else list(tags))
+
+    def resume_memory_occupation(self, tags: Sequence[str] | None = None) -> None:
+        self.engine.resume_memory_occupation(tags=None if tags is None else list(tags))
+
+    def pause_generation(self, mode: str = "abort") -> None:
+        if mode not in GENERATION_MODES:
+            raise ValueError(f"pause_generation: mode must be one of {list(GENERATION_MODES)}, got {mode!r}")
+        from sglang.srt.managers.io_struct import PauseGenerationReqInput
+
+        # sglang.Engine has no pause_generation (0.5.23); its HTTP server calls the tokenizer manager too.
+        manager = self.engine.tokenizer_manager
+        self.engine.loop.run_until_complete(manager.pause_generation(PauseGenerationReqInput(mode=mode)))
+
+    def continue_generation(self) -> None:
+        from sglang.srt.managers.io_struct import ContinueGenerationReqInput
+
+        manager = self.engine.tokenizer_manager
+        self.engine.loop.run_until_complete(manager.continue_generation(ContinueGenerationReqInput()))
+
+    def flush_cache(self) -> bool:
+        """True when flushed; False when SGLang refused because requests remain (it flushes nothing then)."""
+        result = self.engine.flush_cache()  # a FlushCacheReqOutput(success, message)
+        return bool(result.success)
+
+    def queued_requests(self) -> dict[str, int]:
+        """Running and waiting requests over the data-parallel ranks, as the schedulers last published them."""
+        manager = self.engine.tokenizer_manager
+        loads = self.engine.loop.run_until_complete(manager.get_loads(include=["core"]))
+        return {
+            "running": sum(int(load.num_running_reqs) for load in loads),
+            "waiting": sum(int(load.num_waiting_reqs) for load in loads),
+        }
+
+    def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int = 8) -> list[list[int]]:
+        self._refuse_mixed("SGLangEngine")
+        outputs = self.engine.generate(
+            input_ids=[list(p) for p in prompts],
+            sampling_params={"temperature": 0.0, "max_new_tokens": max_new_tokens},
+        )
+        return [list(out["output_ids"]) for out in outputs]
+
+    # ------------------------------------------------------------------ weights
+
+    def _update(self, payloads: list[Any], *, version: int, last: bool) -> None:
+        kwargs: dict[str, Any] = {
+            "named_tensors": payloads,
+            "load_format": "flattened_bucket",
+            "flush_cache": last,
+        }
+        if self._takes_version and last:
+            kwargs["weight_version"] = str(version)
+        _check(self.engine.update_weights_from_tensor(**kwargs), version)
 
 
 def _check(result: Any, version: int) -> None:
@@ -175,4 +202,4 @@ def _check(result: Any, version: int) -> None:
         raise RuntimeError(f"SGLang refused weight version {version}: {message}")
 
 
-__all__ = ["ENGINE_TAGS", "SGLangEngine", "sglang_codec"]
+__all__ = ["ENGINE_TAGS", "SGLangEngine", "SGLangWeights", "sglang_codec"]

@@ -1,6 +1,6 @@
-"""SGLangEngine: the calls it makes on `sglang.Engine`, against a recording fake with the same
-signatures (python/sglang/srt/entrypoints/engine.py); against the real engine when sglang and a
-GPU are present."""
+"""SGLangEngine: the calls it makes on `sglang.Engine`, against a recording fake with the signatures
+of the pinned SGLang (test_sglang_source.py checks the adapter against that source itself);
+against the real engine when sglang and a GPU are present."""
 
 import asyncio
 import dataclasses
@@ -13,19 +13,33 @@ import torch
 from actor_integration.rollout import RolloutActor, SGLangEngine
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class PauseGenerationReqInput:
     mode: str = "abort"
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class ContinueGenerationReqInput:
     torch_empty_cache: bool = True
+
+
+@dataclasses.dataclass(kw_only=True)
+class FlushCacheReqOutput:
+    success: bool
+    message: str = ""
+
+
+@dataclasses.dataclass
+class LoadSnapshot:
+    dp_rank: int = 0
+    num_running_reqs: int = 0
+    num_waiting_reqs: int = 0
 
 
 class FakeTokenizerManager:
     def __init__(self, log):
         self.log = log
+        self.loads = [LoadSnapshot()]
 
     async def pause_generation(self, obj):
         self.log.append(("tokenizer_manager.pause_generation", obj.mode))
@@ -33,13 +47,19 @@ class FakeTokenizerManager:
     async def continue_generation(self, obj):
         self.log.append(("tokenizer_manager.continue_generation",))
 
+    async def get_loads(self, include=None, dp_rank=None):
+        self.log.append(("tokenizer_manager.get_loads", include))
+        return self.loads
+
 
 class FakeSGLangEngine:
-    """The offline `sglang.Engine` methods the adapter uses, with their real signatures."""
+    """The offline `sglang.Engine` methods the adapter uses, with their real signatures (it has no
+    pause_generation or continue_generation: those go through its tokenizer manager)."""
 
     def __init__(self, *, refuse=False):
         self.log = []
         self.refuse = refuse
+        self.busy = False
         self.loop = asyncio.new_event_loop()
         self.tokenizer_manager = FakeTokenizerManager(self.log)
 
@@ -51,6 +71,7 @@ class FakeSGLangEngine:
 
     def flush_cache(self):
         self.log.append(("flush_cache",))
+        return FlushCacheReqOutput(success=not self.busy)
 
     def update_weights_from_tensor(self, named_tensors, load_format=None, flush_cache=True):
         self.log.append(("update_weights_from_tensor", list(named_tensors), load_format, flush_cache))
@@ -110,6 +131,17 @@ class TestContract:
             ("flush_cache",),
             ("tokenizer_manager.continue_generation",),
         ]
+
+    def test_a_refused_flush_reports_not_idle_and_the_queue(self):
+        """SGLang's flush answers success=False while requests remain; the adapter answers False."""
+        fake = FakeSGLangEngine()
+        engine = SGLangEngine(fake, codec=codec, multi_dtype_buckets=True)
+        assert engine.flush_cache() is True
+        fake.busy = True
+        fake.tokenizer_manager.loads = [LoadSnapshot(0, 2, 1), LoadSnapshot(1, 0, 4)]
+        assert engine.flush_cache() is False
+        assert engine.queued_requests() == {"running": 2, "waiting": 5}
+        assert fake.log[-1] == ("tokenizer_manager.get_loads", ["core"])
 
     def test_each_tp_rank_gets_the_tensors_sent_for_its_gpu_as_a_flattened_bucket(self):
         fake = FakeSGLangEngine()

@@ -1,0 +1,201 @@
+"""`RolloutEngine` over an SGLang server's HTTP endpoints (the deployment slime and miles use).
+
+Standard library only: every request has a timeout, and every failure is typed: the server
+answered with an error status (`SGLangServerError`, with the status and SGLang's message), could
+not be reached (`SGLangServerError`, status None), or did not answer in time
+(`SGLangServerTimeout`). A refused flush is not an error: `/flush_cache` answers 400 while
+requests remain, and `flush_cache()` returns False then, as the offline adapter does.
+
+Weights go through `/update_weights_from_tensor` in the flattened-bucket format, one base64
+payload per TP rank (CUDA IPC handles inside: the server must be on the trainer's node).
+Written against the SGLang pinned in pyproject's `sglang` extra; CI checks every route, method
+and JSON field against that version's server source (test_sglang_http.py).
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Sequence
+from typing import Any
+
+from actor_integration.rollout.engine import GENERATION_MODES
+from actor_integration.rollout.sglang import Codec, SGLangWeights
+from lifecycle.errors import SGLangServerError, SGLangServerTimeout
+
+
+class SGLangHTTPEngine(SGLangWeights):
+    """Adapts a running SGLang server (`python -m sglang.launch_server`) to `RolloutEngine`."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout_s: float = 60.0,
+        weights_timeout_s: float = 600.0,
+        api_key: str | None = None,
+        codec: Codec | None = None,
+        multi_dtype_buckets: bool | None = None,
+    ) -> None:
+        parsed = urllib.parse.urlsplit(url)
+        if parsed.scheme not in ("http", "https") or not parsed.netloc:
+            raise ValueError(f"SGLangHTTPEngine: url must be http(s)://host:port, got {url!r}")
+        if timeout_s <= 0 or weights_timeout_s <= 0:
+            raise ValueError(
+                f"SGLangHTTPEngine: timeouts must be positive, got {timeout_s!r} and {weights_timeout_s!r}"
+            )
+        super().__init__(codec, multi_dtype_buckets)
+        self.url = url.rstrip("/")
+        self.timeout_s = timeout_s
+        self.weights_timeout_s = weights_timeout_s
+        # No proxies from the environment: the server sits next to the trainer, not behind a proxy.
+        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        self._headers = {"Content-Type": "application/json"}
+        if api_key is not None:
+            self._headers["Authorization"] = f"Bearer {api_key}"
+
+    # ------------------------------------------------------------------ memory and generation
+
+    def release_memory_occupation(self, tags: Sequence[str] | None = None) -> None:
+        self._request("POST", "/release_memory_occupation", {"tags": None if tags is None else list(tags)})
+
+    def resume_memory_occupation(self, tags: Sequence[str] | None = None) -> None:
+        self._request("POST", "/resume_memory_occupation", {"tags": None if tags is None else list(tags)})
+
+    def pause_generation(self, mode: str = "abort") -> None:
+        if mode not in GENERATION_MODES:
+            raise ValueError(f"pause_generation: mode must be one of {list(GENERATION_MODES)}, got {mode!r}")
+        self._request("POST", "/pause_generation", {"mode": mode})
+
+    def continue_generation(self) -> None:
+        self._request("POST", "/continue_generation", {})
+
+    def flush_cache(self) -> bool:
+        """True when flushed; False when the server refused because requests remain (400)."""
+        status, _body = self._request("POST", "/flush_cache", None, refused_ok=True)
+        return status == 200
+
+    def queued_requests(self) -> dict[str, int]:
+        """Running and waiting requests over the data-parallel ranks, as the schedulers last published them."""
+        _status, body = self._request("GET", "/v1/loads?include=core", None)
+        loads = body.get("loads", []) if isinstance(body, dict) else []
+        return {
+            "running": sum(int(load.get("num_running_reqs", 0)) for load in loads),
+            "waiting": sum(int(load.get("num_waiting_reqs", 0)) for load in loads),
+        }
+
+    def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int = 8) -> list[list[int]]:
+        self._refuse_mixed("SGLangHTTPEngine")
+        _status, outputs = self._request(
+            "POST",
+            "/generate",
+            {
+                "input_ids": [list(p) for p in prompts],
+                "sampling_params": {"temperature": 0.0, "max_new_tokens": max_new_tokens},
+            },
+        )
+        if isinstance(outputs, dict):  # a batch of one may come back unwrapped
+            outputs = [outputs]
+        return [list(out["output_ids"]) for out in outputs]
+
+    # ------------------------------------------------------------------ weights
+
+    def _update(self, payloads: list[Any], *, version: int, last: bool) -> None:
+        body: dict[str, Any] = {
+            "serialized_named_tensors": payloads,
+            "load_format": "flattened_bucket",
+            "flush_cache": last,
+        }
+        if last:
+            body["weight_version"] = str(version)
+        status, answer = self._request(
+            "POST", "/update_weights_from_tensor", body, refused_ok=True, timeout_s=self.weights_timeout_s
+        )
+        if status != 200 or not (isinstance(answer, dict) and answer.get("success")):
+            message = answer.get("message", answer) if isinstance(answer, dict) else answer
+            raise SGLangServerError(
+                f"SGLang at {self.url} refused weight version {version}: {message}; the previous weights "
+                "stay loaded if this was the version's first call, otherwise load the whole version again",
+                method="POST",
+                path="/update_weights_from_tensor",
+                status=status,
+                answer=str(message),
+            )
+
+    # ------------------------------------------------------------------ HTTP
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        body: Any,
+        *,
+        refused_ok: bool = False,
+        timeout_s: float | None = None,
+    ) -> tuple[int, Any]:
+        """(status, decoded JSON or text). A 400 is returned when `refused_ok`; other errors raise."""
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.url + path, data=data, method=method, headers=self._headers)
+        try:
+            with self._opener.open(request, timeout=timeout) as response:
+                return response.status, _decode(response.read())
+        except urllib.error.HTTPError as exc:
+            answer = _decode(exc.read())
+            if refused_ok and exc.code == 400:
+                return exc.code, answer
+            raise SGLangServerError(
+                f"SGLang at {self.url} answered {method} {path} with {exc.code}: {_message(answer)}",
+                method=method,
+                path=path,
+                status=exc.code,
+                answer=_message(answer),
+            ) from None
+        except TimeoutError as exc:
+            raise self._timeout(method, path, timeout) from exc
+        except urllib.error.URLError as exc:
+            if isinstance(exc.reason, TimeoutError):
+                raise self._timeout(method, path, timeout) from exc
+            raise SGLangServerError(
+                f"SGLang at {self.url} could not be reached for {method} {path}: {exc.reason}; is the server "
+                "up (python -m sglang.launch_server) and the URL right?",
+                method=method,
+                path=path,
+                status=None,
+                answer=str(exc.reason),
+            ) from exc
+
+    def _timeout(self, method: str, path: str, timeout: float) -> SGLangServerTimeout:
+        return SGLangServerTimeout(
+            f"SGLang at {self.url} did not answer {method} {path} within {timeout:.0f} s; the server may be "
+            "busy or hung: check its log, or raise the timeout",
+            method=method,
+            path=path,
+            timeout_s=timeout,
+        )
+
+
+def _decode(raw: bytes) -> Any:
+    text = raw.decode(errors="replace")
+    try:
+        return json.loads(text) if text else None
+    except json.JSONDecodeError:
+        return text.strip()
+
+
+def _message(answer: Any) -> str:
+    """SGLang's error text: {"error": {"message": ...}}, FastAPI's {"detail": ...}, or plain text."""
+    if isinstance(answer, dict):
+        error = answer.get("error")
+        if isinstance(error, dict) and "message" in error:
+            return str(error["message"])
+        if "detail" in answer:
+            return str(answer["detail"])
+        if "message" in answer:
+            return str(answer["message"])
+    return str(answer)
+
+
+__all__ = ["SGLangHTTPEngine", "SGLangServerError", "SGLangServerTimeout"]
