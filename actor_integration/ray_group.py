@@ -20,7 +20,13 @@ from lifecycle.errors import DeadActorsError, GroupCallError, GroupTimeoutError,
 def _describe(state: Mapping[str, Any] | None) -> str:
     if state is None:
         return "never observed"
-    return f"{state['state']} residency {state['residency']} groups {state.get('groups')}"
+    described = f"{state['state']} residency {state['residency']} groups {state.get('groups')}"
+    contents = state.get("contents")
+    if contents and any(c != "valid" for c in contents.values()):
+        described += f" contents {contents}"
+    if state.get("weight_version") is not None:
+        described += f" weights v{state['weight_version']}"
+    return described
 
 
 class LifecycleGroup:
@@ -133,10 +139,29 @@ class LifecycleGroup:
         return {rank: self.last_known[rank] for rank in failed}
 
     def states(self, *, timeout_s: float | None = None) -> dict[int, dict[str, Any]]:
-        """rank → {state, residency, groups, rank, role, step, failure}."""
+        """rank → {state, residency, groups, contents, weight_version, weights_valid, rank, role, step, failure}."""
         result = self.call("lifecycle_state", timeout_s=timeout_s)
         self.last_known.update(result)
         return result
+
+    def weight_versions(self, *, timeout_s: float | None = None) -> dict[int, int | None]:
+        """rank → the weight version each actor has loaded (None: unknown, or its weights are not valid).
+
+        A replaced or restarted rollout reports its checkpoint's version (or None) until it is synced;
+        pass the trainer's version to `generate(..., min_weight_version=...)` to refuse serving from it.
+        """
+        return {
+            rank: state.get("weight_version") if state.get("weights_valid", True) else None
+            for rank, state in self.states(timeout_s=timeout_s).items()
+        }
+
+    def stale(self, version: int, *, timeout_s: float | None = None) -> dict[int, int | None]:
+        """rank → loaded version, for the ranks that could not serve `version` now (older, unknown, invalid)."""
+        return {
+            rank: loaded
+            for rank, loaded in self.weight_versions(timeout_s=timeout_s).items()
+            if loaded is None or loaded < version
+        }
 
     def sleep(
         self, tags: Iterable[str] | None = None, *, timeout_s: float | None = None

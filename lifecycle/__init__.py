@@ -6,15 +6,16 @@ The transition table in `lifecycle.table` is the single source of truth; the mac
 diagrams and the log checker are derived from it.
 """
 
-from lifecycle.errors import IllegalTransitionError, LifecycleError, LifecycleFailedError
+from lifecycle.errors import IllegalTransitionError, InvalidWeightsError, LifecycleError, LifecycleFailedError
 from lifecycle.events import capture_events, configure_logging, flush_logs
 from lifecycle.hooks import EventSink, GenerationBackend, Hooks, MemoryBackend, ProcessGroupsBackend
 from lifecycle.machine import Failure, Lifecycle
 from lifecycle.policy import LifecyclePolicy
-from lifecycle.table import ALL_TAGS, Groups, Hook, Residency, State
+from lifecycle.table import ALL_TAGS, Contents, Groups, Hook, Residency, State
 
 __all__ = [
     "ALL_TAGS",
+    "Contents",
     "EventSink",
     "Failure",
     "GenerationBackend",
@@ -22,6 +23,7 @@ __all__ = [
     "Hook",
     "Hooks",
     "IllegalTransitionError",
+    "InvalidWeightsError",
     "Lifecycle",
     "LifecycleError",
     "LifecycleFailedError",

@@ -11,6 +11,11 @@ state, the replay takes the log's word until the next transition says where the 
 bad line gives one finding, not a cascade; a wrong hook list or residency is reported and the
 table's residency kept. Weight-sync events are handed, with the replayed state, to
 `lifecycle.sync_checks`, which also checks them across the ranks of a slot.
+
+Contents are replayed too (`update_contents`, `resolve_contents`, the sync body's
+`lifecycle.contents` declarations): a `generate` body on weights whose contents are discarded or
+unknown is reported with the line where they became so. Logs written before contents existed
+(no `contents` in `lifecycle.configured`) are replayed without them.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from lifecycle.table import (
     EDGES,
     LIFECYCLE_CALLS,
     Call,
+    Contents,
     Edge,
     Groups,
     Hook,
@@ -42,11 +48,14 @@ from lifecycle.table import (
     apply_call,
     body_ready,
     failed_run,
+    invalid_weights,
     mark_unknown,
     plan_calls,
+    resolve_contents,
     row_edges,
     rows_for,
     select_row,
+    update_contents,
 )
 
 __all__ = ["Finding", "LogChecker", "check_files", "check_lines", "check_logs"]
@@ -122,6 +131,25 @@ class _Machine:
     lost: bool = False  # after a contradiction: follow the log until a transition says where it is
     last_t: tuple[float, int] | None = None
     failed: str | None = None  # "line N: hook raised" while FAILED
+    contents: dict[str, Contents] | None = None  # None: the log predates contents
+    since: dict[str, int] | None = None  # tag → line where its contents last changed
+
+    def apply(self, call: Call, ok: bool, line: int) -> None:
+        """A memory hook's effect on contents (the table's rule), remembering where it changed."""
+        if self.contents is None or self.since is None or call.tag not in self.contents:
+            return
+        before = self.contents[call.tag]
+        update_contents(call, ok, self.policy, self.contents)
+        if self.contents[call.tag] is not before:
+            self.since[call.tag] = line
+
+    def take_contents(self, d: Mapping[str, Any], line: int) -> None:
+        """The log's word for the contents (after a contradiction)."""
+        logged = logs.contents(d)
+        if self.contents is not None and self.since is not None and logged is not None:
+            for tag, value in logged.items():
+                if tag in self.contents and self.contents[tag] is not value:
+                    self.contents[tag], self.since[tag] = value, line
 
 
 _SYNC_EVENTS = (Event.SYNC_UPDATE, Event.SYNC_LOADED)
@@ -264,6 +292,8 @@ class LogChecker:
                 m.state, m.op, m.lost = state, None, True
         elif event is Event.RESOLVED:
             self._resolved(key, m, line, d)
+        elif event is Event.CONTENTS:
+            self._contents(key, m, line, d)
         elif event in _SYNC_EVENTS:
             self._sync.event(event, key, None if m.lost else m.state, line, d)
 
@@ -276,6 +306,8 @@ class LogChecker:
             m.state, m.lost, m.failed = State.FAILED, False, f"line {line}: hook {d.get('hook')} raised"
         elif event in (Event.BODY, Event.NOOP, Event.REFUSED):
             m.state = logs.enum_field(d, "state", State)
+        if event in (Event.TRANSITION, Event.FAILED, Event.CONTENTS, Event.RESOLVED):
+            m.take_contents(d, line)
         if event in (Event.TRANSITION, Event.FAILED):
             residency = logs.residency(d)
             if set(residency) == set(m.tags):
@@ -302,11 +334,15 @@ class LogChecker:
             state = logs.enum_field(d, "state", State)
             residency = logs.residency(d)
             groups = logs.optional_enum(d, "groups", Groups)
+            contents = logs.contents(d)
         except (TypeError, ValueError, AttributeError) as exc:  # LogFieldError is a ValueError
             self._broken.add(key)
             self._at(key, line, f"lifecycle.configured cannot be read ({exc}); this machine is not replayed")
             return
         m = _Machine(policy.view(), policy.tags, present, state, residency, groups, line)
+        if contents is not None:
+            m.contents = {t: contents.get(t, Contents.UNKNOWN) for t in policy.tags}
+            m.since = dict.fromkeys(policy.tags, line)
         self._machines[key] = m
         if state not in (State.AWAKE, State.PAUSED):
             self._at(key, line, f"a machine starts AWAKE or PAUSED, but this one is configured {state}")
@@ -396,7 +432,9 @@ class LogChecker:
             )
         for call in expected:
             m.groups = apply_call(call, m.residency, m.groups)
+            m.apply(call, True, line)
         self._compare_after(key, m, line, _edge_name(edge), residency, groups)
+        self._compare_contents(key, m, line, _edge_name(edge), d)
         m.state = dst
         if edge.phase == "enter":
             m.op = _Open(row, line)
@@ -419,6 +457,7 @@ class LogChecker:
             if set(residency) == set(m.tags):
                 m.residency = dict(residency)
             m.groups = groups
+            m.take_contents(d, line)
 
         if m.state is State.FAILED and op != "recover":
             self._at(
@@ -463,7 +502,9 @@ class LogChecker:
                 m.groups = apply_call(call, m.residency, m.groups)
             else:
                 m.groups = mark_unknown(call, m.residency, m.groups)
+            m.apply(call, ok, line)
         self._compare_after(key, m, line, f"{op} failure", residency, groups)
+        self._compare_contents(key, m, line, f"{op} failure", d)
         m.state, m.op, m.failed = State.FAILED, None, f"line {line}: {where}"
 
     def _failed_rows(
@@ -519,6 +560,15 @@ class LogChecker:
                 key,
                 line,
                 f"{op} body ran on released memory: replayed residency {_fmt_residency(m.residency)}",
+            )
+        invalid = invalid_weights(m.policy, m.contents) if m.contents is not None and op == "generate" else {}
+        if invalid and m.since is not None:
+            self._at(
+                key,
+                line,
+                "generate on invalid weights: "
+                + "; ".join(f"tag {t!r} {c.value} since line {m.since[t]}" for t, c in invalid.items())
+                + ", with no completed sync since (the engine served meaningless weights)",
             )
         row: Row | None = None
         if m.op is not None and m.op.row.operation == op and not m.op.body_done:
@@ -646,12 +696,41 @@ class LogChecker:
                         f"resolved tag {name!r}, which the replay knows as {m.residency[name].value}",
                     )
                 m.residency[name] = logs.member(Residency, value, "resolved")
+                if m.contents is not None and m.since is not None and name in m.contents:
+                    before = m.contents[name]
+                    resolve_contents(name, m.residency[name], m.policy, m.contents)
+                    if m.contents[name] is not before:
+                        m.since[name] = line
             else:
                 self._at(
                     key,
                     line,
                     f"resolved tag {name!r}, which is not one of this machine's tags {list(m.tags)}",
                 )
+
+    def _contents(self, key: _Key, m: _Machine, line: int, d: dict[str, Any]) -> None:
+        """A sync body declared what it did to the weight tags."""
+        declared = logs.member(Contents, logs.get(d, "declared"), "declared")
+        if m.state is not State.SYNCING or m.op is None or m.op.row.operation != "sync" or m.op.body_done:
+            self._at(
+                key, line, f"weights declared {declared.value} outside a sync body (replay in {m.state})"
+            )
+        if m.contents is None or m.since is None:
+            return
+        for tag in m.policy.weight_tags:
+            m.contents[tag], m.since[tag] = declared, line
+        self._compare_contents(key, m, line, "lifecycle.contents", d)
+
+    def _compare_contents(self, key: _Key, m: _Machine, line: int, what: str, d: Mapping[str, Any]) -> None:
+        logged = logs.contents(d)
+        if logged is None or m.contents is None or logged == m.contents:
+            return
+        diffs = [
+            f"{tag}: logged {logged[tag].value if tag in logged else 'nothing'}, replay {m.contents[tag].value}"
+            for tag in m.contents
+            if logged.get(tag) is not m.contents[tag]
+        ]
+        self._at(key, line, f"{what}: logged contents differ from the replay ({'; '.join(diffs)})")
 
     def _row_for(
         self, key: _Key, m: _Machine, line: int, edge: Edge, targets: tuple[str, ...], dst: State

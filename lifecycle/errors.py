@@ -24,6 +24,7 @@ __all__ = [
     "IllegalTransitionError",
     "InconsistentGroupError",
     "InjectedFault",
+    "InvalidWeightsError",
     "LifecycleError",
     "LifecycleFailedError",
     "LifecycleNotConfiguredError",
@@ -77,6 +78,44 @@ class IllegalTransitionError(LifecycleError, RuntimeError):
 
     def __init__(self, message: str, *, state: State, operation: str, allowed: tuple[str, ...]) -> None:
         super().__init__(message, state=state, operation=operation, allowed=tuple(allowed))
+
+
+class InvalidWeightsError(IllegalTransitionError):
+    """An operation that reads the weights was refused: their contents are not valid, or older than required.
+
+    `tags` maps each weight tag that is not valid to its contents ("discarded", "unknown");
+    `weight_version` is the version loaded (None: unknown); `required_version` what the caller
+    asked for; `fix` the call that makes the weights servable again.
+    """
+
+    tags: dict[str, str]
+    weight_version: int | None
+    required_version: int | None
+    fix: str
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        state: State,
+        operation: str,
+        allowed: tuple[str, ...],
+        tags: Mapping[str, str],
+        weight_version: int | None,
+        required_version: int | None,
+        fix: str,
+    ) -> None:
+        LifecycleError.__init__(
+            self,
+            message,
+            state=state,
+            operation=operation,
+            allowed=tuple(allowed),
+            tags=dict(tags),
+            weight_version=weight_version,
+            required_version=required_version,
+            fix=fix,
+        )
 
 
 class LifecycleFailedError(LifecycleError, RuntimeError):
@@ -239,4 +278,5 @@ class SGLangServerError(LifecycleError, RuntimeError):
 
 
 class SGLangServerTimeout(LifecycleError, TimeoutError):
-    """An SGLang server did not answer a request in time. Fields: method, path, timeout_s."""
+    """An SGLang server did not answer a request in time. Fields: method, path, timeout_s, and
+    `missing` (the server's URL: who did not answer, as in every timeout of this library)."""

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
 from lifecycle.errors import LogFieldError
-from lifecycle.table import Call, Groups, Hook, Residency, State
+from lifecycle.table import Call, Contents, Groups, Hook, Residency, State
 
 __all__ = [
     "Event",
@@ -38,6 +38,7 @@ class Event(str, enum.Enum):
     REFUSED = "lifecycle.refused"
     FAILED = "lifecycle.failed"
     RESOLVED = "lifecycle.resolved"
+    CONTENTS = "lifecycle.contents"  # a sync body declared what it did to the weights (note_weights)
     GROUPS_DESTROYED = "process_groups.destroyed"
     GROUPS_RELOADED = "process_groups.reloaded"
     SYNC_TRANSPORT = "weight_sync.transport"
@@ -152,7 +153,7 @@ def read_logs(logs: Iterable[str | Path | LogFile]) -> list[LogFile]:
 # A bad value is a finding for its line, never an exception out of a reader: readers raise
 # `LogFieldError`, which the checker turns into a finding.
 
-_E = TypeVar("_E", State, Residency, Groups, Hook)
+_E = TypeVar("_E", State, Residency, Groups, Hook, Contents)
 
 
 def get(d: Mapping[str, Any], name: str) -> Any:
@@ -196,6 +197,16 @@ def residency(d: Mapping[str, Any]) -> dict[str, Residency]:
     if not isinstance(value, dict):
         raise LogFieldError(f"residency={value!r} is not a mapping of tag to residency")
     return {str(tag): member(Residency, r, "residency") for tag, r in value.items()}
+
+
+def contents(d: Mapping[str, Any]) -> dict[str, Contents] | None:
+    """The `contents` field (tag → valid/discarded/unknown), or None in logs written before it existed."""
+    value = d.get("contents")
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise LogFieldError(f"contents={value!r} is not a mapping of tag to contents")
+    return {str(tag): member(Contents, c, "contents") for tag, c in value.items()}
 
 
 def logged_calls(d: Mapping[str, Any]) -> list[tuple[Call, bool]]:

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple, TypeVar
 from transitions import Machine
 
 from lifecycle import events
-from lifecycle.errors import IllegalTransitionError, LifecycleFailedError
+from lifecycle.errors import IllegalTransitionError, InvalidWeightsError, LifecycleFailedError
 from lifecycle.hooks import Hooks
 from lifecycle.logs import Event
 from lifecycle.policy import LifecyclePolicy
@@ -28,6 +28,7 @@ from lifecycle.table import (
     OPERATIONS,
     PLANS,
     Call,
+    Contents,
     Edge,
     Groups,
     Hook,
@@ -38,12 +39,16 @@ from lifecycle.table import (
     allowed_operations,
     apply_call,
     body_ready,
+    initial_contents,
+    invalid_weights,
     mark_unknown,
     plan_calls,
     plan_stages,
+    resolve_contents,
     row_edges,
     rows_for,
     select_row,
+    update_contents,
 )
 
 T = TypeVar("T")
@@ -62,6 +67,7 @@ class Failure:
     hooks: tuple[dict[str, Any], ...]  # the calls of the failing edge, in order, with ok flags
     residency: Mapping[str, Residency]
     groups: Groups | None
+    contents: Mapping[str, Contents] = field(default_factory=dict)
     time: float = field(default_factory=time.time)
 
 
@@ -72,14 +78,18 @@ class _Model:
 
 
 _INFO = events.LEVELS["info"]
-_RESOURCE_HOOKS = frozenset(
-    {Hook.MEMORY_PAUSE, Hook.MEMORY_RESUME, Hook.PROCESS_GROUPS_DESTROY, Hook.PROCESS_GROUPS_RELOAD}
-)
+_MEMORY_HOOKS = frozenset({Hook.MEMORY_PAUSE, Hook.MEMORY_RESUME})
+_RESOURCE_HOOKS = _MEMORY_HOOKS | {Hook.PROCESS_GROUPS_DESTROY, Hook.PROCESS_GROUPS_RELOAD}
 _WARNING = events.LEVELS["warning"]
 
 
 class Lifecycle:
-    """The lifecycle of one actor: state, per-tag residency, and the guarded hook plans.
+    """The lifecycle of one actor: state, per-tag residency and contents, and the guarded hook plans.
+
+    Contents say whether a tag's data is still meaningful (a release without backup discards it,
+    see `LifecyclePolicy.discard_on_release`); `weight_version` is the version of the weights
+    loaded, as the receiving side declares it (`note_weights`). `generate` is refused unless the
+    weight tags are valid (and, when asked, at least a given version).
 
     Every operation takes one re-entrant lock, so calls from other threads wait. Calls to
     `sleep()`/`wake_up()` made from inside a running body on the same thread are absorbed as
@@ -94,6 +104,7 @@ class Lifecycle:
         rank: int | None = None,
         role: str | None = None,
         initial: State = State.AWAKE,
+        weight_version: int | None = None,
     ) -> None:
         if not isinstance(policy, LifecyclePolicy):
             raise TypeError(f"Lifecycle needs a LifecyclePolicy, got {type(policy).__name__}")
@@ -118,6 +129,12 @@ class Lifecycle:
             destroyed = initial is State.PAUSED and policy.destroy_process_groups
             self._groups = Groups.DESTROYED if destroyed else Groups.ALIVE
         self._failure: Failure | None = None
+        self._contents = initial_contents(self._view, self._tags, initial)
+        if weight_version is not None and (
+            isinstance(weight_version, bool) or not isinstance(weight_version, int)
+        ):
+            raise ValueError(f"Lifecycle: weight_version must be an int or None, got {weight_version!r}")
+        self._weight_version = weight_version
 
         # Hooks a plan declares independent run together only where the memory backend says its
         # pause/resume may overlap a process-group teardown/rebuild (not TMS preload mode, where
@@ -162,6 +179,8 @@ class Lifecycle:
                 "state": initial,
                 "residency": self._residency_view(),
                 "groups": self._groups,
+                "contents": self._contents_view(),
+                "weight_version": weight_version,
             },
         )
 
@@ -177,6 +196,16 @@ class Lifecycle:
         return dict(self._residency)
 
     @property
+    def contents(self) -> dict[str, Contents]:
+        """Tag → valid / discarded / unknown: whether the tag's data is still meaningful."""
+        return dict(self._contents)
+
+    @property
+    def weight_version(self) -> int | None:
+        """The weight version loaded, as the last sync declared it (None: not known)."""
+        return self._weight_version
+
+    @property
     def groups(self) -> Groups | None:
         """alive / destroyed / unknown, or None when the actor gave no process groups."""
         return self._groups
@@ -190,12 +219,16 @@ class Lifecycle:
         return {**self._context, "step": self.step}
 
     def snapshot(self) -> dict[str, Any]:
-        """Plain, picklable data for drivers: state, residency, groups, rank, role, step, failure."""
+        """Plain, picklable data for drivers: state, residency, groups, contents, weight_version,
+        weights_valid (whether generate may read the weight tags), rank, role, step, failure."""
         failure = self._failure
         return {
             "state": self.state.value,
             "residency": self._residency_view(),
             "groups": self._groups.value if self._groups is not None else None,
+            "contents": self._contents_view(),
+            "weight_version": self._weight_version,
+            "weights_valid": not invalid_weights(self._view, self._contents),
             "rank": self._context.get("rank"),
             "role": self._context.get("role"),
             "step": self.step,
@@ -227,7 +260,8 @@ class Lifecycle:
         if state is State.FAILED:
             return operation == "recover"
         targets = self._targets(tags)
-        return select_row(operation, state, self._view, self._residency, targets) is not None
+        row = select_row(operation, state, self._view, self._residency, targets, None, self._contents)
+        return row is not None
 
     # ------------------------------------------------------------------ operations
 
@@ -239,8 +273,30 @@ class Lifecycle:
         """Restore memory (all tags, or the given ones). Idempotent."""
         self._operate("wake_up", tags, None, (), {}, None)
 
-    def run(self, operation: str, body: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
-        """Run `body(*args, **kwargs)` as `operation` ("train", "save", "sync", "generate")."""
+    def run(
+        self,
+        operation: str,
+        body: Callable[..., T],
+        /,
+        *args: Any,
+        min_weight_version: int | None = None,
+        **kwargs: Any,
+    ) -> T:
+        """Run `body(*args, **kwargs)` as `operation` ("train", "save", "sync", "generate").
+
+        `min_weight_version` (generate only; consumed here, not passed to the body): refuse unless
+        the loaded weights are at least this version, e.g. the trainer's current one.
+        """
+        if min_weight_version is not None:
+            if operation != "generate":
+                raise ValueError(
+                    f"Lifecycle.run({operation!r}, min_weight_version=...): only generate reads the weights "
+                    "it would check"
+                )
+            if isinstance(min_weight_version, bool) or not isinstance(min_weight_version, int):
+                raise ValueError(
+                    f"Lifecycle.run: min_weight_version must be an int, got {min_weight_version!r}"
+                )
         if operation not in BODY_OPERATIONS:
             raise ValueError(
                 f"Lifecycle.run: {operation!r} is not a body operation; use one of {list(BODY_OPERATIONS)} "
@@ -248,8 +304,45 @@ class Lifecycle:
             )
         if not callable(body):
             raise TypeError(f"Lifecycle.run({operation!r}): body must be callable, got {type(body).__name__}")
-        result: T = self._operate(operation, None, body, args, kwargs, None)
+        result: T = self._operate(operation, None, body, args, kwargs, None, min_weight_version)
         return result
+
+    def note_weights(self, contents: Contents | str, version: int | None = None, *, reason: str) -> None:
+        """Declare what a sync body did to the weight tags; only the receiving side calls this, inside it.
+
+        `Contents.UNKNOWN` before the first write into the weights (a failure from then on leaves
+        them part old, part new), `Contents.VALID` with the version once the final round is in.
+        A body that never calls this left the weights as they were (a refusal before any write).
+        """
+        contents = Contents(contents)
+        if contents is Contents.DISCARDED:
+            raise ValueError("note_weights: a sync never discards weights; declare UNKNOWN or VALID")
+        if contents is Contents.VALID and (isinstance(version, bool) or not isinstance(version, int)):
+            raise ValueError(f"note_weights(VALID): give the version loaded as an int, got {version!r}")
+        if not (self._in_body and self._running == "sync" and self._owner == threading.get_ident()):
+            raise IllegalTransitionError(
+                f"{self._who()}: note_weights is called by the receiving side inside its sync body "
+                f"(Lifecycle.run('sync', ...)); now {self._running or 'no operation'} is running, state "
+                f"{self.state}. Move the call into the body that loads the weights.",
+                state=self.state,
+                operation="note_weights",
+                allowed=(),
+            )
+        for tag in self._view.weight_tags:
+            self._contents[tag] = contents
+        self._weight_version = version if contents is Contents.VALID else self._weight_version
+        self._emit(
+            "info",
+            Event.CONTENTS,
+            {
+                "operation": "sync",
+                "contents": self._contents_view(),
+                "weight_version": self._weight_version,
+                "declared": contents,
+                "version": version,
+                "reason": reason,
+            },
+        )
 
     def recover(self, target: State = State.AWAKE) -> None:
         """Leave FAILED for `target` (AWAKE or PAUSED), running only the hooks the residency needs."""
@@ -268,6 +361,7 @@ class Lifecycle:
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         recover_target: State | None,
+        min_weight_version: int | None = None,
     ) -> Any:
         targets = self._targets(tags)
         me = threading.get_ident()
@@ -281,9 +375,15 @@ class Lifecycle:
                 raise self._failed_error(operation)
             if operation == "recover" and state is State.FAILED:
                 self._resolve_unknown()
-            row = select_row(operation, state, self._view, self._residency, targets, recover_target)
+            row = select_row(
+                operation, state, self._view, self._residency, targets, recover_target, self._contents
+            )
             if row is None:
                 raise self._refusal(operation, state, targets, recover_target)
+            if min_weight_version is not None and (
+                self._weight_version is None or self._weight_version < min_weight_version
+            ):
+                raise self._stale(operation, state, min_weight_version)
             if row.noop:
                 self._emit(
                     "info",
@@ -400,6 +500,8 @@ class Lifecycle:
             for branch_records, error in outcomes:  # in plan order, whatever finished first
                 records += branch_records
                 for record in branch_records:
+                    if record.call.hook in _MEMORY_HOOKS:
+                        update_contents(record.call, record.ok, self._view, self._contents)
                     if not record.ok:
                         self._groups = mark_unknown(record.call, self._residency, self._groups)
                     elif record.call.hook in _RESOURCE_HOOKS:
@@ -425,6 +527,7 @@ class Lifecycle:
                     "hooks": _hook_dicts(records),
                     "residency": self._residency_view(),
                     "groups": self._groups,
+                    "contents": self._contents_view(),
                 },
             )
 
@@ -519,6 +622,7 @@ class Lifecycle:
             hooks=tuple(_hook_dicts(records)),
             residency=dict(self._residency),
             groups=self._groups,
+            contents=dict(self._contents),
         )
         self._in_body = False
         self._fail_event(self._model)
@@ -538,6 +642,7 @@ class Lifecycle:
                 "hooks": list(self._failure.hooks),
                 "residency": self._residency_view(),
                 "groups": self._groups,
+                "contents": self._contents_view(),
             },
         )
 
@@ -557,6 +662,7 @@ class Lifecycle:
                 )
             paused = query(None if tag == ALL_TAGS else tag)
             self._residency[tag] = Residency.RELEASED if paused else Residency.RESIDENT
+            resolve_contents(tag, self._residency[tag], self._view, self._contents)
             resolved[tag] = self._residency[tag]
         if self._groups is Groups.UNKNOWN:
             query = getattr(self.hooks.process_groups, "is_alive", None)
@@ -569,7 +675,7 @@ class Lifecycle:
             self._groups = Groups.ALIVE if query() else Groups.DESTROYED
             resolved["process_groups"] = self._groups
         if resolved:
-            self._emit("info", Event.RESOLVED, {"resolved": resolved})
+            self._emit("info", Event.RESOLVED, {"resolved": resolved, "contents": self._contents_view()})
 
     def _nested(self, operation: str) -> None:
         running = self._running
@@ -625,6 +731,9 @@ class Lifecycle:
         self, operation: str, state: State, targets: tuple[str, ...], recover_target: State | None
     ) -> IllegalTransitionError:
         allowed = allowed_operations(state)
+        invalid = invalid_weights(self._view, self._contents)
+        if invalid and any(row.when is When.WEIGHTS_VALID for row in rows_for(operation, state)):
+            return self._invalid_weights(operation, state, invalid)
         reasons = [
             _GUARD_ADVICE.get(row.when, f"needs {row.when.value}") for row in rows_for(operation, state)
         ]
@@ -650,6 +759,51 @@ class Lifecycle:
             {"operation": operation, "state": state, "reason": message, "targets": list(targets)},
         )
         return IllegalTransitionError(message, state=state, operation=operation, allowed=allowed)
+
+    def _invalid_weights(
+        self, operation: str, state: State, invalid: Mapping[str, Contents]
+    ) -> InvalidWeightsError:
+        why = {
+            Contents.DISCARDED: "discarded (released without a backup: a wake maps fresh, meaningless memory)",
+            Contents.UNKNOWN: "unknown (a hook or a sync touching it failed part-way)",
+        }
+        described = "; ".join(f"tag {t!r} holds {why[c]}" for t, c in invalid.items())
+        message = (
+            f"{self._who()} cannot {operation} from {state}: {described}. The engine would serve "
+            f"meaningless weights (vllm #29341). Sync first: wake_up({list(self._view.sync_requires) or None}) "
+            f"if released, then update_weights(...) with the trainer's current version; {operation} is "
+            "allowed once its final round is loaded."
+        )
+        self._emit("warning", Event.REFUSED, {"operation": operation, "state": state, "reason": message})
+        return InvalidWeightsError(
+            message,
+            state=state,
+            operation=operation,
+            allowed=allowed_operations(state),
+            tags={t: c.value for t, c in invalid.items()},
+            weight_version=self._weight_version,
+            required_version=None,
+            fix="sync",
+        )
+
+    def _stale(self, operation: str, state: State, required: int) -> InvalidWeightsError:
+        loaded = "an unknown version" if self._weight_version is None else f"version {self._weight_version}"
+        message = (
+            f"{self._who()} cannot {operation} from {state}: it holds {loaded} of the weights and the caller "
+            f"requires at least version {required} (a restarted or replaced engine serves its original "
+            f"checkpoint, miles #1724). Sync version {required} or later first (update_weights)."
+        )
+        self._emit("warning", Event.REFUSED, {"operation": operation, "state": state, "reason": message})
+        return InvalidWeightsError(
+            message,
+            state=state,
+            operation=operation,
+            allowed=allowed_operations(state),
+            tags={},
+            weight_version=self._weight_version,
+            required_version=required,
+            fix="sync",
+        )
 
     def _targets(self, tags: Iterable[str] | None) -> tuple[str, ...]:
         if tags is None:
@@ -678,6 +832,9 @@ class Lifecycle:
 
     def _residency_view(self) -> dict[str, str]:
         return {tag: r.value for tag, r in self._residency.items()}
+
+    def _contents_view(self) -> dict[str, str]:
+        return {tag: c.value for tag, c in self._contents.items()}
 
     def _emit(self, level: str, event: str, fields: dict[str, Any]) -> None:
         if events.enabled(events.LEVELS[level]):

@@ -9,7 +9,13 @@ explored breadth-first and three properties are checked in every reachable state
 - exclusion: the trainer's model memory and the rollout's memory are never resident together;
 - freshness: the rollout never generates with weights older than the trainer's (each step's sync
   completes before the rollout serves again);
+- valid weights: the rollout never runs a generate body while its weight tags' contents are
+  discarded or unknown (its release has no backup); with the table's contents guard such a
+  generate is refused instead, which the check reports as the driver's error (`refused`);
 - progress: every state that is not the end of both programs has a successor (no deadlock).
+
+`contents_guard=False` explores the same programs with the guard taken out of the table's rows,
+to show the valid-weights property is checked, not assumed.
 """
 
 from __future__ import annotations
@@ -20,21 +26,26 @@ from dataclasses import dataclass, replace
 
 from lifecycle.policy import LifecyclePolicy
 from lifecycle.table import (
+    Contents,
     Groups,
     Hook,
     Residency,
     Row,
     State,
     apply_call,
+    initial_contents,
+    invalid_weights,
     plan_calls,
     row_edges,
     select_row,
+    update_contents,
 )
 
 TRAINER = LifecyclePolicy(offload_train=True, memory_tags=("model",))
 ROLLOUT = LifecyclePolicy(
     memory_tags=("weights", "kv_cache"),
     sync_requires=("weights",),
+    discard_on_release=("weights", "kv_cache"),  # SGLang's release: no backup
     model_tag=None,
     destroy_process_groups=False,
 )
@@ -54,6 +65,7 @@ class Machine:
     pending: tuple[str, ...] = ()  # the steps left of the operation in progress ("edge:i", "body")
     row: Row | None = None
     recover_to: State | None = None  # set while FAILED: where the failed operation was going
+    contents: tuple[Contents, ...] = ()  # in tag order
 
 
 @dataclass(frozen=True)
@@ -79,14 +91,25 @@ def _start(policy: LifecyclePolicy, initial: State, groups: bool) -> Machine:
     g = None
     if groups:
         g = Groups.DESTROYED if initial is State.PAUSED and policy.destroy_process_groups else Groups.ALIVE
-    return Machine(initial, tuple(res for _ in policy.tags), g)
+    contents = initial_contents(policy.view(), policy.tags, initial)
+    return Machine(
+        initial, tuple(res for _ in policy.tags), g, contents=tuple(contents[t] for t in policy.tags)
+    )
 
 
-def _begin(m: Machine, policy: LifecyclePolicy, op: str, targets: tuple[str, ...] | None) -> Machine | None:
-    """Start an operation: choose its row (None if refused) and queue its edge and body steps."""
+def _contents(m: Machine, policy: LifecyclePolicy) -> dict[str, Contents]:
+    return dict(zip(policy.tags, m.contents, strict=True))
+
+
+def _begin(
+    m: Machine, policy: LifecyclePolicy, op: str, targets: tuple[str, ...] | None, guard: bool = True
+) -> Machine | None:
+    """Start an operation: choose its row (None if refused) and queue its edge and body steps.
+
+    `guard=False` selects rows without the contents guard (the ablation of `contents_guard`)."""
     tags = policy.tags if targets is None else targets
     memory = dict(zip(policy.tags, m.residency, strict=True))
-    row = select_row(op, m.state, policy.view(), memory, tags)
+    row = select_row(op, m.state, policy.view(), memory, tags, None, _contents(m, policy) if guard else None)
     if row is None:
         return None
     steps: list[str] = []
@@ -126,20 +149,28 @@ def _advance(
         calls = plan_calls(edge.plan, policy.view(), memory, groups, plan_targets, hooks)
     if fail_at is not None and fail_at >= len(calls):
         return None
+    contents = _contents(m, policy)
     for call in calls[:fail_at]:
         groups = apply_call(call, memory, groups)
+        update_contents(call, True, policy.view(), contents)
+    if fail_at is not None:
+        update_contents(calls[fail_at], False, policy.view(), contents)
     residency = tuple(memory[t] for t in policy.tags)
+    held = tuple(contents[t] for t in policy.tags)
     if fail_at is not None:
         goal = m.row.dest if m.row.operation != "recover" else (m.recover_to or m.row.dest)
-        return Machine(State.FAILED, residency, groups, (), None, goal if goal is not State.FAILED else None)
-    return Machine(edge.dest, residency, groups, rest, m.row if rest else None)
+        return Machine(
+            State.FAILED, residency, groups, (), None, goal if goal is not State.FAILED else None, held
+        )
+    return Machine(edge.dest, residency, groups, rest, m.row if rest else None, contents=held)
 
 
 # A program instruction: (name, guard on the world, the operation it starts or an effect).
 Instr = tuple[str, Callable[[World], bool], str]
 
 
-def _trainer_program(save_every: int) -> list[Instr]:
+def _trainer_program(save_every: int, broken: str | None = None) -> list[Instr]:
+    skip = broken == "skip_sync"  # a driver that forgets the sync of step 1 but still says it synced
     return [
         ("wait rollout released", lambda w: w.released >= w.step, "wait"),
         ("train", lambda w: True, "train"),
@@ -147,12 +178,12 @@ def _trainer_program(save_every: int) -> list[Instr]:
         ("sleep", lambda w: True, "sleep"),
         ("ready to sync", lambda w: True, "signal:trainer_ready"),
         ("wait rollout weights", lambda w: w.weights_up >= w.step, "wait"),
-        ("sync", lambda w: True, "sync"),
+        ("sync", lambda w: not (skip and w.step == 1), "sync"),
         ("synced", lambda w: True, "signal:synced"),
     ]
 
 
-BROKEN = ("wake_before_trainer_sleeps", "serve_before_sync")
+BROKEN = ("wake_before_trainer_sleeps", "serve_before_sync", "skip_sync")
 
 
 def _rollout_program(broken: str | None) -> list[Instr]:
@@ -195,13 +226,15 @@ def _violations(w: World) -> Iterator[str]:
 
 
 def _successors(
-    w: World, steps: int, t_prog: list[Instr], r_prog: list[Instr]
+    w: World, steps: int, t_prog: list[Instr], r_prog: list[Instr], contents_guard: bool = True
 ) -> Iterator[tuple[str, World]]:
-    yield from _side(w, "trainer", steps, t_prog)
-    yield from _side(w, "rollout", steps, r_prog)
+    yield from _side(w, "trainer", steps, t_prog, contents_guard)
+    yield from _side(w, "rollout", steps, r_prog, contents_guard)
 
 
-def _side(w: World, side: str, steps: int, prog: list[Instr]) -> Iterator[tuple[str, World]]:
+def _side(
+    w: World, side: str, steps: int, prog: list[Instr], contents_guard: bool = True
+) -> Iterator[tuple[str, World]]:
     trainer = side == "trainer"
     m = w.trainer if trainer else w.rollout
     policy, hooks = (TRAINER, _TRAINER_HOOKS) if trainer else (ROLLOUT, _ROLLOUT_HOOKS)
@@ -241,7 +274,7 @@ def _side(w: World, side: str, steps: int, prog: list[Instr]) -> Iterator[tuple[
         return
     name, guard, action = prog[pc]
     if not guard(w):
-        if action == "wait" or not name.startswith(("save",)):
+        if action == "wait" or not name.startswith(("save", "sync")):
             return
         yield f"{side}: skip {name}", _next(w, side, prog)  # a guarded operation not due this step
         return
@@ -254,6 +287,21 @@ def _side(w: World, side: str, steps: int, prog: list[Instr]) -> Iterator[tuple[
         yield f"{side}: {name}", _next(signalled, side, prog)
         return
     op = action.split(":", 1)[0]
+    if op == "generate" and not trainer:
+        invalid = invalid_weights(ROLLOUT.view(), _contents(m, ROLLOUT))
+        if invalid and m.state is State.AWAKE:
+            what = ", ".join(f"{t} {c.value}" for t, c in invalid.items())
+            if contents_guard:
+                yield (
+                    f"refused: rollout generate refused on invalid weights ({what}) at rollout step {w.r_step}",
+                    w,
+                )
+            else:
+                yield (
+                    f"valid weights: rollout generates on invalid weights ({what}) at rollout step {w.r_step}",
+                    w,
+                )
+            return
     if op == "generate" and w.rollout_version < w.trainer_version:
         yield (
             (
@@ -263,7 +311,7 @@ def _side(w: World, side: str, steps: int, prog: list[Instr]) -> Iterator[tuple[
             w,
         )
         return
-    begun = _begin(m, policy, op, _targets(action))
+    begun = _begin(m, policy, op, _targets(action), contents_guard)
     if begun is None:
         return  # refused: the program is stuck here (a deadlock, if nothing else can move)
     moved = replace(w, trainer=begun) if trainer else replace(w, rollout=begun)
@@ -278,8 +326,17 @@ def _finish(w: World, side: str, op: str, prog: list[Instr], steps: int) -> Worl
     if side == "trainer" and op == "train":
         w = replace(w, trainer_version=w.trainer_version + 1)
     if side == "trainer" and op == "sync":
-        # The trainer's sync body is the rollout's load: the rollout must be able to receive.
-        w = replace(w, rollout_version=w.trainer_version, synced_version=w.trainer_version)
+        # The trainer's sync body is the rollout's load: the rollout must be able to receive, and
+        # its final round makes the weight tags valid (RolloutActor's note_weights).
+        loaded = _contents(w.rollout, ROLLOUT)
+        for tag in ROLLOUT.view().weight_tags:
+            loaded[tag] = Contents.VALID
+        w = replace(
+            w,
+            rollout=replace(w.rollout, contents=tuple(loaded[t] for t in ROLLOUT.tags)),
+            rollout_version=w.trainer_version,
+            synced_version=w.trainer_version,
+        )
     return _next(w, side, prog)
 
 
@@ -297,6 +354,7 @@ def explore(
     *,
     faults: int = 0,
     broken: str | None = None,
+    contents_guard: bool = True,
     limit: int = 2_000_000,
 ) -> Report:
     """Breadth-first over every interleaving of `steps` loop iterations of both actors.
@@ -306,7 +364,7 @@ def explore(
     """
     if broken is not None and broken not in BROKEN:
         raise ValueError(f"explore: broken must be one of {BROKEN} or None, got {broken!r}")
-    t_prog, r_prog = _trainer_program(save_every), _rollout_program(broken)
+    t_prog, r_prog = _trainer_program(save_every, broken), _rollout_program(broken)
     start = World(
         trainer=_start(TRAINER, State.PAUSED, groups=True),  # slime's init ends asleep
         rollout=_start(ROLLOUT, State.AWAKE, groups=False),
@@ -330,9 +388,9 @@ def explore(
     while queue:
         w = queue.popleft()
         violations += [v for v in _violations(w) if v not in violations]
-        moves = list(_successors(w, steps, t_prog, r_prog))
+        moves = list(_successors(w, steps, t_prog, r_prog, contents_guard))
         for label, nxt in moves:
-            if label.startswith("freshness"):
+            if label.startswith(("freshness", "refused", "valid weights")):
                 if label not in violations:
                     violations.append(label)
                 continue

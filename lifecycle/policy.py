@@ -26,6 +26,10 @@ class LifecyclePolicy:
     model_tag: the model tag `switch_model` restores after a wake (slime: "actor").
     sync_requires: tags the weight-update body writes into; they must be resident to sync
         (a rollout engine receives into "weights"; a trainer reads its CPU backup: none).
+    discard_on_release: tags whose contents a release discards, because nothing backs them up
+        (SGLang's `weights` and `kv_cache`; a torch_memory_saver tag with CPU backup keeps its
+        contents). After their release the machine refuses `generate` until a sync has written
+        the weight tags again.
     overlap_hooks: run the hooks a plan declares independent together (process-group teardown
         with the memory pause, their rebuild with the memory resume), where the memory backend
         allows it (`may_overlap_process_groups`); off: one after another, in plan order.
@@ -38,6 +42,7 @@ class LifecyclePolicy:
     auto_wake: bool = True
     model_tag: str | None = "actor"
     sync_requires: tuple[str, ...] = ()
+    discard_on_release: tuple[str, ...] = ()
     overlap_hooks: bool = True
 
     def __post_init__(self) -> None:
@@ -88,6 +93,18 @@ class LifecyclePolicy:
                 raise ValueError(
                     f"LifecyclePolicy.sync_requires names {unknown}, which are not in memory_tags={self.memory_tags}"
                 )
+        if isinstance(self.discard_on_release, str) or not isinstance(self.discard_on_release, (tuple, list)):
+            raise ValueError(
+                f"LifecyclePolicy.discard_on_release must be a tuple of tag names, got {self.discard_on_release!r}"
+            )
+        object.__setattr__(self, "discard_on_release", tuple(self.discard_on_release))
+        unknown = [t for t in self.discard_on_release if t not in self.tags]
+        if unknown:
+            where = f"memory_tags={self.memory_tags}" if self.memory_tags is not None else f"({ALL_TAGS!r},)"
+            raise ValueError(
+                f"LifecyclePolicy.discard_on_release names {unknown}, which this policy does not track; "
+                f"name tags of {where} (with memory_tags=None all memory is one unit, {ALL_TAGS!r})"
+            )
         if self.model_tag is not None and (not isinstance(self.model_tag, str) or not self.model_tag):
             raise ValueError(
                 f"LifecyclePolicy.model_tag must be a non-empty string or None, got {self.model_tag!r}"
@@ -112,6 +129,8 @@ class LifecyclePolicy:
             destroy_process_groups=self.destroy_process_groups,
             model_tag=self.model_tag,
             sync_requires=self.sync_requires,
+            discard_on_release=self.discard_on_release,
+            weight_tags=self.sync_requires or self.tags,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -124,7 +143,7 @@ class LifecyclePolicy:
         if extra:
             raise ValueError(f"unknown LifecyclePolicy fields {extra}; known fields: {sorted(known)}")
         fields = {k: v for k, v in data.items() if k not in _RETIRED}
-        for name in ("memory_tags", "sync_requires"):
+        for name in ("memory_tags", "sync_requires", "discard_on_release"):
             if isinstance(fields.get(name), list):
                 fields[name] = tuple(fields[name])
         return cls(**fields)

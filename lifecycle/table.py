@@ -34,6 +34,18 @@ class Residency(str, enum.Enum):
     UNKNOWN = "unknown"  # a hook touching it raised: never guess (vLLM's rule)
 
 
+class Contents(str, enum.Enum):
+    """What the machine knows about the data in one tag (residency says only where it is).
+
+    A tag released without a backup (SGLang's `weights` and `kv_cache`, vLLM's level-2 sleep) comes
+    back holding fresh, meaningless memory: its contents are discarded until a sync writes them.
+    """
+
+    VALID = "valid"
+    DISCARDED = "discarded"  # released without a backup: a wake maps memory, not the old data
+    UNKNOWN = "unknown"  # a hook touching it raised, or a sync stopped after writing part of it
+
+
 class Groups(str, enum.Enum):
     """What the machine knows about the actor's process groups."""
 
@@ -152,6 +164,7 @@ class When(str, enum.Enum):
     COMPLETES = "all tags resident afterwards"
     PARTIAL = "some tag stays released"
     SYNC_TAGS_RESIDENT = "the tags in sync_requires are resident"
+    WEIGHTS_VALID = "the weight tags hold valid contents"
     TARGET_AWAKE = "target=AWAKE"
     TARGET_PAUSED = "target=PAUSED"
 
@@ -229,7 +242,14 @@ TABLE: tuple[Row, ...] = (
         when=When.AUTO_WAKE_OFFLOAD,
         doc="auto-wake, train step, sleep again",
     ),
-    Row("generate", S.AWAKE, S.AWAKE, body_state=S.AWAKE, doc="serve requests (rollout)"),
+    Row(
+        "generate",
+        S.AWAKE,
+        S.AWAKE,
+        body_state=S.AWAKE,
+        when=When.WEIGHTS_VALID,
+        doc="serve requests on valid weights (rollout; vllm #29341: a wake without a sync serves gibberish)",
+    ),
     Row("save", S.AWAKE, S.AWAKE, body_state=S.SAVING, doc="checkpoint on resident memory"),
     Row(
         "save",
@@ -341,6 +361,8 @@ class PolicyView:
     destroy_process_groups: bool
     model_tag: str | None
     sync_requires: tuple[str, ...]
+    discard_on_release: tuple[str, ...] = ()  # tags whose contents a release discards (no backup)
+    weight_tags: tuple[str, ...] = ()  # tags whose contents `generate` reads (the sync's tags, else all)
 
 
 def guard_holds(
@@ -349,7 +371,10 @@ def guard_holds(
     memory: Mapping[str, Residency],
     targets: Iterable[str],
     recover_target: State | None = None,
+    contents: Mapping[str, Contents] | None = None,
 ) -> bool:
+    """Whether a row guard holds. `contents=None` (a caller that does not track contents) passes
+    the contents guard: the log checker reports generation on invalid weights itself."""
     if when is When.ALWAYS:
         return True
     targets = tuple(targets)
@@ -373,6 +398,8 @@ def guard_holds(
         return not all(t in targets or r is Residency.RESIDENT for t, r in memory.items())
     if when is When.SYNC_TAGS_RESIDENT:
         return all(memory[t] is Residency.RESIDENT for t in policy.sync_requires)
+    if when is When.WEIGHTS_VALID:
+        return contents is None or not invalid_weights(policy, contents)
     if when is When.TARGET_AWAKE:
         return recover_target is State.AWAKE
     if when is When.TARGET_PAUSED:
@@ -387,11 +414,12 @@ def select_row(
     memory: Mapping[str, Residency],
     targets: Iterable[str],
     recover_target: State | None = None,
+    contents: Mapping[str, Contents] | None = None,
 ) -> Row | None:
     """The first row for (operation, source) whose guard holds, or None."""
     targets = targets if isinstance(targets, tuple) else tuple(targets)
     for row in rows_for(operation, source):
-        if guard_holds(row.when, policy, memory, targets, recover_target):
+        if guard_holds(row.when, policy, memory, targets, recover_target, contents):
             return row
     return None
 
@@ -515,3 +543,48 @@ def body_ready(operation: str, policy: PolicyView, memory: Mapping[str, Residenc
     if operation == "sync":
         return all(memory[t] is Residency.RESIDENT for t in policy.sync_requires)
     return all(r is Residency.RESIDENT for r in memory.values())
+
+
+# ----------------------------------------------------------------------------------------------
+# Contents: what a tag's memory holds, beside where it is.
+
+
+def initial_contents(policy: PolicyView, tags: Iterable[str], initial: State) -> dict[str, Contents]:
+    """An actor built AWAKE holds what it loaded; one built PAUSED holds nothing in the tags a release discards."""
+    paused = initial is State.PAUSED
+    return {
+        t: Contents.DISCARDED if paused and t in policy.discard_on_release else Contents.VALID for t in tags
+    }
+
+
+def update_contents(call: Call, ok: bool, policy: PolicyView, contents: dict[str, Contents]) -> None:
+    """Update `contents` in place for one memory hook call (`ok`: it returned; else it raised).
+
+    A pause of a tag the policy declares discarded on release discards its contents; a pause or
+    resume that raised leaves contents unknown (never guess), except contents already discarded,
+    which no memory call can bring back. Other hooks do not touch contents.
+    """
+    if call.hook not in (Hook.MEMORY_PAUSE, Hook.MEMORY_RESUME):
+        return
+    assert call.tag is not None
+    if contents[call.tag] is Contents.DISCARDED:
+        return
+    if not ok:
+        contents[call.tag] = Contents.UNKNOWN
+    elif call.hook is Hook.MEMORY_PAUSE and call.tag in policy.discard_on_release:
+        contents[call.tag] = Contents.DISCARDED
+
+
+def resolve_contents(
+    tag: str, residency: Residency, policy: PolicyView, contents: dict[str, Contents]
+) -> None:
+    """After `recover` learned an unknown tag's residency: a released tag without backup holds nothing."""
+    if residency is Residency.RELEASED and tag in policy.discard_on_release:
+        contents[tag] = Contents.DISCARDED
+
+
+def invalid_weights(policy: PolicyView, contents: Mapping[str, Contents]) -> dict[str, Contents]:
+    """The weight tags whose contents are not valid (empty: `generate` may read them)."""
+    return {
+        t: contents[t] for t in policy.weight_tags if contents.get(t, Contents.VALID) is not Contents.VALID
+    }

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lifecycle.logs import Event, LogFile, read_logs
-from lifecycle.table import State
+from lifecycle.table import ALL_TAGS, State
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -61,6 +61,8 @@ _MARKS: Mapping[str, tuple[str, str, float, str]] = {
     "noop": ("o", "white", 16.0, "no-op"),
     "refused": ("v", "#ef6c00", 24.0, "refused"),
     "weight_sync": ("d", "#0d47a1", 12.0, "weight sync"),
+    "weights_valid": ("*", "#2e7d32", 60.0, "weights valid (version)"),
+    "weights_invalid": ("*", "white", 60.0, "weights discarded/unknown"),
 }
 
 
@@ -98,6 +100,27 @@ class Lane:
     marks: list[Mark] = field(default_factory=list)
     name: str = ""  # the label, with the file name when two files hold the same rank and role
     _current: tuple[float, State] | None = None
+    _weight_tags: tuple[str, ...] = ()  # the tags `generate` reads (from the configured policy)
+    _weights: str | None = None  # "valid", or what the weight tags hold when they are not
+
+    def note_contents(self, d: Mapping[str, Any], when: float) -> None:
+        """Mark when the weight tags' contents change: invalid (discarded/unknown) or valid at a version."""
+        contents = d.get("contents")
+        if not isinstance(contents, dict) or not self._weight_tags:
+            return
+        held = sorted({str(contents.get(t)) for t in self._weight_tags} - {"valid"})
+        now = "valid" if not held else "/".join(held)
+        if now == self._weights:
+            return
+        first = self._weights is None
+        self._weights = now
+        version = d.get("weight_version")
+        if now == "valid":
+            if not first:
+                name = f"weights valid v{version}" if version is not None else "weights valid"
+                self.marks.append(Mark("weights_valid", name, when, {"weight_version": version}))
+        else:
+            self.marks.append(Mark("weights_invalid", f"weights {now}", when, {"contents": contents}))
 
     @property
     def label(self) -> str:
@@ -181,6 +204,11 @@ def _add_event(lane: Lane, name: str, d: dict[str, Any], when: float) -> float:
         event = Event.of(name)
         if event is Event.CONFIGURED:
             lane.set_state(when, State(d["state"]))
+            logged = d.get("policy")
+            policy: dict[str, Any] = logged if isinstance(logged, dict) else {}
+            tags = policy.get("memory_tags") or [ALL_TAGS]
+            lane._weight_tags = tuple(policy.get("sync_requires") or tags)
+            lane.note_contents(d, when)
         elif event is Event.TRANSITION:
             start = float(d["t"])
             stop = start + max(float(d["duration_ms"]), 0.0) / 1e3
@@ -196,6 +224,7 @@ def _add_event(lane: Lane, name: str, d: dict[str, Any], when: float) -> float:
             )
             _hook_spans(lane, d.get("hooks") or [], start, stop)
             lane.set_state(stop, dst)
+            lane.note_contents(d, stop)
             return stop
         elif event is Event.FAILED:
             hooks = d.get("hooks") or []
@@ -211,6 +240,9 @@ def _add_event(lane: Lane, name: str, d: dict[str, Any], when: float) -> float:
                 )
             )
             lane.set_state(when, State.FAILED)
+            lane.note_contents(d, when)
+        elif event is Event.CONTENTS:
+            lane.note_contents(d, when)
         elif event is Event.BODY:
             start = float(d["t"])
             stop = start + max(float(d["duration_ms"]), 0.0) / 1e3
@@ -225,6 +257,7 @@ def _add_event(lane: Lane, name: str, d: dict[str, Any], when: float) -> float:
             )
         elif event is Event.RESOLVED:
             lane.marks.append(Mark("resolved", "resolved", when, {"resolved": d.get("resolved")}))
+            lane.note_contents(d, when)
         elif event is not None and event.is_weight_sync:
             version = f" v{d['version']}" if "version" in d else ""
             lane.marks.append(Mark("weight_sync", f"{name}{version}", when, _fields(d)))
@@ -455,6 +488,17 @@ def _draw(lanes: list[Lane]) -> tuple[Figure, tuple[str, ...], int, dict[str, in
                     gid=f"mark {kind} {index}",
                 )
                 markers[kind] += len(xs)
+        for mark in lane.marks:
+            version = mark.args.get("weight_version")
+            if mark.kind == "weights_valid" and version is not None:
+                axes.annotate(
+                    f"v{version}",
+                    (mark.time - origin, y),
+                    xytext=(3, 5),
+                    textcoords="offset points",
+                    fontsize=7,
+                    color="#2e7d32",
+                )
     labels = [lane.name for lane in lanes]
     axes.set_yticks(range(count), labels[::-1], fontsize=9 if count <= 24 else 7 if count <= 48 else 6)
     axes.set_ylim(-0.7, count - 0.3)

@@ -4,10 +4,15 @@ Sleep = pause generation → flush the cache → drop cached IPC handles → rel
 `kv_cache`. A colocated wake runs `wake_up(["weights"])`, `update_weights(...)`, then
 `wake_up(["kv_cache"])`, so the KV cache is not allocated while the weights arrive. A plain class:
 wrap it with `ray.remote` to make it an actor.
+
+A release without a backup (SGLang's default) discards the weights: the machine then refuses
+`generate` (InvalidWeightsError) until a sync's final round is loaded, and `generate` can require a
+minimum weight version (the trainer's) so that a restarted engine cannot serve its old checkpoint.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -24,12 +29,14 @@ from actor_integration.weight_sync.protocol import (
     VersionGate,
     WeightReceiver,
 )
-from lifecycle import Hooks, Lifecycle, LifecyclePolicy, State
+from lifecycle import Contents, Hooks, Lifecycle, LifecyclePolicy, State
 from lifecycle.logs import Event
 
+ROLLOUT_TAGS = ("weights", "kv_cache")
 ROLLOUT_POLICY = LifecyclePolicy(
-    memory_tags=("weights", "kv_cache"),
+    memory_tags=ROLLOUT_TAGS,
     sync_requires=("weights",),
+    discard_on_release=ROLLOUT_TAGS,  # SGLang releases without a CPU backup unless told otherwise
     model_tag=None,
     destroy_process_groups=False,
 )
@@ -47,7 +54,12 @@ class RolloutActor:
         receiver: WeightReceiver | None = None,
         max_new_tokens: int = 8,
         initial: State = State.AWAKE,
+        discard_on_release: Sequence[str] = ROLLOUT_TAGS,
+        flush_deadline_s: float | None = None,
     ) -> None:
+        """`discard_on_release`: the tags whose contents a release loses (both, for SGLang's default;
+        `("kv_cache",)` for an engine started with a CPU backup of its weights).
+        `flush_deadline_s`: how long a sleep retries a flush the engine refuses as busy."""
         # A factory builds the engine inside the actor process (Ray ships the class, not a model).
         built: Any = engine() if not hasattr(engine, "load_weights") and callable(engine) else engine
         missing = [m for m in _ENGINE_METHODS if not callable(getattr(built, m, None))]
@@ -59,18 +71,28 @@ class RolloutActor:
         self.receiver = receiver if receiver is not None else WeightReceiver()
         self.gate = VersionGate(committed=getattr(built, "weight_version", None))
         self.max_new_tokens = max_new_tokens
+        policy = ROLLOUT_POLICY
+        if tuple(discard_on_release) != ROLLOUT_TAGS:
+            policy = dataclasses.replace(policy, discard_on_release=tuple(discard_on_release))
+        generation_options: dict[str, Any] = {}
+        if flush_deadline_s is not None:
+            generation_options["flush_deadline_s"] = flush_deadline_s
         self.lifecycle = Lifecycle(
-            ROLLOUT_POLICY,
+            policy,
             Hooks(
                 memory=QueryableEngineMemory(built) if hasattr(built, "residency") else EngineMemory(built),
-                generation=EngineGeneration(built, mode=generation_mode, on_pause=self.receiver.release),
+                generation=EngineGeneration(
+                    built, mode=generation_mode, on_pause=self.receiver.release, **generation_options
+                ),
             ),
             role="rollout",
             rank=rank,
             initial=initial,
+            weight_version=self.gate.committed,
         )
         self._loaded_bytes = 0
         self._unopened = False
+        self._stages = bool(getattr(built, "stages_weights", False))
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -91,10 +113,18 @@ class RolloutActor:
     # ------------------------------------------------------------------ serving
 
     def generate(
-        self, prompts: Sequence[Sequence[int]], max_new_tokens: int | None = None
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int | None = None,
+        *,
+        min_weight_version: int | None = None,
     ) -> list[list[int]]:
+        """Serve `prompts`; refused (InvalidWeightsError) on discarded or unknown weights, or on weights
+        older than `min_weight_version` (pass the trainer's current version)."""
         tokens = self.max_new_tokens if max_new_tokens is None else max_new_tokens
-        result: list[list[int]] = self.lifecycle.run("generate", self._generate, prompts, tokens)
+        result: list[list[int]] = self.lifecycle.run(
+            "generate", self._generate, prompts, tokens, min_weight_version=min_weight_version
+        )
         return result
 
     def _generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[list[int]]:
@@ -127,6 +157,14 @@ class RolloutActor:
         self._unopened = False  # from here on the receiver accounts for every bucket
         try:
             with self.receiver.open(payloads) as received:
+                if received.final if self._stages else round_index == 0:
+                    # From the first write into the served weights on, a failure leaves them part
+                    # old, part new. An engine that stages rounds writes them at the final one.
+                    self.lifecycle.note_weights(
+                        Contents.UNKNOWN,
+                        version,
+                        reason=f"loading version {version}: weights being overwritten",
+                    )
                 self.engine.load_weights(
                     version, received.shards, round_index=received.round, final=received.final
                 )
@@ -151,6 +189,7 @@ class RolloutActor:
             raise
         if final:
             elapsed = self.gate.commit(version)
+            self.lifecycle.note_weights(Contents.VALID, version, reason=f"version {version} loaded")
             self.lifecycle.event(
                 Event.SYNC_LOADED,
                 version=version,

@@ -25,7 +25,8 @@ class RolloutEngine(Protocol):
     `load_weights` receives one round of a versioned update: `shards[i]` are the named tensors for
     engine rank i (the trainer rank on the same GPU sent them). Round 0 starts the version, the
     round with `final=True` completes it; an engine that can stage keeps its previous weights
-    until then.
+    until then, and says so with a true `stages_weights` attribute (the lifecycle then counts its
+    weights as valid until the final round; otherwise as unknown from round 0 until the final).
 
     `flush_cache` answers whether it flushed: False means the engine still had requests and
     flushed nothing (SGLang refuses then); an engine that returns None cannot tell and counts

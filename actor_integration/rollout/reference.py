@@ -51,6 +51,7 @@ class ReferenceEngine:
         self._staged: list[dict[str, torch.Tensor]] | None = None
         self._staged_version: int | None = None
         self.weight_version = 0
+        self.stages_weights = True  # rounds are staged; the served weights change at the final one
         self.calls: list[str] = []  # engine calls in order, for tests and the demo's log
 
     @property

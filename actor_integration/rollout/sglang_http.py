@@ -174,6 +174,7 @@ class SGLangHTTPEngine(SGLangWeights):
             method=method,
             path=path,
             timeout_s=timeout,
+            missing=[self.url],
         )
 
 

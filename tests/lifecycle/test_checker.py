@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from lifecycle import (
+    Contents,
     IllegalTransitionError,
     LifecycleFailedError,
     LifecyclePolicy,
@@ -199,7 +200,9 @@ def weight_sync(directory: Path) -> list[Path]:
         path = directory / f"engine{slot}.jsonl"
         out.append(path)
         with json_log(path):
-            policy = LifecyclePolicy(memory_tags=TAGS, sync_requires=("weights",), model_tag=None)
+            policy = LifecyclePolicy(
+                memory_tags=TAGS, sync_requires=("weights",), discard_on_release=TAGS, model_tag=None
+            )
             lc, rec = recording_lifecycle(policy, generation=True, rank=slot, role="rollout")
             for version in VERSIONS:
                 lc.sleep()
@@ -207,6 +210,8 @@ def weight_sync(directory: Path) -> list[Path]:
 
                 def load(lc: Lifecycle = lc, rec: Recorders = rec, version: int = version) -> None:
                     rec.check_body(lc, "sync")
+                    lc.note_weights(Contents.UNKNOWN, version, reason="writing")
+                    lc.note_weights(Contents.VALID, version, reason="loaded")
                     lc.event(
                         "weight_sync.loaded",
                         version=version,
@@ -644,6 +649,56 @@ class TestReplayFindings:
         assert_finding(
             check_files([dump(path, lines)]), path, i + 1, "malformed lifecycle.transition", "'ASLEEP'"
         )
+
+
+class TestContentsFindings:
+    def test_generate_on_discarded_weights(self, corpus: dict[str, Path], tmp_path: Path) -> None:
+        """A driver that skipped a sync (its declarations gone) served discarded weights: reported at the
+        generate, naming where the weights were discarded."""
+        path, lines = edited(corpus, "sync/engine0", tmp_path)
+        released = find(lines, "lifecycle.transition", 1, operation="sleep")
+        assert lines[released]["contents"]["weights"] == "discarded"
+        for nth in (3, 2):  # the second version's two declarations
+            del lines[find(lines, "lifecycle.contents", nth)]
+        generate = find(lines, "lifecycle.body", 1, operation="generate")
+        findings = check_files([dump(path, lines)])
+        assert_finding(
+            findings,
+            path,
+            generate + 1,
+            "generate on invalid weights",
+            f"tag 'weights' discarded since line {released + 1}",
+        )
+
+    def test_generate_after_a_sync_that_stopped_part_way(
+        self, corpus: dict[str, Path], tmp_path: Path
+    ) -> None:
+        path, lines = edited(corpus, "sync/engine0", tmp_path)
+        partial = find(lines, "lifecycle.contents", 0)
+        del lines[find(lines, "lifecycle.contents", 1)]
+        generate = find(lines, "lifecycle.body", 0, operation="generate")
+        findings = check_files([dump(path, lines)])
+        assert_finding(findings, path, generate + 1, f"tag 'weights' unknown since line {partial + 1}")
+
+    def test_logged_contents_differ_from_the_replay(self, corpus: dict[str, Path], tmp_path: Path) -> None:
+        path, lines = edited(corpus, "sync/engine0", tmp_path)
+        i = find(lines, "lifecycle.transition", 0, operation="sleep")
+        lines[i]["contents"]["weights"] = "valid"
+        findings = check_files([dump(path, lines)])
+        assert_finding(
+            findings, path, i + 1, "logged contents differ", "weights: logged valid, replay discarded"
+        )
+        assert len(findings) == 1, "\n".join(map(str, findings))
+
+    def test_weights_declared_outside_a_sync_body(self, corpus: dict[str, Path], tmp_path: Path) -> None:
+        path, lines = edited(corpus, "sync/engine0", tmp_path)
+        i = find(lines, "lifecycle.contents", 1)
+        moved = lines.pop(i)
+        j = find(lines, "lifecycle.body", 0, operation="generate")
+        moved["t"] = lines[j]["t"]
+        lines.insert(j, moved)
+        findings = check_files([dump(path, lines)])
+        assert_finding(findings, path, j + 1, "weights declared valid outside a sync body")
 
 
 class TestEditsAnywhere:

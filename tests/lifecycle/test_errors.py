@@ -35,6 +35,21 @@ EXAMPLES: list[LifecycleError] = [
     errors.CorruptBucketError("bad", version=3, rank=1, bucket=0),
     errors.UnknownModelTagError("no backup under 'actor'"),
     errors.MemorySaverConfigError("bad env"),
+    errors.InvalidWeightsError(
+        "discarded",
+        state=State.AWAKE,
+        operation="generate",
+        allowed=("sync",),
+        tags={"weights": "discarded"},
+        weight_version=2,
+        required_version=None,
+        fix="sync",
+    ),
+    errors.EngineNotIdleError("busy", mode="abort", queued={"running": 1}, waited_s=1.5, attempts=4),
+    errors.SGLangServerError("500", method="POST", path="/flush_cache", status=500, answer="busy"),
+    errors.SGLangServerTimeout(
+        "late", method="POST", path="/flush_cache", timeout_s=5.0, missing=["http://127.0.0.1:30000"]
+    ),
 ]
 
 

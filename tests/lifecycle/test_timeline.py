@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from lifecycle import (
+    Contents,
     IllegalTransitionError,
     LifecycleFailedError,
     LifecyclePolicy,
@@ -87,7 +88,9 @@ def trainer(path: Path, rank: int, ranks: tuple[int, ...]) -> None:
 
 def engine(path: Path, rank: int) -> None:
     with json_log(path):
-        policy = LifecyclePolicy(memory_tags=TAGS, sync_requires=("weights",), model_tag=None)
+        policy = LifecyclePolicy(
+            memory_tags=TAGS, sync_requires=("weights",), discard_on_release=TAGS, model_tag=None
+        )
         lc, rec = recording_lifecycle(policy, generation=True, rank=rank, role="rollout")
         for version in (1, 2):
             lc.sleep()
@@ -95,6 +98,8 @@ def engine(path: Path, rank: int) -> None:
 
             def load(version: int = version) -> None:
                 rec.check_body(lc, "sync")
+                lc.note_weights(Contents.UNKNOWN, version, reason="writing")
+                lc.note_weights(Contents.VALID, version, reason="loaded")
                 lc.event(
                     "weight_sync.loaded", version=version, bytes=8 << 20, checksum_ok=True, duration_ms=0.3
                 )
@@ -290,6 +295,30 @@ class TestTrace:
         assert {(e["args"]["version"], e["args"]["bytes"]) for e in updates} == {(1, 4 << 20), (2, 4 << 20)}
         assert all(e["cat"] == "weight_sync" for e in updates)
 
+    def test_rollout_weights_validity_is_marked_with_its_version(self, trace: dict[str, Any]) -> None:
+        """Each release marks the weights discarded, each first write unknown, each final round valid at its
+        version; a trainer whose resume raised shows its memory's contents unknown."""
+        names = track_names(trace)
+        marks: dict[str, list[str]] = collections.defaultdict(list)
+        for e in trace["traceEvents"]:
+            if e["ph"] == "i" and e["cat"] in ("weights_valid", "weights_invalid"):
+                marks[names[(e["pid"], e["tid"])]].append(e["name"])
+        engines = {lane: seen for lane, seen in marks.items() if "rollout" in lane}
+        assert engines and all(
+            seen
+            == [
+                "weights discarded",
+                "weights unknown",
+                "weights valid v1",
+                "weights discarded",
+                "weights unknown",
+                "weights valid v2",
+            ]
+            for seen in engines.values()
+        ), engines
+        others = [seen for lane, seen in marks.items() if "rollout" not in lane]
+        assert others == [["weights unknown"]], marks
+
     def test_write_trace_writes_loadable_json(self, logs: list[Path], tmp_path: Path) -> None:
         out = write_trace(logs, tmp_path / "sub" / "trace.json")
         assert json.loads(out.read_text()) == json.loads(json.dumps(build_trace(logs)))
@@ -333,6 +362,7 @@ class TestPicture:
         assert data[:8] == b"\x89PNG\r\n\x1a\n"
         assert len(data) > 20_000
         assert picture.markers["failed"] == 2 and picture.markers["noop"] > 0
+        assert picture.markers["weights_valid"] > 0 and picture.markers["weights_invalid"] > 0
 
     def test_one_lane_per_machine(self, logs: list[Path], trace: dict[str, Any]) -> None:
         from matplotlib.colors import to_hex

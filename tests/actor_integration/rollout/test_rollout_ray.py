@@ -4,11 +4,13 @@ import functools
 
 import pytest
 
+from actor_integration.ray_group import LifecycleGroup
 from actor_integration.rollout import ReferenceEngine, RolloutActor
 from actor_integration.tiny_model import TinyLMConfig, weights_checksum
 from actor_integration.weight_sync import RankSlot, WeightSender, WeightSyncError
 from actor_integration.weight_sync.disk import DiskSender
 from actor_integration.weight_sync.shm import ShmSender
+from lifecycle.errors import GroupCallError, InvalidWeightsError
 from tests.helpers.models import perturbed
 
 pytestmark = pytest.mark.ray
@@ -70,3 +72,59 @@ def test_a_colocated_step_through_ray(ray_cluster, tmp_path):
     assert ray.get(rollout.weight_version.remote()) == 2
     replay.close()
     ray.kill(rollout)
+
+
+def test_the_group_reports_loaded_versions_and_a_replaced_rollout_cannot_serve(ray_cluster):
+    """miles #1724: a replacement engine serves its checkpoint while the trainer is ahead. The group
+    shows each rank's loaded version; generate with the trainer's version is refused until a sync."""
+    ray = ray_cluster
+    actor_cls = ray.remote(RolloutActor).options(num_cpus=0)
+    rollouts = [actor_cls.remote(functools.partial(ReferenceEngine, CONFIG), rank=r) for r in (0, 1)]
+    group = LifecycleGroup(rollouts, timeout_s=30.0)
+
+    def send(rank, version):
+        def engine_call(v, payloads):
+            return ray.get(group.actors[rank].update_weights.remote(v, payloads), timeout=30)
+
+        sender = WeightSender(
+            RankSlot.single(0),
+            None,
+            ShmSender(),
+            rank=0,
+            engine_call=engine_call,
+            bucket_bytes=4096,
+            deadline_s=30.0,
+        )
+        sender.send(version, trained(version).named_weights())
+        sender.close()
+
+    group.sleep()
+    group.wake_up(["weights"])
+    for rank in group.actors:
+        send(rank, 3)
+    group.wake_up(["kv_cache"])
+    assert group.weight_versions() == {0: 3, 1: 3}
+
+    ray.kill(group.actors[1])
+    group.replace(1, actor_cls.remote(functools.partial(ReferenceEngine, CONFIG), rank=1))
+    assert group.weight_versions() == {0: 3, 1: 0}
+    assert group.stale(3) == {1: 0}
+    with pytest.raises(GroupCallError) as info:
+        group.call("generate", [[1, 2]], 3, min_weight_version=3)
+    refused = info.value.errors
+    assert list(refused) == [1] and isinstance(refused[1], InvalidWeightsError)
+    assert refused[1].required_version == 3 and refused[1].weight_version == 0
+
+    # The replacement is released and woken without a sync: discarded weights, no version to report.
+    ray.get(group.actors[1].sleep.remote())
+    ray.get(group.actors[1].wake_up.remote())
+    assert group.weight_versions()[1] is None
+    ray.get(group.actors[1].sleep.remote())
+    ray.get(group.actors[1].wake_up.remote(["weights"]))
+    send(1, 3)
+    ray.get(group.actors[1].wake_up.remote(["kv_cache"]))
+    assert group.weight_versions() == {0: 3, 1: 3} and group.stale(3) == {}
+    served = group.call("generate", [[1, 2]], 3, min_weight_version=3)
+    assert served[0] == served[1] == trained(3).generate([[1, 2]], max_new_tokens=3)
+    for actor in group.actors.values():
+        ray.kill(actor)

@@ -15,6 +15,7 @@ import torch
 
 from actor_integration.rollout import ENGINE_TAGS, GENERATION_MODES, RolloutActor, SGLangEngine
 from actor_integration.rollout.sglang import sglang_codec
+from lifecycle import Contents
 from tests.helpers.sglang_source import VERSION, SourceShapedSGLang, event_loop, literal_values
 
 ENGINE = "sglang.srt.entrypoints.engine.Engine"
@@ -129,7 +130,12 @@ class TestEngineCalls:
         actor = RolloutActor(SGLangEngine(model_path="/models/tiny"), generation_mode="retract")
         actor.sleep()
         actor.wake_up(["weights"])
-        actor.engine.load_weights(1, shards(), round_index=0, final=True)
+
+        def load() -> None:  # the engine half of a sync (the receiver's half is tested elsewhere)
+            actor.engine.load_weights(1, shards(), round_index=0, final=True)
+            actor.lifecycle.note_weights(Contents.VALID, 1, reason="loaded")
+
+        actor.lifecycle.run("sync", load)
         actor.wake_up(["kv_cache"])
         assert actor.generate([[3]], max_new_tokens=2) == [[7, 7]]
         assert actor.engine.queued_requests() == {"running": 1, "waiting": 5}
