@@ -23,12 +23,8 @@ from actor_integration.rollout.engine import (
     QueryableEngineMemory,
     RolloutEngine,
 )
-from actor_integration.weight_sync.protocol import (
-    CorruptBucketError,
-    RankPayload,
-    VersionGate,
-    WeightReceiver,
-)
+from actor_integration.weight_sync.receiver import VersionGate, WeightReceiver
+from actor_integration.weight_sync.wire import CorruptBucketError, RankPayload
 from lifecycle import Contents, Hooks, Lifecycle, LifecyclePolicy, State
 from lifecycle.logs import Event
 

@@ -10,7 +10,10 @@
                           engine_call=..., bucket_bytes=512 << 20, deadline_s=120)
     lifecycle.run("sync", sender.send, version, named_tensors)
 
-The engine side is `WeightReceiver` + `VersionGate` (see `actor_integration.rollout`).
+One file per side: `wire.py` (the payload one slot rank hands the engine per round, and the errors),
+`sender.py` (`WeightSender`, the slot coordinator), `receiver.py` (`WeightReceiver`, `VersionGate`:
+what the rollout imports); the mechanisms are `buckets.py`, `topology.py`, `transport.py` and one
+file per transport.
 """
 
 from actor_integration.weight_sync.buckets import (
@@ -23,16 +26,8 @@ from actor_integration.weight_sync.buckets import (
     pack_into,
     unpack,
 )
-from actor_integration.weight_sync.protocol import (
-    RankPayload,
-    ReceivedRound,
-    StaleVersionError,
-    SyncReport,
-    VersionGate,
-    WeightReceiver,
-    WeightSender,
-    WeightSyncTimeout,
-)
+from actor_integration.weight_sync.receiver import ReceivedRound, VersionGate, WeightReceiver
+from actor_integration.weight_sync.sender import SyncReport, WeightSender
 from actor_integration.weight_sync.topology import RankSlot, SlotTopology, local_device_index, physical_gpu_id
 from actor_integration.weight_sync.transport import (
     REQUESTABLE,
@@ -45,7 +40,14 @@ from actor_integration.weight_sync.transport import (
     select_transport,
     sender_class,
 )
-from lifecycle.errors import CorruptBucketError, WeightSyncError
+from actor_integration.weight_sync.wire import (
+    CorruptBucketError,
+    RankPayload,
+    StaleVersionError,
+    WeightSyncError,
+    WeightSyncTimeout,
+    payload_mismatch,
+)
 
 __all__ = [
     "CRC32",
@@ -73,6 +75,7 @@ __all__ = [
     "iter_buckets",
     "local_device_index",
     "pack_into",
+    "payload_mismatch",
     "physical_gpu_id",
     "probe_cuda_ipc",
     "receiver_class",

@@ -2,7 +2,7 @@
 
 A sender transport packs buckets into buffers another process can read and describes them with
 small picklable descriptors; the matching receiver transport turns a descriptor back into a
-uint8 region. The protocol (`protocol.py`) moves only manifests and descriptors between
+uint8 region. The protocol (`sender.py`, `receiver.py`) moves only manifests and descriptors between
 processes; the bytes go through the transport.
 """
 
