@@ -19,6 +19,7 @@ _EXPORTS = {
     "GroupTimeoutError": "actor_integration.ray_group",
     "InconsistentGroupError": "actor_integration.ray_group",
     "ClearMemory": "actor_integration.clear_memory",
+    "AuditedMemory": "actor_integration.release_audit",
     "MemorySaverConfigError": "actor_integration.memory_saver",
     "MemoryStateError": "actor_integration.memory_saver",
     "NoopMemory": "actor_integration.memory_saver",

@@ -87,7 +87,13 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from actor_integration.demo import run_demo
+    from actor_integration.demo.options import check_demo_arguments
+
+    problem = check_demo_arguments(args)
+    if problem is not None:
+        print(f"lifecycle demo: {problem}", file=sys.stderr)
+        return 2
+    from actor_integration.demo.driver import run_demo
 
     return run_demo(args)
 
@@ -99,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser(
         "demo", help="run a colocated RL loop on Ray (trainer + rollout on the same devices)"
     )
-    from actor_integration.demo_options import add_demo_arguments
+    from actor_integration.demo.options import add_demo_arguments
 
     add_demo_arguments(demo)
     demo.set_defaults(func=_demo)

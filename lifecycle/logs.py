@@ -1,8 +1,8 @@
 """The lifecycle log format: every event name, reading JSON-lines logs, and reading their fields.
 
-Writers (the machine, the weight-sync sender and receiver, the process groups) name their events
-with `Event`; readers (`lifecycle.checker`, `lifecycle.sync_checks`, `lifecycle.timeline`, the
-demo's report) read files with `read_logs` once and share the parsed lines.
+Writers (the machine, the weight-sync sender and receiver, the process groups, the release audit)
+name their events with `Event`; readers (`lifecycle.checker`, `lifecycle.sync_checks`,
+`lifecycle.timeline`, the demo's report) read files with `read_logs` once and share the parsed lines.
 """
 
 from __future__ import annotations
@@ -44,6 +44,8 @@ class Event(str, enum.Enum):
     SYNC_TRANSPORT = "weight_sync.transport"
     SYNC_UPDATE = "weight_sync.update"  # a trainer rank sent one version
     SYNC_LOADED = "weight_sync.loaded"  # a rollout engine loaded one version
+    MEMORY_RELEASED = "memory.released"  # device memory one pause freed (warning: much less than its tags)
+    MEMORY_TAKEN = "memory.taken"  # device memory one resume took
 
     def __str__(self) -> str:
         return self.value

@@ -5,7 +5,8 @@
 
 Each machine's states tile its time from its `lifecycle.configured` event to the last timestamp
 of its file; transitions, their hooks and bodies nest inside the state they ran in; no-ops,
-refusals, failures and weight-sync events are instants. Lines that are not events are skipped
+refusals, failures, weight-sync and memory-audit events are instants; so are the changes of a
+rollout's weight contents (discarded or unknown, then valid at a version). Lines that are not events are skipped
 here: `lifecycle.checker` is what reports them. Every function takes log paths, files already
 read (`lifecycle.logs.read_logs`) or, past `read_lanes`, the lanes themselves.
 """
@@ -61,6 +62,7 @@ _MARKS: Mapping[str, tuple[str, str, float, str]] = {
     "noop": ("o", "white", 16.0, "no-op"),
     "refused": ("v", "#ef6c00", 24.0, "refused"),
     "weight_sync": ("d", "#0d47a1", 12.0, "weight sync"),
+    "release_short": ("^", "#ff6f00", 50.0, "release freed too little"),
     "weights_valid": ("*", "#2e7d32", 60.0, "weights valid (version)"),
     "weights_invalid": ("*", "white", 60.0, "weights discarded/unknown"),
 }
@@ -219,7 +221,7 @@ def _add_event(lane: Lane, name: str, d: dict[str, Any], when: float) -> float:
                     "transition",
                     start,
                     stop,
-                    _pick(d, "operation", "phase", "targets", "residency", "groups"),
+                    _pick(d, "operation", "phase", "step", "duration_ms", "targets", "residency", "groups"),
                 )
             )
             _hook_spans(lane, d.get("hooks") or [], start, stop)
@@ -258,6 +260,9 @@ def _add_event(lane: Lane, name: str, d: dict[str, Any], when: float) -> float:
         elif event is Event.RESOLVED:
             lane.marks.append(Mark("resolved", "resolved", when, {"resolved": d.get("resolved")}))
             lane.note_contents(d, when)
+        elif event in (Event.MEMORY_RELEASED, Event.MEMORY_TAKEN):
+            short = event is Event.MEMORY_RELEASED and bool(d.get("short"))
+            lane.marks.append(Mark("release_short" if short else "memory", name, when, _fields(d)))
         elif event is not None and event.is_weight_sync:
             version = f" v{d['version']}" if "version" in d else ""
             lane.marks.append(Mark("weight_sync", f"{name}{version}", when, _fields(d)))
@@ -491,14 +496,19 @@ def _draw(lanes: list[Lane]) -> tuple[Figure, tuple[str, ...], int, dict[str, in
         for mark in lane.marks:
             version = mark.args.get("weight_version")
             if mark.kind == "weights_valid" and version is not None:
-                axes.annotate(
-                    f"v{version}",
-                    (mark.time - origin, y),
-                    xytext=(3, 5),
-                    textcoords="offset points",
-                    fontsize=7,
-                    color="#2e7d32",
-                )
+                label, color = f"v{version}", "#2e7d32"
+            elif mark.kind == "refused" and mark.args.get("operation") == "generate":
+                label, color = "generate refused", "#ef6c00"  # a driver that skipped a sync shows here
+            else:
+                continue
+            axes.annotate(
+                label,
+                (mark.time - origin, y),
+                xytext=(3, 5),
+                textcoords="offset points",
+                fontsize=7,
+                color=color,
+            )
     labels = [lane.name for lane in lanes]
     axes.set_yticks(range(count), labels[::-1], fontsize=9 if count <= 24 else 7 if count <= 48 else 6)
     axes.set_ylim(-0.7, count - 0.3)

@@ -32,6 +32,11 @@ if [[ $part == demo || $part == all ]]; then
     step demo 400 "$PY" -m actor_integration.cli demo --steps 6 --save-every 2 --out "$WORK/demo" \
         --no-progress --inject-fault memory.pause@3
     step demo-check 60 "$PY" -m actor_integration.cli check "$WORK/demo/logs"
+    # A skipped sync: the next generation is refused (InvalidWeightsError), then sync → generate.
+    # A larger model (~400 MiB of weights per engine) makes the release-verification figures meaningful.
+    step demo-skip-sync 400 "$PY" -m actor_integration.cli demo --steps 4 --save-every 2 \
+        --out "$WORK/demo-skip-sync" --no-progress --skip-sync 2 --hidden 1024 --layers 8
+    step demo-skip-sync-check 60 "$PY" -m actor_integration.cli check "$WORK/demo-skip-sync/logs"
 fi
 if [[ $part == bench || $part == all ]]; then
     step bench_sleep_wake 300 "$PY" benchmarks/bench_sleep_wake.py --out "$WORK/bench_sleep_wake.json"
@@ -41,5 +46,6 @@ if [[ -n ${OUT:-} ]]; then
     tar -czf "$OUT/results-$part.tgz" -C "$WORK" . 2>/dev/null
     cp "$WORK/summary.txt" "$OUT/summary-$part.txt" 2>/dev/null
     [[ -f $WORK/demo/timeline.png ]] && cp "$WORK/demo/timeline.png" "$OUT/timeline.png"
+    [[ -f $WORK/demo-skip-sync/timeline.png ]] && cp "$WORK/demo-skip-sync/timeline.png" "$OUT/timeline-skip-sync.png"
 fi
 cat "$WORK/summary.txt"

@@ -1,29 +1,63 @@
-"""The demo's final table, computed from the per-rank lifecycle logs (the same files `check` reads)."""
+"""The demo's report: its per-rank logs read once, then the table, the check, the timeline and summary.json.
+
+The logs are the same files `lifecycle check` and `lifecycle timeline` read; `RunLogs.read` parses
+them once (`lifecycle.logs`) and every part of the report works on that one reading.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import argparse
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from lifecycle.logs import Event
+from lifecycle import checker, timeline
+from lifecycle.logs import Event, LogFile, read_logs
 from lifecycle.table import State
-from lifecycle.timeline import read_lanes
+from lifecycle.timeline import Lane, read_lanes
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from actor_integration.demo.placement import Placement
+    from actor_integration.demo.step import StepDriver
+
+
+@dataclass(frozen=True)
+class RunLogs:
+    """The run's per-rank logs, parsed once and shared by the check, the table and the timeline."""
+
+    files: list[LogFile]
+    lanes: list[Lane]
+
+    @classmethod
+    def read(cls, paths: Iterable[str | Path]) -> RunLogs:
+        files = read_logs(paths)
+        return cls(files, read_lanes(files))
 
 
 def per_rank_rows(
-    log_paths: Iterable[Path], checksums: Mapping[tuple[str, int], list[bool]]
+    lanes: Sequence[Lane],
+    checksums: Mapping[tuple[str, int], list[bool]],
+    step_walls: Mapping[int, float] | None = None,
 ) -> list[dict[str, Any]]:
-    """One row per (role, rank): seconds in each state, transitions, bytes synced, GB/s, checksum results."""
+    """One row per (role, rank): seconds in each state, transitions, bytes synced, GB/s, checksum results,
+    and the lifecycle's cost per step: seconds of transitions (their logged `duration_ms`) in the steps
+    of `step_walls` (step → its wall time in seconds), and their share of those steps' wall time."""
+    walls = dict(step_walls or {})
     rows = []
-    lanes = sorted(
-        read_lanes(list(log_paths)), key=lambda lane: (lane.role != "trainer", lane.role, lane.rank)
-    )
-    for lane in lanes:
+    for lane in sorted(lanes, key=lambda lane: (lane.role != "trainer", lane.role or "", lane.rank or 0)):
         seconds = dict.fromkeys(State, 0.0)
         for start, end, state in lane.states:
             seconds[state] += end - start
-        transitions = sum(1 for span in lane.spans if span.cat == "transition")
+        transitions = [span for span in lane.spans if span.cat == "transition"]
+        in_steps = sum(
+            float(span.args.get("duration_ms", 0.0)) / 1e3
+            for span in transitions
+            if span.args.get("step") in walls
+        )
         noops = sum(1 for mark in lane.marks if mark.kind == "noop")
         failures = sum(1 for mark in lane.marks if mark.kind == "failed")
         name = Event.SYNC_UPDATE if lane.role == "trainer" else Event.SYNC_LOADED
@@ -40,7 +74,7 @@ def per_rank_rows(
                 "role": lane.role,
                 "rank": lane.rank,
                 **{f"{state.value}_s": round(seconds[state], 3) for state in State},
-                "transitions": transitions,
+                "transitions": len(transitions),
                 "noops": noops,
                 "failures": failures,
                 "syncs": len(synced),
@@ -48,34 +82,60 @@ def per_rank_rows(
                 "gbps": round(nbytes / sync_s / 1e9, 3) if sync_s > 0 else 0.0,
                 "checksum_ok": sum(checks),
                 "checksum_total": len(checks),
+                "lifecycle_s_per_step": round(in_steps / len(walls), 4) if walls else None,
+                "lifecycle_share": round(in_steps / sum(walls.values()), 4) if sum(walls.values()) else None,
+                "release": release_audit(lane),
             }
         )
     return rows
+
+
+def release_audit(lane: Lane) -> dict[str, Any] | None:
+    """What the lane's measured releases freed against what their tags hold (None: nothing measured)."""
+    released = [m.args for m in lane.marks if m.name == Event.MEMORY_RELEASED.value]
+    taken = [m.args for m in lane.marks if m.name == Event.MEMORY_TAKEN.value]
+    if not released and not taken:
+        return None
+    expected = [int(a["expected_bytes"]) for a in released if isinstance(a.get("expected_bytes"), int)]
+    return {
+        "releases": len(released),
+        "freed_bytes": sum(int(a.get("freed_bytes", 0)) for a in released),
+        "expected_bytes": sum(expected) if expected else None,
+        "short": sum(1 for a in released if a.get("short")),
+        "wakes": len(taken),
+        "taken_bytes": sum(int(a.get("taken_bytes", 0)) for a in taken),
+    }
+
+
+COLUMNS = (
+    "role",
+    "rank",
+    "AWAKE s",
+    "PAUSED s",
+    "SAVING s",
+    "SYNCING s",
+    "FAILED s",
+    "transitions",
+    "no-ops",
+    "failures",
+    "synced",
+    "GB/s",
+    "checksum",
+    "lifecycle s/step",
+    "% of step",
+)
 
 
 def render_table(rows: list[dict[str, Any]], console: Any) -> None:
     from rich.table import Table
 
     table = Table(title="lifecycle demo: per rank", show_lines=False)
-    for column in (
-        "role",
-        "rank",
-        "AWAKE s",
-        "PAUSED s",
-        "SAVING s",
-        "SYNCING s",
-        "FAILED s",
-        "transitions",
-        "no-ops",
-        "failures",
-        "synced",
-        "GB/s",
-        "checksum",
-    ):
+    for column in COLUMNS:
         table.add_column(column, justify="left" if column == "role" else "right")
     for row in rows:
         checks = f"{row['checksum_ok']}/{row['checksum_total']}"
         colour = "green" if row["checksum_ok"] == row["checksum_total"] else "bold red"
+        per_step, share = row["lifecycle_s_per_step"], row["lifecycle_share"]
         table.add_row(
             str(row["role"]),
             str(row["rank"]),
@@ -86,13 +146,100 @@ def render_table(rows: list[dict[str, Any]], console: Any) -> None:
             _size(row["bytes_synced"]),
             f"{row['gbps']:.2f}",
             f"[{colour}]{checks}[/]",
+            "—" if per_step is None else f"{per_step:.3f}",
+            "—" if share is None else f"{share:.1%}",
         )
     console.print(table)
 
 
-def _size(nbytes: int) -> str:
+def _size(nbytes: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if nbytes < 1024 or unit == "GiB":
             return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"
-        nbytes /= 1024  # type: ignore[assignment]
+        nbytes /= 1024
     return str(nbytes)
+
+
+def finish(
+    out: Path,
+    console: Console,
+    args: argparse.Namespace,
+    placed: Placement,
+    driver: StepDriver,
+    wall: float,
+) -> int:
+    """Read the logs once, print the table, the check and the totals, write the timeline and
+    summary.json; return the demo's exit code."""
+    logs = RunLogs.read(sorted((out / "logs").glob("*.jsonl")))
+    findings = checker.check_logs(logs.files)
+    steps = driver.records
+    rows = per_rank_rows(logs.lanes, driver.checksums, {s["step"]: s["wall_s"] for s in steps})
+    render_table(rows, console)
+    timeline.write_trace(logs.lanes, out / "timeline.json")
+    picture = timeline.render_png(logs.lanes, out / "timeline.png")
+    exit_code = 0 if driver.ok else 1
+    losses = [s["loss"] for s in steps if s["loss"] is not None]
+    growth = [g for s in steps for g in (s.get("peak_rss_growth_mib") or {}).values() if g is not None]
+    synced = [s for s in steps if s.get("bytes")]
+    if growth and synced:
+        console.print(
+            f"peak host RSS growth during a sync, any trainer rank: {max(growth):.1f} MiB "
+            f"(bucket {args.bucket_mb} MiB; weights {synced[-1]['bytes'] / placed.trainers / 2**20:.1f} MiB per rank)"
+        )
+    for row in rows:
+        audit = row["release"]
+        if audit is None:
+            continue
+        expected = audit["expected_bytes"]
+        console.print(
+            f"release verification, {row['role']} rank {row['rank']}: {audit['releases']} release(s) freed "
+            f"{_size(audit['freed_bytes'])}"
+            + (f" of {_size(expected)} expected ({audit['freed_bytes'] / expected:.0%})" if expected else "")
+            + f", {audit['short']} short; {audit['wakes']} wake(s) took {_size(audit['taken_bytes'])}"
+        )
+    console.print(
+        f"steps {len(steps)}, loss {losses[0]:.3f} → {losses[-1]:.3f}, "
+        f"checkpoints {sum(1 for s in steps if 'checkpoint_reload_ok' in s)}, "
+        f"faults recovered {len(driver.faults)}, refusals recovered {len(driver.refusals)}, wall {wall:.1f} s"
+    )
+    if findings:
+        exit_code = 1
+        console.print(f"[bold red]lifecycle check: {len(findings)} finding(s)[/]")
+        for finding in findings[:20]:
+            console.print(f"  {finding}")
+    else:
+        console.print(f"lifecycle check: [green]clean[/] ({len(logs.files)} logs)")
+    marks = {kind: picture.markers.get(kind, 0) for kind in ("weights_valid", "weights_invalid")}
+    console.print(
+        f"logs: {out / 'logs'}  timeline: {out / 'timeline.json'}, {picture.path} "
+        f"(marks: weights valid {marks['weights_valid']}, discarded/unknown {marks['weights_invalid']})"
+    )
+    expected_faults = len(args.inject_fault)
+    if len(driver.faults) != expected_faults:
+        exit_code = 1
+        console.print(
+            f"[bold red]{expected_faults} fault(s) injected but {len(driver.faults)} seen and recovered[/]"
+        )
+    skipped = sorted(set(args.skip_sync))
+    if [r["step"] - 1 for r in driver.refusals] != skipped:
+        exit_code = 1
+        console.print(
+            f"[bold red]syncs skipped at steps {skipped}, but refusals seen and recovered at steps "
+            f"{[r['step'] for r in driver.refusals]} (expected at the step after each)[/]"
+        )
+    summary = {
+        "device": placed.device,
+        "trainers": placed.trainers,
+        "engine_gpu_counts": placed.engine_gpu_counts,
+        "transport": placed.transport,
+        "steps": steps,
+        "faults": driver.faults,
+        "refusals": driver.refusals,
+        "ranks": rows,
+        "timeline_marks": marks,
+        "findings": [str(f) for f in findings],
+        "wall_s": round(wall, 2),
+        "ok": exit_code == 0,
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    return exit_code

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from actor_integration.release_audit import AuditedMemory
 from actor_integration.rollout.engine import (
     EngineGeneration,
     EngineMemory,
@@ -73,10 +74,13 @@ class RolloutActor:
         generation_options: dict[str, Any] = {}
         if flush_deadline_s is not None:
             generation_options["flush_deadline_s"] = flush_deadline_s
+        memory = QueryableEngineMemory(built) if hasattr(built, "residency") else EngineMemory(built)
+        expected = getattr(built, "memory_bytes", None)  # the reference engine knows its tags' sizes
+        self.memory_audit = AuditedMemory(memory, expected_bytes=expected if callable(expected) else None)
         self.lifecycle = Lifecycle(
             policy,
             Hooks(
-                memory=QueryableEngineMemory(built) if hasattr(built, "residency") else EngineMemory(built),
+                memory=self.memory_audit,
                 generation=EngineGeneration(
                     built, mode=generation_mode, on_pause=self.receiver.release, **generation_options
                 ),
@@ -86,6 +90,7 @@ class RolloutActor:
             initial=initial,
             weight_version=self.gate.committed,
         )
+        self.memory_audit.sink = self.lifecycle
         self._loaded_bytes = 0
         self._unopened = False
         self._stages = bool(getattr(built, "stages_weights", False))

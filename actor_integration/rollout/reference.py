@@ -123,6 +123,21 @@ class ReferenceEngine:
     def residency(self) -> dict[str, bool]:
         return dict(self._resident)
 
+    def memory_bytes(self, tag: str | None = None) -> int:
+        """CUDA memory `tag` (None: every tag) holds when resident, over all engine ranks: what a
+        release should free (`AuditedMemory`'s expected bytes). 0 for CPU ranks."""
+        total = 0
+        for tag_name in self._tags(None if tag is None else [tag]):
+            for device in self.devices:
+                if device.type != "cuda":
+                    continue
+                if tag_name == "weights":
+                    total += sum(shape.numel() * dtype.itemsize for shape, dtype in self._shapes.values())
+                else:
+                    cfg = self.config
+                    total += cfg.n_layers * 2 * self.kv_cache_tokens * cfg.dim * cfg.torch_dtype.itemsize
+        return total
+
     # ------------------------------------------------------------------ generation
 
     def pause_generation(self, mode: str = "abort") -> None:

@@ -39,6 +39,8 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.Com
         "memory.pause@2",
         "--inject-fault",
         "rollout:generation.pause@3",
+        "--skip-sync",
+        "1",
     )
     return out, proc
 
@@ -49,7 +51,9 @@ class TestDemo:
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         summary = json.loads((out / "summary.json").read_text())
         assert summary["ok"] and summary["device"] == "cpu" and summary["transport"] == "shm"
-        assert [s["checksum_ok"] for s in summary["steps"]] == [True, True, True]
+        # Step 1's sync is skipped: its weights are not compared, and step 2 starts with a refusal.
+        assert [s["checksum_ok"] for s in summary["steps"]] == [None, True, True]
+        assert summary["steps"][0]["sync_skipped"] and summary["steps"][0]["stale_rollouts"] == {"0": None}
         assert summary["steps"][1]["checkpoint_reload_ok"] is True
         assert [(f["step"], f["hook"]) for f in summary["faults"]] == [
             (2, "memory.pause"),
@@ -58,11 +62,42 @@ class TestDemo:
         assert summary["findings"] == []
         rows = {(r["role"], r["rank"]): r for r in summary["ranks"]}
         assert set(rows) == {("trainer", 0), ("trainer", 1), ("rollout", 0)}
-        assert all(r["checksum_ok"] == r["checksum_total"] == 3 for r in rows.values())
+        assert all(
+            rows[("trainer", r)]["checksum_ok"] == rows[("trainer", r)]["checksum_total"] == 3 for r in (0, 1)
+        )
+        assert rows[("rollout", 0)]["checksum_ok"] == rows[("rollout", 0)]["checksum_total"] == 2
         assert rows[("trainer", 0)]["failures"] == 1 and rows[("trainer", 0)]["SAVING_s"] > 0
         assert rows[("rollout", 0)]["bytes_synced"] == 2 * rows[("trainer", 0)]["bytes_synced"] > 0
         assert "FAILED" in proc.stdout and "recover(target=PAUSED)" in proc.stdout
         assert "lifecycle demo: per rank" in proc.stdout and "demo OK" in proc.stdout
+
+    def test_a_skipped_sync_is_refused_then_recovered(self, demo):
+        """The generation after a skipped sync is refused by the lifecycle (typed), then sync → generate."""
+        out, proc = demo
+        summary = json.loads((out / "summary.json").read_text())
+        (refusal,) = summary["refusals"]
+        assert refusal["step"] == 2 and refusal["ranks"] == [0]
+        assert refusal["error"] == "InvalidWeightsError" and refusal["tags"] == {"weights": "discarded"}
+        assert refusal["recovered_by"] == "sync v1"
+        assert "generate refused on rollout ranks [0]: InvalidWeightsError" in proc.stdout
+        assert "generate at version 1: ok after the sync" in proc.stdout
+        # The refusal is in the rollout's log (before any generate body ran on the discarded weights).
+        lines = [json.loads(x) for x in (out / "logs" / "rollout-rank0.jsonl").read_text().splitlines()]
+        refused = [x for x in lines if x["event"] == "lifecycle.refused" and x["operation"] == "generate"]
+        assert len(refused) == 1 and refused[0]["step"] == 2 and "discarded" in refused[0]["reason"]
+        # The timeline shows the weights' contents: discarded at each release, valid at each version.
+        assert summary["timeline_marks"]["weights_valid"] >= 3
+        assert summary["timeline_marks"]["weights_invalid"] >= 3
+
+    def test_the_table_shows_the_lifecycle_cost_per_step(self, demo):
+        """Seconds of transitions per step and their share of the step, per rank, from the logs."""
+        out, proc = demo
+        summary = json.loads((out / "summary.json").read_text())
+        walls = sum(s["wall_s"] for s in summary["steps"])
+        for row in summary["ranks"]:
+            assert 0 < row["lifecycle_s_per_step"] * 3 < walls
+            assert row["lifecycle_share"] == pytest.approx(row["lifecycle_s_per_step"] * 3 / walls, abs=2e-4)
+        assert "lifecycle s/step" in proc.stdout and "% of step" in proc.stdout
         assert sorted(p.name for p in (out / "logs").glob("*.jsonl")) == [
             "rollout-rank0.jsonl",
             "trainer-rank0.jsonl",
@@ -74,6 +109,27 @@ class TestDemo:
         assert proc.returncode == 2
         assert "expected [trainer:|rollout:]HOOK@STEP" in proc.stderr
         assert not (tmp_path / "logs").exists()
+
+    def test_skip_sync_of_the_last_step_is_refused_before_anything_starts(self, tmp_path):
+        proc = lifecycle("demo", "--out", str(tmp_path), "--steps", "3", "--skip-sync", "3")
+        assert proc.returncode == 2
+        assert "--skip-sync 3" in proc.stderr and "before the last one" in proc.stderr
+        assert not (tmp_path / "logs").exists()
+
+    def test_options_and_help_import_neither_torch_nor_ray(self):
+        code = (
+            "import sys\n"
+            "from actor_integration.cli import build_parser\n"
+            "from actor_integration.demo.options import add_demo_arguments\n"
+            "try:\n"
+            "    build_parser().parse_args(['demo', '--help'])\n"
+            "except SystemExit:\n"
+            "    pass\n"
+            "print(sorted(m for m in ('torch', 'ray') if m in sys.modules))\n"
+        )
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        assert "--skip-sync STEP" in proc.stdout and proc.stdout.strip().endswith("[]")
 
     def test_cuda_without_a_gpu_is_refused(self, tmp_path):
         proc = lifecycle("demo", "--out", str(tmp_path), "--device", "cuda")

@@ -131,6 +131,24 @@ class TestApplicationStructlog:
         (app,) = [x for x in seen if x["event"] == "lifecycle.transition"]
         assert (app["trial"], app["iteration"], app["rank"]) == ("t-17", 4, 0)
 
+    def test_capture_logs_and_the_per_rank_file_at_once(self, tmp_path):
+        """The two modes together: capture_logs sees the events with the bound trial id while the
+        per-rank JSON-lines file that `lifecycle check` reads still gets every line."""
+        structlog.configure(processors=[structlog.processors.JSONRenderer()])
+        path = tmp_path / "rank1.jsonl"
+        lifecycle.configure_logging(json_path=path)
+        lc, _ = recording_lifecycle(LifecyclePolicy(), rank=1, role="actor")
+        structlog.contextvars.bind_contextvars(trial="t-3")
+        with capture_logs(processors=[structlog.contextvars.merge_contextvars]) as logs:
+            lc.sleep()
+            lc.wake_up()
+        assert lifecycle.flush_logs()
+        lines = [json.loads(line) for line in path.read_text().splitlines()]
+        assert [x["event"] for x in logs] == ["lifecycle.transition"] * 2
+        assert all(x["trial"] == "t-3" and x["rank"] == 1 for x in logs)
+        assert [x["event"] for x in lines] == ["lifecycle.configured"] + ["lifecycle.transition"] * 2
+        assert all(x["trial"] == "t-3" for x in lines[1:])
+
     def test_the_application_renderer_applies(self):
         """The application's own processors and renderer format the events."""
         out = io.StringIO()

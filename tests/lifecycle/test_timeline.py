@@ -319,6 +319,35 @@ class TestTrace:
         others = [seen for lane, seen in marks.items() if "rollout" not in lane]
         assert others == [["weights unknown"]], marks
 
+    def test_transition_slices_carry_their_step_and_logged_duration(
+        self, trace: dict[str, Any], logs: list[Path]
+    ) -> None:
+        """The demo's report costs each step from these (duration_ms as logged, not the clipped slice)."""
+        lines = [line for path in logs for line in raw_lines(path) if line["event"] == "lifecycle.transition"]
+        slices = [e for e in trace["traceEvents"] if e.get("cat") == "transition"]
+        logged = collections.Counter((x.get("step"), x["duration_ms"]) for x in lines)
+        assert (
+            collections.Counter((e["args"].get("step"), e["args"]["duration_ms"]) for e in slices) == logged
+        )
+
+    def test_memory_audit_events_are_instants_and_a_short_release_is_marked(self, tmp_path: Path) -> None:
+        path = tmp_path / "rollout.jsonl"
+        with json_log(path):
+            lc, _ = recording_lifecycle(LifecyclePolicy(), rank=0, role="rollout")
+            lc.event("memory.released", tag="weights", expected_bytes=100, freed_bytes=100, short=False)
+            lc.event(
+                "memory.released", "warning", tag="weights", expected_bytes=100, freed_bytes=1, short=True
+            )
+            lc.event("memory.taken", tag="weights", expected_bytes=100, taken_bytes=100)
+        trace = build_trace([path])
+        kinds = [(e["cat"], e["name"]) for e in trace["traceEvents"] if e["ph"] == "i"]
+        assert kinds == [
+            ("memory", "memory.released"),
+            ("release_short", "memory.released"),
+            ("memory", "memory.taken"),
+        ]
+        assert render_png([path], tmp_path / "t.png").markers["release_short"] == 1
+
     def test_write_trace_writes_loadable_json(self, logs: list[Path], tmp_path: Path) -> None:
         out = write_trace(logs, tmp_path / "sub" / "trace.json")
         assert json.loads(out.read_text()) == json.loads(json.dumps(build_trace(logs)))

@@ -1,4 +1,4 @@
-"""The `lifecycle demo` options, apart from the demo itself so the CLI parser imports neither torch nor Ray."""
+"""The `lifecycle demo` options: importing them (and `lifecycle demo --help`) imports neither torch nor Ray."""
 
 from __future__ import annotations
 
@@ -68,6 +68,15 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
         help="make HOOK raise at STEP on every rank of ROLE (default trainer), then recover; repeatable",
     )
     parser.add_argument(
+        "--skip-sync",
+        type=_positive,
+        action="append",
+        default=[],
+        metavar="STEP",
+        help="skip the weight sync of STEP (before the last): the next generation is refused on the "
+        "discarded weights (InvalidWeightsError), then the demo syncs and generates; repeatable",
+    )
+    parser.add_argument(
         "--address", default=None, help="join this Ray cluster instead of starting a local one"
     )
     parser.add_argument("--bucket-mb", type=_positive, default=64, help="weight-sync bucket size in MiB")
@@ -78,3 +87,17 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-progress", action="store_true", help="plain log lines instead of the live display"
     )
+
+
+def check_demo_arguments(args: argparse.Namespace) -> str | None:
+    """What is wrong with options that argparse checks one by one, or None; checked before anything starts."""
+    late = sorted(step for step in set(args.skip_sync) if step >= args.steps)
+    if late:
+        return (
+            f"--skip-sync {late[0]}: the refusal shows at the generation after the skipped sync, so the step "
+            f"must come before the last one (--steps {args.steps}); use a step below {args.steps} or raise --steps"
+        )
+    faults = sorted(step for _, _, step in args.inject_fault if step > args.steps)
+    if faults:
+        return f"--inject-fault at step {faults[0]} never runs: the demo has --steps {args.steps}"
+    return None

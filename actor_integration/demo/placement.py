@@ -1,0 +1,164 @@
+"""Where the demo's actors run: Ray, the device, one trainer rank per GPU sharing it with an engine."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from actor_integration.ray_group import LifecycleGroup
+
+VOCAB = 97
+
+
+@dataclass(frozen=True)
+class Placement:
+    """The started actors, their lifecycle groups, and what the trainers reported from `init`."""
+
+    device: str
+    trainers: int
+    engine_gpu_counts: list[int]
+    trainer_actors: list[Any]
+    rollout_actors: list[Any]
+    trainer_group: LifecycleGroup
+    rollout_group: LifecycleGroup
+    infos: list[dict[str, Any]]
+
+    @property
+    def transport(self) -> str:
+        name: str = self.infos[0]["transport"]
+        return name
+
+
+def start_ray(args: argparse.Namespace, console: Console) -> Any:
+    import ray
+
+    if args.address:
+        ray.init(address=args.address, logging_level=logging.ERROR, log_to_driver=False)
+        console.print(f"joined Ray cluster at {args.address}: {ray.cluster_resources()}")  # type: ignore[no-untyped-call]
+    else:
+        ray.init(include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
+    return ray
+
+
+def resolve_device(requested: str) -> str:
+    import torch
+
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(
+            "lifecycle demo: --device cuda asked for, but torch sees no GPU (see `lifecycle doctor`)"
+        )
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return requested
+
+
+def place(ray: Any, args: argparse.Namespace, device: str, out: Path, console: Console) -> Placement:
+    """Start the rollout engines and the trainer ranks, initialise the trainers (asleep, as slime's)."""
+    from ray.util.placement_group import placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    from actor_integration.demo.rollout import DemoRollout
+    from actor_integration.demo.trainer import DemoTrainer
+
+    gpus = int(ray.cluster_resources().get("GPU", 0))
+    trainers = args.trainers or (max(gpus, 1) if device == "cuda" else 2)
+    if device == "cuda" and args.engines not in (None, trainers):
+        raise SystemExit(
+            f"lifecycle demo: on a GPU host every GPU has its own 1-GPU engine ({trainers}); --engines "
+            f"{args.engines} is for CPU runs"
+        )
+    if device == "cuda" and trainers > gpus:
+        raise SystemExit(
+            f"lifecycle demo: {trainers} trainer ranks need {trainers} GPUs (one rank per GPU: NCCL refuses two "
+            f"ranks on one GPU, 'Duplicate GPU detected'); this cluster has {gpus}"
+        )
+    model = {
+        "vocab_size": VOCAB,
+        "dim": args.hidden,
+        "n_layers": args.layers,
+        "n_heads": 4,
+        "max_seq_len": 64,
+        "seed": args.seed,
+    }
+    # GPU: one 1-GPU engine per trainer GPU, each sharing it (0.5 + 0.5). CPU: one engine over
+    # `trainers` virtual devices, so the slot has several ranks and one coordinator.
+    if device == "cuda":
+        engine_gpu_counts = [1] * trainers
+        pg = placement_group([{"GPU": 1, "CPU": 1}] * trainers, strategy="PACK")
+        ray.get(pg.ready(), timeout=args.timeout_s)
+
+        def options(i: int) -> dict[str, Any]:
+            return {
+                "num_gpus": 0.5,
+                "num_cpus": 0,
+                "scheduling_strategy": PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i),
+            }
+
+        rollout_options = [options(i) for i in range(trainers)]
+        rollout_devices = [["cuda:0"] for _ in range(trainers)]
+    else:
+        engines = args.engines or 1
+        if trainers % engines:
+            raise SystemExit(
+                f"lifecycle demo: --engines {engines} must divide the {trainers} trainer ranks into equal slots"
+            )
+        engine_gpu_counts = [trainers // engines] * engines
+
+        def options(i: int) -> dict[str, Any]:
+            return {"num_cpus": 0}
+
+        rollout_options = [options(i) for i in range(engines)]
+        rollout_devices = [["cpu"] * count for count in engine_gpu_counts]
+    console.print(
+        f"[bold]lifecycle demo[/]: {trainers} trainer rank(s) on {device}, {len(engine_gpu_counts)} rollout "
+        f"engine(s) of {engine_gpu_counts} device(s), {args.steps} steps, checkpoint every {args.save_every}, "
+        f"transport {args.transport}, output {out}"
+    )
+    rollout_cls = ray.remote(DemoRollout)
+    trainer_cls = ray.remote(DemoTrainer)
+    rollouts = [
+        rollout_cls.options(**opts).remote(model=model, devices=devs, rank=i, out=str(out))
+        for i, (opts, devs) in enumerate(zip(rollout_options, rollout_devices, strict=True))
+    ]
+    actors = [trainer_cls.options(**options(i)).remote() for i in range(trainers)]
+    init_method = ray.get(actors[0].rendezvous.remote(), timeout=args.timeout_s)
+    infos = ray.get(
+        [
+            a.init.remote(
+                rank=i,
+                world_size=trainers,
+                init_method=init_method,
+                device=device,
+                model=model,
+                engine_gpu_counts=engine_gpu_counts,
+                rollouts=rollouts,
+                transport=args.transport,
+                bucket_mb=args.bucket_mb,
+                out=str(out),
+                timeout_s=args.timeout_s,
+            )
+            for i, a in enumerate(actors)
+        ],
+        timeout=args.timeout_s * 2,
+    )
+    console.print(
+        f"trainer memory: {infos[0]['memory']}; weight transport: [bold]{infos[0]['transport']}[/]; "
+        f"slot coordinators: {[i['rank'] for i in infos if i['coordinator']]}"
+    )
+    placed = Placement(
+        device=device,
+        trainers=trainers,
+        engine_gpu_counts=engine_gpu_counts,
+        trainer_actors=actors,
+        rollout_actors=rollouts,
+        trainer_group=LifecycleGroup(actors, timeout_s=args.timeout_s),
+        rollout_group=LifecycleGroup(rollouts, timeout_s=args.timeout_s),
+        infos=infos,
+    )
+    placed.trainer_group.assert_consistent()
+    return placed
