@@ -17,7 +17,14 @@ from typing import Any, Literal
 
 import torch
 
-from actor_integration.tms_env import CPU_BACKUP_BACKENDS, HOOK_MODES, HookMode, is_true, validate_environment
+from actor_integration.tms_env import (
+    CPU_BACKUP_BACKENDS,
+    HOOK_MODES,
+    HookMode,
+    hook_mode_from_environment,
+    is_true,
+    validate_environment,
+)
 from lifecycle import ALL_TAGS
 from lifecycle.errors import MemorySaverConfigError, MemoryStateError
 
@@ -148,7 +155,7 @@ class TorchMemorySaverBackend:
         cpu_backup: bool | Collection[str] = False,
         cpu_backup_backend: str | None = None,
         retain_cpu_backup: bool = False,
-        hook_mode: HookMode | None = "torch",
+        hook_mode: HookMode | Literal["auto"] | None = "auto",
         environ: Mapping[str, str] | None = None,
         saver: Any = None,
         cuda_major: int | None = None,
@@ -172,12 +179,15 @@ class TorchMemorySaverBackend:
                 )
         if not isinstance(retain_cpu_backup, bool):
             raise MemorySaverConfigError(f"retain_cpu_backup must be a bool, got {retain_cpu_backup!r}")
-        if hook_mode is not None and hook_mode not in HOOK_MODES:
+        if hook_mode is not None and hook_mode not in (*HOOK_MODES, "auto"):
             raise MemorySaverConfigError(
-                f"hook_mode must be one of {list(HOOK_MODES)} or None, got {hook_mode!r}"
+                f"hook_mode must be one of {[*HOOK_MODES, 'auto']} or None, got {hook_mode!r}"
             )
         self._cpu_backup_backend = cpu_backup_backend
         self._environ: Mapping[str, str] = os.environ if environ is None else environ
+        auto = hook_mode == "auto"
+        if auto:  # what LD_PRELOAD / TMS_INIT_ENABLE ask for, unless TMS was configured already (below)
+            hook_mode = hook_mode_from_environment(self._environ)
 
         if saver is None:
             if hook_mode == "torch" and torch.version.cuda is None and torch.version.hip is None:
@@ -190,6 +200,8 @@ class TorchMemorySaverBackend:
             saver = torch_memory_saver
         self._saver = saver
         configured, initialised = _configured_hook_mode(saver)
+        if auto and configured is not None:
+            hook_mode = None
         if hook_mode is not None and configured not in (None, hook_mode):
             when = "is already initialised" if initialised else "was already configured by earlier code"
             raise MemorySaverConfigError(
@@ -226,19 +238,34 @@ class TorchMemorySaverBackend:
             if self.hook_mode == "torch":
                 _allow_frees_at_exit(self._saver)
             self._local.depth = getattr(self._local, "depth", 0) + 1
+            # A region inside disable() turns TMS back on: a disable() in it is a real one again.
+            outer_disabled, self._local.disabled = getattr(self._local, "disabled", False), False
             try:
                 yield
             finally:
                 self._local.depth -= 1
+                self._local.disabled = outer_disabled
 
     def disable(self) -> contextlib.AbstractContextManager[Any]:
-        """Allocations inside are plain CUDA memory, so CUDA IPC can export them."""
+        """Allocations inside are plain CUDA memory, so CUDA IPC can export them. Nests."""
         # TMS's disable() asserts its thread-local "interesting region" flag. That flag is set inside a
         # region and, under preload, everywhere when TMS_INIT_ENABLE is on; elsewhere allocations are
-        # already plain, so there is nothing to disable.
+        # already plain, so there is nothing to disable. Inside a disable() the flag is off, so a
+        # second TMS disable() would assert: a nested one (a sender inside the sync plan's) is a no-op.
+        if getattr(self._local, "disabled", False):
+            return contextlib.nullcontext()
         if getattr(self._local, "depth", 0) > 0 or (self.hook_mode == "preload" and self._init_enable):
-            return self._saver.disable()  # type: ignore[no-any-return]
+            return self._disabled()
         return contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def _disabled(self) -> Iterator[None]:
+        with self._saver.disable():
+            self._local.disabled = True
+            try:
+                yield
+            finally:
+                self._local.disabled = False
 
     # ------------------------------------------------------------------ pause / resume
 

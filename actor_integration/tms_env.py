@@ -26,6 +26,7 @@ __all__ = [
     "PRELOAD_LIBRARY_STEM",
     "TMS_ENV_VARS",
     "HookMode",
+    "hook_mode_from_environment",
     "is_true",
     "preload_library",
     "validate_environment",
@@ -282,6 +283,18 @@ def _check_preload(
             f"LD_PRELOAD names {given}, but this torch needs {expected} (a library for another CUDA major or "
             f"hook mode does not hook this process's allocations; slime #2186); {fix}"
         )
+
+
+def hook_mode_from_environment(environ: Mapping[str, str] | None = None) -> HookMode:
+    """The hook mode an environment asks for: "preload" when `LD_PRELOAD` loads a torch_memory_saver
+    library or `TMS_INIT_ENABLE` is on, else "torch".
+
+    slime's and miles' `RayTrainGroup` launch offloaded trainers with the preload library and
+    `TMS_INIT_ENABLE=1`; a backend in torch mode there would refuse that environment.
+    """
+    env: Mapping[str, str] = os.environ if environ is None else environ
+    preloads = any("torch_memory_saver" in p for p in env.get("LD_PRELOAD", "").split(":"))
+    return "preload" if preloads or is_true(env.get("TMS_INIT_ENABLE")) else "torch"
 
 
 def is_true(value: str | None) -> bool:
