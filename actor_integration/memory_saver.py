@@ -23,6 +23,7 @@ from actor_integration.tms_env import (
     HookMode,
     hook_mode_from_environment,
     is_true,
+    preloads_tms,
     validate_environment,
 )
 from lifecycle import ALL_TAGS
@@ -200,7 +201,20 @@ class TorchMemorySaverBackend:
             saver = torch_memory_saver
         self._saver = saver
         configured, initialised = _configured_hook_mode(saver)
-        if auto and configured is not None:
+        overridden = None
+        if auto and configured == "torch" and not initialised and preloads_tms(self._environ):
+            # megatron-core sets hook_mode="torch" on the singleton when megatron.core is imported
+            # (inference/contexts/dynamic_context.py). In a preloaded process every allocation is the
+            # preload library's, which a torch-mode TMS never sees: pause() would release nothing.
+            overridden, configured = configured, None
+        elif auto and configured == "torch" and preloads_tms(self._environ):
+            raise MemorySaverConfigError(
+                "torch_memory_saver is already initialised with hook_mode='torch', but LD_PRELOAD loads its preload "
+                "library, so every allocation is the preload library's and pause() would release none of it. "
+                "Likely cause: megatron.core was imported (it sets hook_mode='torch') and TMS used before this "
+                "backend was built; build the backend before the first use of torch_memory_saver."
+            )
+        elif auto and configured is not None:
             hook_mode = None
         if hook_mode is not None and configured not in (None, hook_mode):
             when = "is already initialised" if initialised else "was already configured by earlier code"
@@ -210,6 +224,12 @@ class TorchMemorySaverBackend:
             )
         self.hook_mode: str = hook_mode or configured or "preload"  # TMS's own default is preload
         self.notes = validate_environment(self._environ, hook_mode=self.hook_mode, cuda_major=cuda_major)
+        if overridden is not None:
+            self.notes.append(
+                f"torch_memory_saver was configured with hook_mode={overridden!r} before its first use (megatron-core "
+                "does this when megatron.core is imported), but LD_PRELOAD loads the preload library, so every "
+                "allocation is the preload library's: the backend set hook_mode='preload'"
+            )
         self._init_enable = is_true(self._environ.get("TMS_INIT_ENABLE"))
         if self._init_enable and self.tags is not None:
             self.notes.append(

@@ -29,6 +29,7 @@ __all__ = [
     "hook_mode_from_environment",
     "is_true",
     "preload_library",
+    "preloads_tms",
     "validate_environment",
 ]
 
@@ -293,8 +294,12 @@ def hook_mode_from_environment(environ: Mapping[str, str] | None = None) -> Hook
     `TMS_INIT_ENABLE=1`; a backend in torch mode there would refuse that environment.
     """
     env: Mapping[str, str] = os.environ if environ is None else environ
-    preloads = any("torch_memory_saver" in p for p in env.get("LD_PRELOAD", "").split(":"))
-    return "preload" if preloads or is_true(env.get("TMS_INIT_ENABLE")) else "torch"
+    return "preload" if preloads_tms(env) or is_true(env.get("TMS_INIT_ENABLE")) else "torch"
+
+
+def preloads_tms(environ: Mapping[str, str]) -> bool:
+    """Whether `LD_PRELOAD` loads a torch_memory_saver library: every cudaMalloc of the process is then its."""
+    return any("torch_memory_saver" in p for p in environ.get("LD_PRELOAD", "").split(":"))
 
 
 def is_true(value: str | None) -> bool:

@@ -485,6 +485,25 @@ class TestTorchMemorySaverBackendConfiguration:
         backend = TorchMemorySaverBackend(tags=TAGS, environ=preload_env(), saver=saver, cuda_major=13)
         assert backend.hook_mode == "preload"
 
+    def test_auto_hook_mode_overrides_an_import_time_torch_in_a_preloaded_process(self) -> None:
+        """megatron.core's import sets hook_mode="torch"; with the preload library loaded that would pause nothing."""
+        env = preload_env(TMS_INIT_ENABLE="1")
+        saver = FakeTorchMemorySaver(env)
+        saver.hook_mode = "torch"  # megatron/core/inference/contexts/dynamic_context.py, at import
+        backend = TorchMemorySaverBackend(tags=None, environ=env, saver=saver, cuda_major=13)
+        assert backend.hook_mode == "preload" and saver._impl_ctor_kwargs == {"hook_mode": "preload"}
+        assert any("megatron-core does this" in note for note in backend.notes)
+
+    def test_auto_hook_mode_cannot_change_an_initialised_torch_mode(self) -> None:
+        env = preload_env(TMS_INIT_ENABLE="1")
+        saver = FakeTorchMemorySaver(env)
+        saver.hook_mode = "torch"
+        saver._ensure_initialized()
+        with pytest.raises(
+            MemorySaverConfigError, match=r"already initialised with hook_mode='torch'.*release none"
+        ):
+            TorchMemorySaverBackend(tags=None, environ=env, saver=saver, cuda_major=13)
+
     @pytest.mark.parametrize(
         ("environ", "mode"),
         [({}, "torch"), ({"TMS_INIT_ENABLE": "1"}, "preload"), ({"TMS_INIT_ENABLE": "0"}, "torch")],
