@@ -61,8 +61,6 @@ __all__ = [
 
 SLIME_COMMIT = "624b824a"  # the slime these adapters are read from and tested against
 GROUPS_MODULE = "slime.utils.reloadable_process_group"
-# The globals of slime's actor module through which its bodies reach resources the plans own.
-BODY_RESOURCES = ("torch_memory_saver", "reload_process_groups", "destroy_process_groups")
 
 
 def slime_memory_backend(
@@ -93,15 +91,8 @@ class SlimeProcessGroups:
 
     def __init__(self, module: ModuleType | None = None) -> None:
         self.module = module if module is not None else importlib.import_module(GROUPS_MODULE)
-        missing = [
-            name
-            for name in ("destroy_process_groups", "reload_process_groups", "default_process_group_states")
-            if not hasattr(self.module, name)
-        ] + (
-            []
-            if hasattr(getattr(self.module, "ReloadableProcessGroup", None), "GROUPS")
-            else ["ReloadableProcessGroup.GROUPS"]
-        )
+        required = ("destroy_process_groups", "reload_process_groups", "default_process_group_states")
+        missing = [name for name in (*required, "ReloadableProcessGroup") if not hasattr(self.module, name)]
         if missing:
             raise TypeError(
                 f"SlimeProcessGroups: {self.module.__name__} lacks {missing}; this adapter is written against "

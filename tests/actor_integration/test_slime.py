@@ -162,6 +162,28 @@ class TestBackends:
         with pytest.raises(TypeError, match="lacks"):
             SlimeProcessGroups(types.ModuleType("slime.utils.reloadable_process_group"))
 
+    def test_reload_primes_world_with_more_than_two_pipeline_stages(self, monkeypatch):
+        """slime's wake_up runs a WORLD barrier after the reload when PP > 2; the plan's reload does too."""
+        import types
+
+        import actor_integration.slime as adapter
+
+        calls = []
+        module = types.ModuleType("slime.utils.reloadable_process_group")
+        module.destroy_process_groups = lambda: calls.append("destroy")
+        module.reload_process_groups = lambda: calls.append("reload")
+        module.default_process_group_states = {}
+        module.ReloadableProcessGroup = type("ReloadableProcessGroup", (), {"GROUPS": {}})
+        groups = SlimeProcessGroups(module)
+        monkeypatch.setattr(adapter.dist, "get_backend", lambda: "gloo")
+        monkeypatch.setattr(adapter.dist, "barrier", lambda **kw: calls.append("barrier"))
+        for stages, expected in ((2, ["reload"]), (4, ["reload", "barrier"])):
+            calls.clear()
+            monkeypatch.setattr(adapter, "_pipeline_parallel_size", lambda stages=stages: stages)
+            groups.reload()
+            assert calls == expected
+        assert groups.is_alive()
+
     def test_unsupported_setup_is_refused_before_any_work(self):
         actor = LifecycleSlimeActor()
         actor.build(rank=0, offload_train=True, use_routing_replay=False)
