@@ -40,8 +40,11 @@ def _parallel_state() -> ModuleType:
 class MegatronParallelState:
     """destroy()/reload()/is_alive() for `lifecycle.Lifecycle(process_groups=...)` on a Megatron trainer.
 
-    `init_kwargs` are passed to `parallel_state.initialize_model_parallel` now (unless Megatron
-    is initialised already) and again on every reload.
+    Every reload re-runs `parallel_state.initialize_model_parallel` with the layout Megatron runs
+    with now: when Megatron is initialised already, its layout (TP, PP, VPP, CP, EP, ETP, order,
+    gloo groups) is read back from `parallel_state`, and `init_kwargs` may only add to it (a
+    size that differs is an error: a reload would change the layout, e.g. PP=2 into DP=2);
+    otherwise `init_kwargs` initialise it now.
     """
 
     def __init__(self, groups: ReloadableProcessGroups, **init_kwargs: Any) -> None:
@@ -58,7 +61,23 @@ class MegatronParallelState:
             raise RuntimeError(
                 f"MegatronParallelState: the process groups are {groups.state}; build it while they are alive"
             )
-        if not self._ps.model_parallel_is_initialized():
+        if self._ps.model_parallel_is_initialized():
+            live = _live_layout(self._ps, order=self.init_kwargs.get("order"))
+            given = {k: v for k, v in self.init_kwargs.items() if k in live}
+            if given.get("expert_tensor_parallel_size", 0) is None:  # Megatron: None means TP's size
+                given["expert_tensor_parallel_size"] = given.get(
+                    "tensor_model_parallel_size", live["tensor_model_parallel_size"]
+                )
+            wrong = {k: (v, live[k]) for k, v in given.items() if v != live[k]}
+            if wrong:
+                raise ValueError(
+                    "MegatronParallelState: Megatron is initialised with a different layout than given "
+                    + ", ".join(f"{k}={g!r} (Megatron has {m!r})" for k, (g, m) in wrong.items())
+                    + "; every reload would rebuild the groups with the given one. Pass no sizes to use "
+                    "Megatron's own layout, or the sizes it was initialised with."
+                )
+            self.init_kwargs = {**self.init_kwargs, **live}
+        else:
             self._ps.initialize_model_parallel(**self.init_kwargs)
 
     def register(self, *objects: Any) -> None:
@@ -97,6 +116,44 @@ class MegatronParallelState:
 
     def __repr__(self) -> str:
         return f"<MegatronParallelState alive={self.is_alive()} {self.init_kwargs} groups={self.groups!r}>"
+
+
+_ORDERS = ("tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp")  # the two slime and Megatron's arguments choose between
+
+
+def _live_layout(ps: ModuleType, *, order: str | None = None) -> dict[str, Any]:
+    """The `initialize_model_parallel` arguments that rebuild the layout Megatron runs with now.
+
+    The rank order is not kept by Megatron: it is the one of `_ORDERS` whose pipeline groups are
+    this rank's, unless `order` is given.
+    """
+    layout: dict[str, Any] = {
+        "tensor_model_parallel_size": ps.get_tensor_model_parallel_world_size(),
+        "pipeline_model_parallel_size": ps.get_pipeline_model_parallel_world_size(),
+        "virtual_pipeline_model_parallel_size": ps.get_virtual_pipeline_model_parallel_world_size(),
+        "context_parallel_size": ps.get_context_parallel_world_size(),
+        "expert_model_parallel_size": ps.get_expert_model_parallel_world_size(),
+        "expert_tensor_parallel_size": ps.get_expert_tensor_parallel_world_size(),
+        "create_gloo_process_groups": getattr(ps, "_DATA_PARALLEL_GROUP_GLOO", None) is not None,
+    }
+    tp, pp, cp = (
+        layout[k]
+        for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size")
+    )
+    if order is not None:
+        layout["order"] = order
+        return layout
+    world, rank = torch.distributed.get_world_size(), torch.distributed.get_rank()
+    mine = sorted(torch.distributed.get_process_group_ranks(ps.get_pipeline_model_parallel_group()))
+    for order in _ORDERS:
+        generator = ps.RankGenerator(tp=tp, ep=1, dp=world // (tp * pp * cp), pp=pp, cp=cp, order=order)
+        if any(rank in ranks and sorted(ranks) == mine for ranks in generator.get_ranks("pp")):
+            layout["order"] = order
+            return layout
+    raise ValueError(
+        f"MegatronParallelState: rank {rank}'s pipeline group {mine} matches no rank order of {list(_ORDERS)} for "
+        f"TP={tp} PP={pp} CP={cp} in a world of {world}; pass order= explicitly"
+    )
 
 
 def _megatron_groups(ps: ModuleType) -> dict[str, Any]:

@@ -17,7 +17,15 @@ from typing import Any, Literal
 
 import torch
 
-from actor_integration.tms_env import CPU_BACKUP_BACKENDS, HOOK_MODES, HookMode, is_true, validate_environment
+from actor_integration.tms_env import (
+    CPU_BACKUP_BACKENDS,
+    HOOK_MODES,
+    HookMode,
+    hook_mode_from_environment,
+    is_true,
+    preloads_tms,
+    validate_environment,
+)
 from lifecycle import ALL_TAGS
 from lifecycle.errors import MemorySaverConfigError, MemoryStateError
 
@@ -148,7 +156,7 @@ class TorchMemorySaverBackend:
         cpu_backup: bool | Collection[str] = False,
         cpu_backup_backend: str | None = None,
         retain_cpu_backup: bool = False,
-        hook_mode: HookMode | None = "torch",
+        hook_mode: HookMode | Literal["auto"] | None = "auto",
         environ: Mapping[str, str] | None = None,
         saver: Any = None,
         cuda_major: int | None = None,
@@ -172,12 +180,15 @@ class TorchMemorySaverBackend:
                 )
         if not isinstance(retain_cpu_backup, bool):
             raise MemorySaverConfigError(f"retain_cpu_backup must be a bool, got {retain_cpu_backup!r}")
-        if hook_mode is not None and hook_mode not in HOOK_MODES:
+        if hook_mode is not None and hook_mode not in (*HOOK_MODES, "auto"):
             raise MemorySaverConfigError(
-                f"hook_mode must be one of {list(HOOK_MODES)} or None, got {hook_mode!r}"
+                f"hook_mode must be one of {[*HOOK_MODES, 'auto']} or None, got {hook_mode!r}"
             )
         self._cpu_backup_backend = cpu_backup_backend
         self._environ: Mapping[str, str] = os.environ if environ is None else environ
+        auto = hook_mode == "auto"
+        if auto:  # what LD_PRELOAD / TMS_INIT_ENABLE ask for, unless TMS was configured already (below)
+            hook_mode = hook_mode_from_environment(self._environ)
 
         if saver is None:
             if hook_mode == "torch" and torch.version.cuda is None and torch.version.hip is None:
@@ -190,6 +201,21 @@ class TorchMemorySaverBackend:
             saver = torch_memory_saver
         self._saver = saver
         configured, initialised = _configured_hook_mode(saver)
+        overridden = None
+        if auto and configured == "torch" and not initialised and preloads_tms(self._environ):
+            # megatron-core sets hook_mode="torch" on the singleton when megatron.core is imported
+            # (inference/contexts/dynamic_context.py). In a preloaded process every allocation is the
+            # preload library's, which a torch-mode TMS never sees: pause() would release nothing.
+            overridden, configured = configured, None
+        elif auto and configured == "torch" and preloads_tms(self._environ):
+            raise MemorySaverConfigError(
+                "torch_memory_saver is already initialised with hook_mode='torch', but LD_PRELOAD loads its preload "
+                "library, so every allocation is the preload library's and pause() would release none of it. "
+                "Likely cause: megatron.core was imported (it sets hook_mode='torch') and TMS used before this "
+                "backend was built; build the backend before the first use of torch_memory_saver."
+            )
+        elif auto and configured is not None:
+            hook_mode = None
         if hook_mode is not None and configured not in (None, hook_mode):
             when = "is already initialised" if initialised else "was already configured by earlier code"
             raise MemorySaverConfigError(
@@ -198,6 +224,12 @@ class TorchMemorySaverBackend:
             )
         self.hook_mode: str = hook_mode or configured or "preload"  # TMS's own default is preload
         self.notes = validate_environment(self._environ, hook_mode=self.hook_mode, cuda_major=cuda_major)
+        if overridden is not None:
+            self.notes.append(
+                f"torch_memory_saver was configured with hook_mode={overridden!r} before its first use (megatron-core "
+                "does this when megatron.core is imported), but LD_PRELOAD loads the preload library, so every "
+                "allocation is the preload library's: the backend set hook_mode='preload'"
+            )
         self._init_enable = is_true(self._environ.get("TMS_INIT_ENABLE"))
         if self._init_enable and self.tags is not None:
             self.notes.append(
@@ -226,19 +258,34 @@ class TorchMemorySaverBackend:
             if self.hook_mode == "torch":
                 _allow_frees_at_exit(self._saver)
             self._local.depth = getattr(self._local, "depth", 0) + 1
+            # A region inside disable() turns TMS back on: a disable() in it is a real one again.
+            outer_disabled, self._local.disabled = getattr(self._local, "disabled", False), False
             try:
                 yield
             finally:
                 self._local.depth -= 1
+                self._local.disabled = outer_disabled
 
     def disable(self) -> contextlib.AbstractContextManager[Any]:
-        """Allocations inside are plain CUDA memory, so CUDA IPC can export them."""
+        """Allocations inside are plain CUDA memory, so CUDA IPC can export them. Nests."""
         # TMS's disable() asserts its thread-local "interesting region" flag. That flag is set inside a
         # region and, under preload, everywhere when TMS_INIT_ENABLE is on; elsewhere allocations are
-        # already plain, so there is nothing to disable.
+        # already plain, so there is nothing to disable. Inside a disable() the flag is off, so a
+        # second TMS disable() would assert: a nested one (a sender inside the sync plan's) is a no-op.
+        if getattr(self._local, "disabled", False):
+            return contextlib.nullcontext()
         if getattr(self._local, "depth", 0) > 0 or (self.hook_mode == "preload" and self._init_enable):
-            return self._saver.disable()  # type: ignore[no-any-return]
+            return self._disabled()
         return contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def _disabled(self) -> Iterator[None]:
+        with self._saver.disable():
+            self._local.disabled = True
+            try:
+                yield
+            finally:
+                self._local.disabled = False
 
     # ------------------------------------------------------------------ pause / resume
 

@@ -8,13 +8,18 @@
 `sleep()` and `wake_up()` become transitions (the class's own versions are replaced by the plans);
 `train()`, `save_model()` and `update_weights()` run the class's own bodies (via `super()`) as the
 operations train, save and sync. Bodies that call `self.wake_up()`/`self.sleep()` themselves keep
-working: those nested calls are absorbed.
+working: those nested calls are absorbed. Bodies that call a resource directly (slime's
+`update_weights` reloads and destroys its groups and enters `torch_memory_saver.disable()`) get
+those names replaced while they run (`lifecycle_body_globals`), so the machine and the body
+never both own a resource; `actor_integration.slime` does that for slime.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
-from collections.abc import Callable, Iterable
+import sys
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from lifecycle import Hooks, Lifecycle, LifecyclePolicy, State
@@ -77,13 +82,23 @@ class LifecycleMixin:
         self.lifecycle.wake_up(tags)
 
     def train(self, *args: Any, **kwargs: Any) -> Any:
-        return self.lifecycle.run("train", self._super_method("train"), *args, **kwargs)
+        return self._run_body("train", "train", args, kwargs)
 
     def save_model(self, *args: Any, **kwargs: Any) -> Any:
-        return self.lifecycle.run("save", self._super_method("save_model"), *args, **kwargs)
+        return self._run_body("save", "save_model", args, kwargs)
 
     def update_weights(self, *args: Any, **kwargs: Any) -> Any:
-        return self.lifecycle.run("sync", self._super_method("update_weights"), *args, **kwargs)
+        return self._run_body("sync", "update_weights", args, kwargs)
+
+    def lifecycle_body_globals(self, operation: str) -> Mapping[str, Any]:
+        """Override to hand the plans a resource a wrapped body reaches through a module global.
+
+        Return {global name: stand-in} for a body of `operation` ("train", "save", "sync"): while
+        the body runs, those names in the module that defines it are the stand-ins, and the
+        originals again after. Each name must be a global of that module (an adapter replacing a
+        name the body no longer uses would leave two owners unnoticed). Default: none.
+        """
+        return {}
 
     # --------------------------------------------------------------- for drivers (LifecycleGroup)
 
@@ -95,16 +110,51 @@ class LifecycleMixin:
         self.lifecycle.recover(State(target))
         return self.lifecycle.snapshot()
 
-    def _super_method(self, name: str) -> Callable[..., Any]:
+    def _run_body(self, operation: str, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        lifecycle = self.lifecycle  # configured first: the stand-ins may need the hooks
+        body, owner = self._super_method(name)
+        stand_ins = self.lifecycle_body_globals(operation)
+        if stand_ins:
+            body = _with_globals(body, owner, stand_ins)
+        return lifecycle.run(operation, body, *args, **kwargs)
+
+    def _super_method(self, name: str) -> tuple[Callable[..., Any], type]:
         # The next class after LifecycleMixin in this instance's MRO that defines `name`.
         mro = type(self).__mro__
         for klass in mro[mro.index(LifecycleMixin) + 1 :]:
             if name in vars(klass):
-                return getattr(super(), name)  # type: ignore[no-any-return]
+                return getattr(super(), name), klass
         raise NotImplementedError(
             f"{type(self).__name__}.{name}() has no body to run: LifecycleMixin wraps an existing {name}() "
             f"of a class after it in the bases (class {type(self).__name__}(LifecycleMixin, YourActor))"
         )
+
+
+def _with_globals(body: Callable[..., Any], owner: type, stand_ins: Mapping[str, Any]) -> Callable[..., Any]:
+    """`body` run with `stand_ins` in place of the globals of `owner`'s module, restored after.
+
+    The swap happens inside the machine's lock (the body runs there), so wrapped operations of
+    other threads never see it half done.
+    """
+    namespace = vars(sys.modules[owner.__module__])
+    missing = sorted(n for n in stand_ins if n not in namespace)
+    if missing:
+        raise TypeError(
+            f"{owner.__name__}'s module {owner.__module__} has no globals {missing}, which the lifecycle adapter "
+            f"replaces while {owner.__name__}'s bodies run: this version of the class calls its resources "
+            "differently, so the adapter cannot keep them single-owned. Update the adapter for this version."
+        )
+
+    @functools.wraps(body)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        saved = {name: namespace[name] for name in stand_ins}
+        namespace.update(stand_ins)
+        try:
+            return body(*args, **kwargs)
+        finally:
+            namespace.update(saved)
+
+    return run
 
 
 def _refuse_async_actor(cls: type) -> None:

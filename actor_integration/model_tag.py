@@ -4,6 +4,11 @@ slime keeps one pinned CPU copy per tag and `_switch_model(tag)` copies it back 
 parameters; after a wake the paused weights hold whatever the last switch left, so the wake plan
 restores "actor". Buffers are allocated once per tag and reused: a fresh host copy per step grew
 host RAM until the sync OOMed (vime #57).
+
+A copy is as old as its last `backup()`, and training moves the model past it: restoring it over
+the tag already in place would undo those steps (issue 14: every wake reset a trainer to the copy
+taken at configuration). `ModelTagSwitch` therefore copies nothing when the tag asked for is the
+one in place and the pause kept the memory's contents.
 """
 
 from __future__ import annotations
@@ -101,12 +106,21 @@ class CpuWeightBackup:
 
 
 class ModelTagSwitch:
-    """`switch_model(tag)` for a Lifecycle: restore `tag`'s backup into the model; `.active` is the tag in place."""
+    """`switch_model(tag)` for a Lifecycle: put `tag`'s weights in the model; `.active` is the tag in place.
+
+    A switch to the tag in place copies nothing (the model may be trained past its backup), unless
+    `contents_kept=False` says a pause discards the model's memory (torch_memory_saver without CPU
+    backup): then every switch restores, and the tag's backup must be refreshed after each train
+    step, as slime does. `active` names the tag the model holds now, if known.
+    """
 
     def __init__(
         self,
         backup: CpuWeightBackup,
         model_getter: Callable[[], torch.nn.Module | Sequence[torch.nn.Module]],
+        *,
+        active: str | None = None,
+        contents_kept: bool = True,
     ) -> None:
         if not isinstance(backup, CpuWeightBackup):
             raise TypeError(f"ModelTagSwitch needs a CpuWeightBackup, got {type(backup).__name__}")
@@ -115,11 +129,20 @@ class ModelTagSwitch:
                 "ModelTagSwitch needs model_getter: a callable returning the model (or its chunks), e.g. "
                 f"`lambda: model`; got {type(model_getter).__name__}"
             )
+        if active is not None and active not in backup.tags:
+            raise UnknownModelTagError(
+                f"ModelTagSwitch(active={active!r}): no backup under that tag yet; backed-up tags: {list(backup.tags)}"
+            )
+        if not isinstance(contents_kept, bool):
+            raise TypeError(f"ModelTagSwitch(contents_kept=...) must be a bool, got {contents_kept!r}")
         self.backup = backup
         self.model_getter = model_getter
-        self.active: str | None = None
+        self.active: str | None = active
+        self.contents_kept = contents_kept
 
     def __call__(self, tag: str) -> None:
+        if self.contents_kept and tag == self.active:
+            return  # in place, and possibly newer than its backup
         try:
             self.backup.restore(tag, named_model_tensors(self.model_getter()))
         except (UnknownModelTagError, WeightMismatchError):
@@ -130,7 +153,7 @@ class ModelTagSwitch:
         self.active = tag
 
     def __repr__(self) -> str:
-        return f"<ModelTagSwitch active={self.active!r} tags={list(self.backup.tags)}>"
+        return f"<ModelTagSwitch active={self.active!r} tags={list(self.backup.tags)} contents_kept={self.contents_kept}>"
 
 
 def _collect(named_tensors: Iterable[tuple[str, torch.Tensor]], where: str) -> dict[str, torch.Tensor]:

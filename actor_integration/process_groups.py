@@ -251,10 +251,11 @@ class ReloadableProcessGroups:
         existing = _subgroup_count()
         if existing and not untracked_subgroups:
             raise RuntimeError(
-                f"adopt() found {existing} process groups besides WORLD that it did not create; destroy() "
-                "would destroy them with WORLD and reload() could not rebuild them. Create subgroups after "
-                "adopt() with new_group(), or pass untracked_subgroups=True if their owner rebuilds them "
-                "(MegatronParallelState does for Megatron's)."
+                f"adopt() found {existing} process groups besides WORLD that it did not create "
+                f"({_describe_subgroups()}); destroy() would destroy them with WORLD and reload() could not "
+                "rebuild them. Create subgroups after adopt() with new_group(), or pass untracked_subgroups=True "
+                "if their owner rebuilds them (MegatronParallelState does for Megatron's). A slime actor has its "
+                "own reloadable groups: use actor_integration.slime.SlimeLifecycleMixin, which keeps them."
             )
         backend = str(dist.get_backend())
         _check_backend(backend)
@@ -456,6 +457,19 @@ def _init_world(
         timeout=timeout,
         device_id=device_id,
     )
+
+
+def _describe_subgroups(shown: int = 6) -> str:
+    """The subgroups of this rank as "backend ranks" items, for error messages."""
+    world = dist.distributed_c10d._world
+    default = dist.distributed_c10d._get_default_group()
+    items = [
+        f"{world.pg_map[g][0]} {sorted(world.pg_group_ranks.get(g, {}))}"
+        for g in world.pg_map
+        if g is not default
+    ]
+    more = f", and {len(items) - shown} more" if len(items) > shown else ""
+    return ", ".join(items[:shown]) + more
 
 
 def _subgroup_count() -> int:

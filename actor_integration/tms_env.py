@@ -26,8 +26,10 @@ __all__ = [
     "PRELOAD_LIBRARY_STEM",
     "TMS_ENV_VARS",
     "HookMode",
+    "hook_mode_from_environment",
     "is_true",
     "preload_library",
+    "preloads_tms",
     "validate_environment",
 ]
 
@@ -282,6 +284,22 @@ def _check_preload(
             f"LD_PRELOAD names {given}, but this torch needs {expected} (a library for another CUDA major or "
             f"hook mode does not hook this process's allocations; slime #2186); {fix}"
         )
+
+
+def hook_mode_from_environment(environ: Mapping[str, str] | None = None) -> HookMode:
+    """The hook mode an environment asks for: "preload" when `LD_PRELOAD` loads a torch_memory_saver
+    library or `TMS_INIT_ENABLE` is on, else "torch".
+
+    slime's and miles' `RayTrainGroup` launch offloaded trainers with the preload library and
+    `TMS_INIT_ENABLE=1`; a backend in torch mode there would refuse that environment.
+    """
+    env: Mapping[str, str] = os.environ if environ is None else environ
+    return "preload" if preloads_tms(env) or is_true(env.get("TMS_INIT_ENABLE")) else "torch"
+
+
+def preloads_tms(environ: Mapping[str, str]) -> bool:
+    """Whether `LD_PRELOAD` loads a torch_memory_saver library: every cudaMalloc of the process is then its."""
+    return any("torch_memory_saver" in p for p in environ.get("LD_PRELOAD", "").split(":"))
 
 
 def is_true(value: str | None) -> bool:

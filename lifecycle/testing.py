@@ -2,7 +2,9 @@
 
 `FakeMemorySaver` behaves like the `torch_memory_saver` singleton: where the real one calls
 `exit(1)` (pausing a paused tag, resuming a resident one, `pause()` with no tag while some tag
-is paused) the fake raises `ProtocolViolation`, so a test sees the crash as an error.
+is paused) the fake raises `ProtocolViolation`, so a test sees the crash as an error; where the
+real one asserts (`disable()` while TMS is not active on the thread: nested, or outside any
+region without `TMS_INIT_ENABLE`) the fake asserts with the same message.
 Every fake writes to one shared `CallLog`, so tests can assert the order across backends.
 """
 
@@ -61,7 +63,14 @@ class CallLog:
 
 
 class FakeMemorySaver:
-    """torch_memory_saver's interface over per-tag paused flags."""
+    """torch_memory_saver's interface over per-tag paused flags and TMS's per-thread "active" flag.
+
+    TMS keeps a thread-local "interesting region" flag: allocations are saver memory while it is
+    set. It starts from `TMS_INIT_ENABLE` (`init_enable`; on by default, as slime's launcher sets
+    it, which is when passing the raw singleton as the memory hook works), is set inside
+    `region()` and cleared inside `disable()`, which asserts it first (entrypoint.py): a nested
+    `disable()`, or one outside any region without `init_enable`, raises `AssertionError`.
+    """
 
     def __init__(
         self,
@@ -70,6 +79,7 @@ class FakeMemorySaver:
         log: CallLog | None = None,
         faults: FaultInjector | None = None,
         may_overlap_process_groups: bool = False,
+        init_enable: bool = True,
     ) -> None:
         self.tags = tuple(tags) if tags is not None else ("default",)
         # Off by default so call logs keep the plan's order; on to exercise hooks run together.
@@ -77,9 +87,54 @@ class FakeMemorySaver:
         self.paused: dict[str, bool] = dict.fromkeys(self.tags, False)
         self.log = log if log is not None else CallLog()
         self.faults = faults
-        self.disabled = False
+        self.init_enable = init_enable
+        self._local = threading.local()
+        self._retain_cpu_backup = False
         self.pause_count = 0
         self.resume_count = 0
+
+    @property
+    def hook_mode(self) -> str:
+        raise AttributeError("torch_memory_saver.hook_mode is write-only (set it before the first use)")
+
+    @hook_mode.setter
+    def hook_mode(self, mode: str) -> None:
+        self._impl_ctor_kwargs = {"hook_mode": mode}  # where TMS keeps it until its first use
+
+    @property
+    def retain_cpu_backup(self) -> bool:
+        return self._retain_cpu_backup
+
+    @retain_cpu_backup.setter
+    def retain_cpu_backup(self, value: bool) -> None:
+        self._retain_cpu_backup = bool(value)
+
+    @property
+    def active(self) -> bool:
+        """TMS's flag on the calling thread: whether allocations now are saver memory."""
+        return bool(getattr(self._local, "active", self.init_enable))
+
+    @property
+    def disabled(self) -> bool:
+        """Whether the calling thread is inside `disable()`: its allocations are plain memory."""
+        return not self.active
+
+    @contextlib.contextmanager
+    def region(
+        self,
+        tag: str = "default",
+        enable_cpu_backup: bool = False,
+        enable_disk_backup: bool = False,
+        cpu_backup_backend: str | None = None,
+    ) -> Iterator[None]:
+        if cpu_backup_backend is not None and not enable_cpu_backup:
+            raise ValueError("cpu_backup_backend requires enable_cpu_backup=True")
+        self.log.add("memory", "region", tag)
+        previous, self._local.active = self.active, True
+        try:
+            yield
+        finally:
+            self._local.active = previous
 
     def _affected(self, tag: str | None) -> tuple[str, ...]:
         if tag is None:
@@ -119,11 +174,13 @@ class FakeMemorySaver:
     @contextlib.contextmanager
     def disable(self) -> Iterator[None]:
         self.log.add("memory", "disable")
-        previous, self.disabled = self.disabled, True
+        # torch_memory_saver/entrypoint.py, _TorchMemorySaverImpl.disable: the same assertion.
+        assert self.active, "disable() should be called only when tms is active"
+        self._local.active = False
         try:
             yield
         finally:
-            self.disabled = previous
+            self._local.active = True
 
     def is_paused(self, tag: str | None = None) -> bool:
         return any(self.paused[t] for t in (self.tags if tag is None else (tag,)))

@@ -114,6 +114,72 @@ class TestTensorParallelCycles:
             assert res["untracked_registered"] == [False] * CYCLES
 
 
+def _pp_worker(rank: int, world_size: int, store: Store) -> dict[str, Any]:
+    """Megatron initialised by its owner (slime passes TP, PP, VPP, CP, EP, ETP, order), the groups adopted after."""
+    from megatron.core import parallel_state as ps
+
+    dist.init_process_group(
+        "gloo", store=store, rank=rank, world_size=world_size, timeout=timedelta(seconds=30)
+    )
+    ps.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=2)
+    groups = ReloadableProcessGroups.adopt(untracked_subgroups=True, timeout=timedelta(seconds=30))
+    out: dict[str, Any] = {}
+    try:
+        MegatronParallelState(groups, pipeline_model_parallel_size=1)
+    except ValueError as exc:
+        out["refused"] = str(exc)
+    state = MegatronParallelState(groups, tensor_model_parallel_size=1)  # the README's old call: TP only
+    out["init_kwargs"] = {k: v for k, v in state.init_kwargs.items() if k != "create_gloo_process_groups"}
+    out["layouts"] = []
+    for _ in range(3):
+        state.destroy()
+        state.reload()
+        value = torch.tensor([float(rank + 1)])
+        dist.all_reduce(value, group=ps.get_pipeline_model_parallel_group())
+        out["layouts"].append(
+            {
+                "pp": ps.get_pipeline_model_parallel_world_size(),
+                "dp": ps.get_data_parallel_world_size(),
+                "pp_rank": ps.get_pipeline_model_parallel_rank(),
+                "pp_sum": value.item(),
+            }
+        )
+    ps.destroy_model_parallel()
+    groups.close()
+    return out
+
+
+@requires_megatron
+class TestLayoutReadBack:
+    """PP=2 on 2 gloo ranks: every reload rebuilds PP=2, not the DP=2 that TP-only arguments gave."""
+
+    @pytest.fixture(scope="class")
+    def runs(self) -> list[dict[str, Any]]:
+        results = run_world(_pp_worker, 2, deadline_s=90)
+        no_crash(results)
+        return results
+
+    def test_reload_keeps_the_pipeline_layout(self, runs: list[dict[str, Any]]) -> None:
+        for rank, res in enumerate(runs):
+            assert res["layouts"] == [{"pp": 2, "dp": 1, "pp_rank": rank, "pp_sum": 3.0}] * 3
+
+    def test_the_layout_is_read_back(self, runs: list[dict[str, Any]]) -> None:
+        for res in runs:
+            assert res["init_kwargs"] == {
+                "tensor_model_parallel_size": 1,
+                "pipeline_model_parallel_size": 2,
+                "virtual_pipeline_model_parallel_size": None,
+                "context_parallel_size": 1,
+                "expert_model_parallel_size": 1,
+                "expert_tensor_parallel_size": 1,
+                "order": "tp-cp-ep-dp-pp",
+            }
+
+    def test_a_different_size_is_refused(self, runs: list[dict[str, Any]]) -> None:
+        for res in runs:
+            assert "pipeline_model_parallel_size=1 (Megatron has 2)" in res["refused"]
+
+
 class TestErrors:
     @pytest.fixture
     def groups(self) -> Iterator[ReloadableProcessGroups]:

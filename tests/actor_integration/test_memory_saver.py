@@ -30,7 +30,7 @@ from actor_integration.memory_saver import (
     TorchMemorySaverBackend,
     select_memory_backend,
 )
-from actor_integration.tms_env import preload_library, validate_environment
+from actor_integration.tms_env import hook_mode_from_environment, preload_library, validate_environment
 from lifecycle import Hooks, Lifecycle, LifecyclePolicy, Residency, State
 from lifecycle.testing import InjectedFault, ProtocolViolation
 from tests.helpers.tms import preload_env
@@ -419,6 +419,24 @@ class TestTorchMemorySaverBackendDisable:
             thread.join()
         assert errors == []
 
+    def test_nested_disable_is_a_no_op(self):
+        """TMS asserts on a second disable() (slime's update_weights inside the sync plan's, a sender inside it)."""
+        backend, saver = tms_backend(
+            environ=preload_env(TMS_INIT_ENABLE="1"), hook_mode="preload", cuda_major=13
+        )
+        with backend.disable(), backend.disable():
+            plain = saver.allocate(torch.ones(1))
+        assert saver.calls.count(("disable",)) == 1 and not saver.is_saver_memory(plain)
+        with backend.disable():  # and the next one is a real one again
+            pass
+        assert saver.calls.count(("disable",)) == 2
+
+    def test_a_region_inside_disable_can_be_disabled_again(self):
+        backend, saver = tms_backend()
+        with backend.region("weights"), backend.disable(), backend.region("kv_cache"), backend.disable():
+            plain = saver.allocate(torch.ones(1))
+        assert saver.calls.count(("disable",)) == 2 and not saver.is_saver_memory(plain)
+
 
 class TestTorchMemorySaverBackendConfiguration:
     """Constructor checks run before TMS is configured or initialised."""
@@ -453,6 +471,46 @@ class TestTorchMemorySaverBackendConfiguration:
         saver.hook_mode = "torch"
         backend = TorchMemorySaverBackend(tags=TAGS, environ={}, saver=saver, hook_mode=None)
         assert backend.hook_mode == "torch"
+
+    def test_auto_hook_mode_follows_the_launcher_environment(self) -> None:
+        """slime's RayTrainGroup sets LD_PRELOAD and TMS_INIT_ENABLE=1 for offloaded trainers."""
+        backend, saver = tms_backend(tags=None, environ=preload_env(TMS_INIT_ENABLE="1"), cuda_major=13)
+        assert backend.hook_mode == "preload" and saver._impl_ctor_kwargs == {"hook_mode": "preload"}
+        backend, _ = tms_backend(environ={})
+        assert backend.hook_mode == "torch"
+
+    def test_auto_hook_mode_keeps_a_configured_mode(self) -> None:
+        saver = FakeTorchMemorySaver(preload_env())
+        saver.hook_mode = "preload"
+        backend = TorchMemorySaverBackend(tags=TAGS, environ=preload_env(), saver=saver, cuda_major=13)
+        assert backend.hook_mode == "preload"
+
+    def test_auto_hook_mode_overrides_an_import_time_torch_in_a_preloaded_process(self) -> None:
+        """megatron.core's import sets hook_mode="torch"; with the preload library loaded that would pause nothing."""
+        env = preload_env(TMS_INIT_ENABLE="1")
+        saver = FakeTorchMemorySaver(env)
+        saver.hook_mode = "torch"  # megatron/core/inference/contexts/dynamic_context.py, at import
+        backend = TorchMemorySaverBackend(tags=None, environ=env, saver=saver, cuda_major=13)
+        assert backend.hook_mode == "preload" and saver._impl_ctor_kwargs == {"hook_mode": "preload"}
+        assert any("megatron-core does this" in note for note in backend.notes)
+
+    def test_auto_hook_mode_cannot_change_an_initialised_torch_mode(self) -> None:
+        env = preload_env(TMS_INIT_ENABLE="1")
+        saver = FakeTorchMemorySaver(env)
+        saver.hook_mode = "torch"
+        saver._ensure_initialized()
+        with pytest.raises(
+            MemorySaverConfigError, match=r"already initialised with hook_mode='torch'.*release none"
+        ):
+            TorchMemorySaverBackend(tags=None, environ=env, saver=saver, cuda_major=13)
+
+    @pytest.mark.parametrize(
+        ("environ", "mode"),
+        [({}, "torch"), ({"TMS_INIT_ENABLE": "1"}, "preload"), ({"TMS_INIT_ENABLE": "0"}, "torch")],
+    )
+    def test_hook_mode_from_environment(self, environ: dict[str, str], mode: str) -> None:
+        assert hook_mode_from_environment(environ) == mode
+        assert hook_mode_from_environment(preload_env()) == "preload"
 
     def test_hook_mode_none_defaults_to_tms_preload(self) -> None:
         with pytest.raises(MemorySaverConfigError, match="names no torch_memory_saver library"):

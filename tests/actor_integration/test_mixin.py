@@ -134,6 +134,7 @@ class TestLazyConfiguration:
         actor.init()
         assert actor.lifecycle.state is State.PAUSED
         assert actor.calls.names() == [
+            "switch_model[actor]",  # slime's init: "recover to actor in the end", then sleep
             "routing_replay.clear",
             "clear_memory",
             "process_groups.destroy",

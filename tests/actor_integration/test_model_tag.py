@@ -180,6 +180,54 @@ class TestModelTagSwitch:
         assert switch.active == "actor"
         assert_bit_exact(net, actor)
 
+    def test_train_sleep_wake_save_keeps_the_trained_weights(self) -> None:
+        """Issue 14: the backup taken at configuration must not undo the training done since."""
+        net, backup = model(0), CpuWeightBackup(pin_memory=False)
+        backup.backup("actor", named_model_tensors(net))
+        switch = ModelTagSwitch(backup, lambda: net, active="actor")
+        lifecycle = Lifecycle(
+            LifecyclePolicy(model_tag="actor", offload_train=True),
+            Hooks(memory=FakeMemorySaver(), switch_model=switch),
+        )
+        lifecycle.sleep()  # as slime's init ends
+
+        def train() -> None:
+            with torch.no_grad():
+                for _, tensor in named_model_tensors(net):
+                    tensor.add_(1)
+
+        lifecycle.run("train", train)  # wake (switch to actor), train, sleep
+        trained = snapshot(net)
+        lifecycle.wake_up()
+        saved = lifecycle.run("save", lambda: snapshot(net))
+        assert_bit_exact(net, trained)
+        assert all(torch.equal(saved[k], trained[k]) for k in trained)
+
+    def test_switching_away_and_back_restores_the_backup(self) -> None:
+        net, backup = model(0), CpuWeightBackup(pin_memory=False)
+        backup.backup("actor", named_model_tensors(net))
+        backup.backup("ref", named_model_tensors(model(1)))
+        switch = ModelTagSwitch(backup, lambda: net, active="actor")
+        switch("ref")
+        assert_bit_exact(net, dict(backup.tensors("ref")))
+        switch("actor")
+        assert_bit_exact(net, dict(backup.tensors("actor")))
+
+    def test_contents_not_kept_restores_every_time(self) -> None:
+        net, backup = model(0), CpuWeightBackup(pin_memory=False)
+        actor = snapshot(net)
+        backup.backup("actor", named_model_tensors(net))
+        switch = ModelTagSwitch(backup, lambda: net, active="actor", contents_kept=False)
+        with torch.no_grad():
+            for _, tensor in named_model_tensors(net):
+                tensor.fill_(-1)  # a pause without CPU backup
+        switch("actor")
+        assert_bit_exact(net, actor)
+
+    def test_active_must_have_a_backup(self) -> None:
+        with pytest.raises(UnknownModelTagError, match="active='actor'"):
+            ModelTagSwitch(CpuWeightBackup(pin_memory=False), lambda: model(), active="actor")
+
     def test_needs_a_backup_and_a_callable(self) -> None:
         with pytest.raises(TypeError, match="needs a CpuWeightBackup"):
             ModelTagSwitch(object(), lambda: model())  # type: ignore[arg-type]

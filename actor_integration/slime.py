@@ -1,0 +1,278 @@
+"""slime's `MegatronTrainRayActor` under the lifecycle, launched the way slime launches it.
+
+    from actor_integration.slime import SlimeLifecycleMixin
+    from slime.backends.megatron_utils.actor import MegatronTrainRayActor
+    from slime.ray.actor_group import RayTrainGroup
+
+    class LifecycleTrainer(SlimeLifecycleMixin, MegatronTrainRayActor):
+        pass
+
+    actor_model = RayTrainGroup(args, num_nodes, num_gpus_per_node, pg, actor_cls=LifecycleTrainer)
+
+Who owns each resource (read from slime 624b824a, `slime/backends/megatron_utils/actor.py`):
+
+- `sleep()` / `wake_up()` are the plans: clear memory (host too) → slime's `destroy_process_groups()`
+  → `pause()` of all memory; `resume()` → slime's `reload_process_groups()` → slime's own
+  `_switch_model("actor")`. Slime's own group functions keep the group objects Megatron cached
+  valid (its wrappers re-point them), so the group count stays what plain slime has; re-running
+  `initialize_model_parallel` instead (`MegatronParallelState`) would add a set per wake.
+- `train()` and `save_model()` call `self.wake_up()` / `self.sleep()`: absorbed, the operation's
+  plans do it.
+- `update_weights()` calls `reload_process_groups()`, `torch_memory_saver.disable()` and
+  `destroy_process_groups()` itself. While it runs as the sync operation those names in slime's
+  actor module are the plan's: the groups are already up, memory already disabled (torch_memory_saver
+  asserts on a nested `disable()`), and the exit plan destroys the groups it brought up. A body
+  that pauses or resumes memory there is refused with an error.
+- The model tag restored after a wake is slime's `_switch_model("actor")`, from the CPU copy
+  slime refreshes after every train step: a wake never brings back older weights.
+- Memory: all of it, as slime pauses it (`pause()` with no tag: every tag), in the hook mode the
+  launcher's environment asks for (`RayTrainGroup` sets `LD_PRELOAD` and `TMS_INIT_ENABLE=1`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import sys
+from collections.abc import Callable, Mapping
+from types import ModuleType
+from typing import Any
+
+import torch.distributed as dist
+
+from actor_integration.clear_memory import ClearMemory
+from actor_integration.memory_saver import TorchMemorySaverBackend
+from actor_integration.mixin import LifecycleMixin
+from actor_integration.routing_replay import RoutingReplayClear
+from actor_integration.tms_env import is_true
+from lifecycle import Hooks, LifecyclePolicy
+from lifecycle.errors import IllegalTransitionError
+from lifecycle.hooks import MemoryBackend
+from lifecycle.machine import Lifecycle
+from lifecycle.table import Groups
+
+__all__ = [
+    "SLIME_COMMIT",
+    "SlimeLifecycleMixin",
+    "SlimeProcessGroups",
+    "slime_memory_backend",
+]
+
+SLIME_COMMIT = "624b824a"  # the slime these adapters are read from and tested against
+GROUPS_MODULE = "slime.utils.reloadable_process_group"
+
+
+def slime_memory_backend(
+    *, environ: Mapping[str, str] | None = None, saver: Any = None, cuda_major: int | None = None
+) -> TorchMemorySaverBackend:
+    """All of the trainer's memory as one unit, in the hook mode the environment asks for.
+
+    slime's launcher preloads torch_memory_saver with `TMS_INIT_ENABLE=1`, so every allocation is
+    saver memory under tag "default" (CPU-backed with `TMS_INIT_ENABLE_CPU_BACKUP=1`), and slime's
+    `sleep()` pauses all of it. `TMS_RETAIN_CPU_BACKUP` is honoured, not overridden.
+    """
+    env: Mapping[str, str] = os.environ if environ is None else environ
+    return TorchMemorySaverBackend(
+        tags=None,
+        hook_mode="auto",
+        retain_cpu_backup=is_true(env.get("TMS_RETAIN_CPU_BACKUP")),
+        environ=env,
+        saver=saver,
+        cuda_major=cuda_major,
+    )
+
+
+class SlimeProcessGroups:
+    """destroy()/reload()/is_alive() over slime's own reloadable process groups (one owner: the plans).
+
+    `module` is slime's `slime.utils.reloadable_process_group` (imported when not given).
+    """
+
+    def __init__(self, module: ModuleType | None = None) -> None:
+        self.module = module if module is not None else importlib.import_module(GROUPS_MODULE)
+        required = ("destroy_process_groups", "reload_process_groups", "default_process_group_states")
+        missing = [name for name in (*required, "ReloadableProcessGroup") if not hasattr(self.module, name)]
+        if missing:
+            raise TypeError(
+                f"SlimeProcessGroups: {self.module.__name__} lacks {missing}; this adapter is written against "
+                f"slime {SLIME_COMMIT}"
+            )
+        self._destroy: Callable[[], None] = self.module.destroy_process_groups
+        self._reload: Callable[[], None] = self.module.reload_process_groups
+
+    def destroy(self) -> None:
+        """slime's `destroy_process_groups()`: every wrapped subgroup, and an accelerator WORLD. Collective."""
+        self._destroy()
+
+    def reload(self) -> None:
+        """slime's `reload_process_groups()`, then the WORLD barrier slime's wake_up runs with PP > 2. Collective."""
+        self._reload()
+        # slime #2208: after a reload with PP=4 only the first stages reach the first P2P op on
+        # WORLD, and NCCL's lazy init needs every rank; slime primes WORLD here.
+        if _pipeline_parallel_size() > 2:
+            if dist.get_backend() == "nccl":
+                import torch
+
+                dist.barrier(device_ids=[torch.cuda.current_device()])
+            else:
+                dist.barrier()
+
+    def is_alive(self) -> bool:
+        """Whether WORLD is the accelerator one and every wrapped subgroup has a live group."""
+        pid = os.getpid()
+        state = self.module.default_process_group_states.get(pid)
+        if state is not None and state.accelerator_world_destroyed:
+            return False
+        return all(g.group is not None for g in self.groups())
+
+    def groups(self) -> list[Any]:
+        """slime's registry of wrapped subgroups in this process (`ReloadableProcessGroup.GROUPS`)."""
+        return list(self.module.ReloadableProcessGroup.GROUPS.get(os.getpid(), []))
+
+    def __repr__(self) -> str:
+        return f"<SlimeProcessGroups alive={self.is_alive()} wrapped={len(self.groups())}>"
+
+
+class SlimeLifecycleMixin(LifecycleMixin):
+    """`LifecycleMixin` configured from a slime actor's own state; put it first in the bases.
+
+    The lifecycle is built by the `self.sleep()` that ends slime's `init` (or the first wrapped
+    call when `--offload-train` is off). Override `lifecycle_memory()` or `lifecycle_hooks()` to
+    change one piece.
+    """
+
+    # Set by slime's TrainRayActor.init / defined by MegatronTrainRayActor.
+    args: Any
+    role: str
+    _switch_model: Callable[[str], None]
+
+    def lifecycle_config(self) -> dict[str, Any]:
+        _refuse_unsupported(self.args)
+        return {
+            "policy": self.lifecycle_policy(),
+            "hooks": self.lifecycle_hooks(),
+            "rank": dist.get_rank(),
+            "role": self.role,
+        }
+
+    def lifecycle_policy(self) -> LifecyclePolicy:
+        """slime's flags (`--offload-train`, `--colocate`, `--use-routing-replay`, ...), all memory as one unit."""
+        return LifecyclePolicy.from_args(self.args, role=self.role, memory_tags=None)
+
+    def lifecycle_memory(self) -> MemoryBackend:
+        return slime_memory_backend()
+
+    def lifecycle_hooks(self) -> Hooks:
+        actor_module = sys.modules[_body_owner(self).__module__]
+        replay = getattr(actor_module, "RoutingReplay", None) if self.args.use_routing_replay else None
+        return Hooks(
+            memory=self.lifecycle_memory(),
+            process_groups=SlimeProcessGroups(),
+            routing_replay=RoutingReplayClear(replay) if replay is not None else None,
+            clear_memory=ClearMemory(host=True),  # slime's sleep: clear_memory(clear_host_memory=True)
+            switch_model=self._switch_model if self.role == "actor" else None,
+        )
+
+    def lifecycle_body_globals(self, operation: str) -> Mapping[str, Any]:
+        owner = _body_owner(self)
+        namespace = vars(sys.modules[owner.__module__])
+        saver = namespace.get("torch_memory_saver")
+        if isinstance(saver, _PlanOwnedMemorySaver):  # asked again from inside a body (a refused nested call)
+            saver = saver.saver
+        calls = self.__dict__.setdefault("_lifecycle_stand_in_calls", [])
+        lifecycle = self.lifecycle
+
+        def record(name: str) -> None:
+            calls.append((operation, name))
+
+        def reload_process_groups() -> None:
+            record("reload_process_groups")
+            if lifecycle.groups is not Groups.ALIVE:
+                raise IllegalTransitionError(
+                    f"{owner.__name__}'s {operation} body needs the process groups, but they are "
+                    f"{lifecycle.groups}: under the lifecycle the {operation} plan brings them up; this body's "
+                    "own reload_process_groups() is not run",
+                    state=lifecycle.state,
+                    operation=f"{operation}: reload_process_groups",
+                    allowed=(),
+                )
+
+        def destroy_process_groups() -> None:
+            record("destroy_process_groups")  # the exit plan destroys what the enter plan brought up
+
+        return {
+            "torch_memory_saver": _PlanOwnedMemorySaver(saver, lifecycle, operation, record),
+            "reload_process_groups": reload_process_groups,
+            "destroy_process_groups": destroy_process_groups,
+        }
+
+    def lifecycle_stand_in_calls(self) -> list[tuple[str, str]]:
+        """(operation, name) of every resource call a body made that the plans owned, oldest first."""
+        return list(self.__dict__.get("_lifecycle_stand_in_calls", []))
+
+
+class _PlanOwnedMemorySaver:
+    """`torch_memory_saver` as slime's bodies see it under the lifecycle; other attributes are the real one's."""
+
+    def __init__(
+        self, saver: Any, lifecycle: Lifecycle, operation: str, record: Callable[[str], None]
+    ) -> None:
+        self.saver = saver
+        self._lifecycle = lifecycle
+        self._operation = operation
+        self._record = record
+
+    def disable(self) -> contextlib.AbstractContextManager[Any]:
+        self._record("torch_memory_saver.disable")
+        if self._operation == "sync":
+            return contextlib.nullcontext()  # the sync plan runs the body under memory.disable() already
+        return self._lifecycle.hooks.memory.disable()
+
+    def pause(self, tag: str | None = None) -> None:
+        self._refuse("pause", tag)
+
+    def resume(self, tag: str | None = None) -> None:
+        self._refuse("resume", tag)
+
+    def _refuse(self, method: str, tag: str | None) -> None:
+        self._record(f"torch_memory_saver.{method}")
+        raise IllegalTransitionError(
+            f"the {self._operation} body called torch_memory_saver.{method}({'' if tag is None else repr(tag)}) in "
+            f"state {self._lifecycle.state}: under the lifecycle the sleep and wake plans own pause and resume, and "
+            "a second owner would pause a paused tag (torch_memory_saver exits). Call self.sleep()/self.wake_up() "
+            "instead.",
+            state=self._lifecycle.state,
+            operation=f"{self._operation}: torch_memory_saver.{method}",
+            allowed=(),
+        )
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.saver, name)
+
+
+def _body_owner(actor: LifecycleMixin) -> type:
+    """The class whose `update_weights` body runs under the sync operation (slime's actor class)."""
+    return actor._super_method("update_weights")[1]
+
+
+def _pipeline_parallel_size() -> int:
+    try:
+        from megatron.core import parallel_state
+    except ImportError:
+        return 1
+    if not parallel_state.model_parallel_is_initialized():
+        return 1
+    return int(parallel_state.get_pipeline_model_parallel_world_size())
+
+
+def _refuse_unsupported(args: Any) -> None:
+    offload, critic, colocate = (
+        bool(getattr(args, n, False)) for n in ("offload_train", "use_critic", "colocate")
+    )
+    if offload and critic and not colocate:
+        raise ValueError(
+            "SlimeLifecycleMixin: --use-critic with --offload-train and without --colocate is not supported: slime's "
+            "update_weights then calls self.wake_up() to reconnect the engines over NCCL with the model resident, "
+            "while the sync plan keeps model memory paused. Use --colocate, or slime's own class for this setup."
+        )

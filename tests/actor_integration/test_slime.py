@@ -1,0 +1,192 @@
+"""SlimeLifecycleMixin over the slime-shaped actor: one owner per resource, and the trained weights kept.
+
+The same class against slime's real actor source runs in test_slime_source.py (outside CI).
+"""
+
+import pytest
+
+from actor_integration.slime import SlimeLifecycleMixin, SlimeProcessGroups, slime_memory_backend
+from lifecycle import State
+from lifecycle.errors import IllegalTransitionError, InjectedFault
+from lifecycle.faults import FaultInjector, with_faults
+from lifecycle.testing import FakeMemorySaver
+from tests.helpers import slime_like
+from tests.helpers.slime_like import LifecycleSlimeActor, PlainMixinSlimeActor
+from tests.helpers.tms import preload_env
+
+SYNC_FROM_PAUSED = ["process_groups.reload", "memory.disable", "body.sync[1]", "process_groups.destroy"]
+BODY_RESOURCES = [
+    ("sync", "reload_process_groups"),
+    ("sync", "torch_memory_saver.disable"),
+    ("sync", "destroy_process_groups"),
+]
+
+
+def started(cls=LifecycleSlimeActor, **kw):
+    actor = cls()
+    actor.init(**kw)
+    actor.calls.clear()
+    return actor
+
+
+class TestPlainMixinOverSlime:
+    """What the issue saw: the generic mixin keeps slime's update_weights body, which owns the resources too."""
+
+    def test_update_weights_asserts_on_the_nested_disable(self):
+        actor = started(PlainMixinSlimeActor)
+        with pytest.raises(AssertionError, match="disable\\(\\) should be called only when tms is active"):
+            actor.update_weights()
+        assert actor.pushed == []  # the weights never reached the engine
+
+
+class TestOneOwnerPerResource:
+    def test_update_weights_from_paused_runs_the_plan_once(self):
+        actor = started()
+        assert actor.update_weights() == 1
+        assert actor.calls.names() == SYNC_FROM_PAUSED
+        assert actor.lifecycle_stand_in_calls() == BODY_RESOURCES
+        # init's sleep, then the sync plan's reload and destroy; the body's own calls added none.
+        counts = (actor.tms.pause_count, actor.groups.reload_count, actor.groups.destroy_count)
+        assert counts == (1, 1, 2)
+        assert actor.lifecycle.state is State.PAUSED and not actor.groups.alive
+
+    def test_update_weights_from_awake_leaves_the_groups_up(self):
+        """The body's destroy_process_groups() would have torn down an awake actor's groups."""
+        actor = started()
+        actor.wake_up()
+        actor.calls.clear()
+        actor.update_weights()
+        assert actor.calls.names() == ["memory.disable", "body.sync[1]"]
+        assert actor.lifecycle.state is State.AWAKE and actor.groups.alive
+
+    def test_the_module_globals_are_restored_after_the_body(self):
+        actor = started()
+        saver, reload = slime_like.torch_memory_saver, slime_like.reload_process_groups
+        actor.update_weights()
+        assert slime_like.torch_memory_saver is saver and slime_like.reload_process_groups is reload
+
+    def test_a_body_that_pauses_memory_is_refused(self):
+        class Pausing(LifecycleSlimeActor):
+            def _save(self, rollout_id):
+                slime_like.torch_memory_saver.pause()
+
+        actor = started(Pausing)
+        with pytest.raises(IllegalTransitionError, match=r"save body called torch_memory_saver.pause\(\)"):
+            actor.save_model(1)
+        # init's sleep and the save's exit plan; the body's own call paused nothing.
+        assert actor.tms.pause_count == 2
+        assert actor.lifecycle.state is State.PAUSED
+
+    def test_an_adapter_for_names_the_body_no_longer_has_refuses(self):
+        class Elsewhere:  # a class whose module has none of slime's resource globals
+            def update_weights(self):
+                return None
+
+        class Wrapped(SlimeLifecycleMixin, Elsewhere):
+            def lifecycle_config(self):
+                actor = slime_like.SlimeLikeActor()
+                actor.build(rank=0, offload_train=True, use_routing_replay=False)
+                return slime_like.slime_lifecycle_config(actor)
+
+        with pytest.raises(TypeError, match=r"has no globals \['destroy_process_groups'.*Update the adapter"):
+            Wrapped().update_weights()
+
+
+class TestTrainedWeightsSurvive:
+    def test_train_sleep_wake_save_keeps_the_trained_weights(self):
+        actor = started()
+        actor.train(1)
+        actor.sleep()
+        actor.wake_up()
+        actor.save_model(1)
+        assert actor.saved_weights == [1] and actor.weights == 1
+
+    def test_sync_pushes_the_trained_weights(self):
+        actor = started()
+        actor.train(1)
+        actor.train(2)
+        actor.update_weights()
+        assert actor.pushed == [2]
+
+
+class FaultyHooksActor(LifecycleSlimeActor):
+    def lifecycle_config(self):
+        config = super().lifecycle_config()
+        self.faults = FaultInjector()
+        return {**config, "hooks": with_faults(self.faults, config["hooks"])}
+
+
+class TestFullSequence:
+    """init → train → save → update_weights → sleep x2 → wake x2 → injected failure → recover → train."""
+
+    def test_sequence(self):
+        actor = started(FaultyHooksActor)
+        actor.train(1)
+        actor.save_model(1)
+        actor.update_weights()
+        actor.sleep()
+        actor.sleep()  # slime #1895: a no-op, not a second pause
+        actor.wake_up()
+        actor.wake_up()
+        # Paused by init, train, save; resumed by train, save, wake.
+        assert (actor.tms.pause_count, actor.tms.resume_count) == (3, 3)
+        # The next pause fails after its effect: FAILED, with the truth asked of the backend on recover.
+        actor.faults.arm("memory.pause", after_effect=True)
+        with pytest.raises(InjectedFault):
+            actor.train(2)
+        assert actor.lifecycle_state()["failure"]["hook"] == "memory.pause"
+        assert actor.lifecycle_recover("PAUSED")["state"] == "PAUSED"
+        actor.train(3)
+        assert actor.lifecycle.state is State.PAUSED
+        assert (actor.saved_weights, actor.pushed, actor.weights) == ([1], [1], 3)
+        assert actor.tms.paused == {"default": True} and not actor.groups.alive
+
+
+class TestBackends:
+    def test_memory_follows_the_launcher_environment(self):
+        """RayTrainGroup sets LD_PRELOAD and TMS_INIT_ENABLE=1: preload mode, all memory as one unit."""
+        env = preload_env(TMS_INIT_ENABLE="1", TMS_INIT_ENABLE_CPU_BACKUP="1")
+        memory = slime_memory_backend(environ=env, saver=FakeMemorySaver(), cuda_major=13)
+        assert memory.hook_mode == "preload" and memory.tags is None
+        assert not memory.may_overlap_process_groups  # NCCL's buffers are saver memory there
+
+    def test_retain_cpu_backup_comes_from_the_environment(self):
+        env = preload_env(TMS_INIT_ENABLE="1", TMS_RETAIN_CPU_BACKUP="1")
+        saver = FakeMemorySaver()
+        slime_memory_backend(environ=env, saver=saver, cuda_major=13)
+        assert saver.retain_cpu_backup is True
+
+    def test_process_groups_need_slimes_module(self):
+        import types
+
+        with pytest.raises(TypeError, match="lacks"):
+            SlimeProcessGroups(types.ModuleType("slime.utils.reloadable_process_group"))
+
+    def test_reload_primes_world_with_more_than_two_pipeline_stages(self, monkeypatch):
+        """slime's wake_up runs a WORLD barrier after the reload when PP > 2; the plan's reload does too."""
+        import types
+
+        import actor_integration.slime as adapter
+
+        calls = []
+        module = types.ModuleType("slime.utils.reloadable_process_group")
+        module.destroy_process_groups = lambda: calls.append("destroy")
+        module.reload_process_groups = lambda: calls.append("reload")
+        module.default_process_group_states = {}
+        module.ReloadableProcessGroup = type("ReloadableProcessGroup", (), {"GROUPS": {}})
+        groups = SlimeProcessGroups(module)
+        monkeypatch.setattr(adapter.dist, "get_backend", lambda: "gloo")
+        monkeypatch.setattr(adapter.dist, "barrier", lambda **kw: calls.append("barrier"))
+        for stages, expected in ((2, ["reload"]), (4, ["reload", "barrier"])):
+            calls.clear()
+            monkeypatch.setattr(adapter, "_pipeline_parallel_size", lambda stages=stages: stages)
+            groups.reload()
+            assert calls == expected
+        assert groups.is_alive()
+
+    def test_unsupported_setup_is_refused_before_any_work(self):
+        actor = LifecycleSlimeActor()
+        actor.build(rank=0, offload_train=True, use_routing_replay=False)
+        actor.args.colocate, actor.args.use_critic = False, True
+        with pytest.raises(ValueError, match="--use-critic with --offload-train and without --colocate"):
+            SlimeLifecycleMixin.lifecycle_config(actor)

@@ -1,0 +1,379 @@
+"""slime's real MegatronTrainRayActor (its source at the pinned commit) under SlimeLifecycleMixin.
+
+Two gloo ranks with real megatron-core (PP=2) and slime's own process-group, gloo-group, tensor
+backuper, routing replay, TrainRayActor and RayTrainGroup code; only the heavy internals are
+stand-ins (tests/helpers/slime_source.py). Needs slime's source: CI has no network, so the suite
+skips there; run it with
+
+    RL_LIFECYCLE_SLIME_SOURCE=/path/to/slime python -m pytest -s tests/actor_integration/test_slime_source.py
+
+(`-s` prints the figures: process groups before/after, weight checksums at save, sync and wake).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from argparse import Namespace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers.slime_source import HOW_TO_RUN, SOURCE_ENV, SlimeSource, SlimeSourceUnavailable
+from tests.helpers.spawn import no_crash, run_world
+
+try:
+    SOURCE: SlimeSource | None = SlimeSource.find()
+    UNAVAILABLE = ""
+except SlimeSourceUnavailable as exc:
+    SOURCE, UNAVAILABLE = None, str(exc)
+
+# Skipped where nobody pointed at slime's source (CI); a wrong path given on purpose fails instead.
+pytestmark = pytest.mark.skipif(
+    SOURCE_ENV not in os.environ, reason=f"slime's source is not available: {HOW_TO_RUN}"
+)
+
+
+@pytest.fixture(autouse=True)
+def _source_readable() -> None:
+    if SOURCE is None:
+        pytest.fail(f"{SOURCE_ENV} is set but slime's source cannot be read: {UNAVAILABLE}")
+
+
+DEADLINE_S = 240.0
+
+
+def _args(world_size: int) -> Namespace:
+    """slime's parsed flags for a colocated, offloaded actor (only what the code paths read)."""
+    return Namespace(
+        debug_rollout_only=False,
+        debug_train_only=False,
+        distributed_backend="nccl",
+        distributed_timeout_minutes=1,
+        num_gpus_per_node=world_size,
+        hf_checkpoint="unused",
+        offload_train=True,
+        colocate=True,
+        use_critic=False,
+        release_train=False,
+        keep_old_actor=False,
+        update_weights_interval=1,
+        vocab_size=None,
+        update_weight_mode="full",
+        update_weight_transport="cuda_ipc",
+        model_name=None,
+        update_weight_start_version=0,
+        rollout_data_postprocess_path=None,
+        use_routing_replay=True,
+        use_rollout_routing_replay=False,
+        compute_advantages_and_returns=True,
+        loss_type="policy_loss",
+        kl_coef=0.0,
+        use_rollout_logprobs=False,
+        get_mismatch_metrics=False,
+        use_opd=False,
+        advantage_estimator="grpo",
+        save_debug_train_data=None,
+        ref_update_interval=None,
+        async_save=False,
+        save_hf=None,
+        use_fault_tolerance=False,
+        tensor_model_parallel_size=1,
+        pipeline_model_parallel_size=world_size,
+        virtual_pipeline_model_parallel_size=None,
+        context_parallel_size=1,
+        expert_model_parallel_size=1,
+        expert_tensor_parallel_size=1,
+        seed=1234,
+        train_env_vars={},
+        train_backend="megatron",
+        ci_test=False,
+    )
+
+
+def _rollout(step: int) -> Any:
+    import torch
+    from slime.utils.misc import Box
+
+    tokens = torch.arange(8) + step
+    return Box(
+        {
+            "tokens": [tokens],
+            "loss_masks": [torch.ones(8)],
+            "total_lengths": [8],
+            "response_lengths": [4],
+            "num_microbatches": [1],
+            "global_batch_sizes": [1],
+        }
+    )
+
+
+def _launcher_env() -> dict[str, str]:
+    """What slime's RayTrainGroup puts in an offloaded megatron actor's environment."""
+    from actor_integration.tms_env import preload_library
+
+    return {"LD_PRELOAD": preload_library(13), "TMS_INIT_ENABLE": "1", "TMS_INIT_ENABLE_CPU_BACKUP": "1"}
+
+
+def _classes(actor_module: Any) -> dict[str, type]:
+    from actor_integration.slime import SlimeLifecycleMixin, slime_memory_backend
+    from lifecycle.faults import FaultInjector, with_faults
+
+    class LifecycleTrainer(SlimeLifecycleMixin, actor_module.MegatronTrainRayActor):
+        """What a slime user writes, plus fault injection and the CUDA major this CPU torch lacks."""
+
+        def lifecycle_memory(self) -> Any:
+            return slime_memory_backend(cuda_major=13)  # os.environ is the launcher's
+
+        def lifecycle_hooks(self) -> Any:
+            self.faults = FaultInjector()
+            return with_faults(self.faults, super().lifecycle_hooks())
+
+    class GenericMixinTrainer(LifecycleTrainer):
+        """The generic mixin's behaviour: slime's bodies keep their own resource calls."""
+
+        def lifecycle_body_globals(self, operation: str) -> dict[str, Any]:
+            return {}
+
+    return {
+        "slime": actor_module.MegatronTrainRayActor,
+        "lifecycle": LifecycleTrainer,
+        "generic": GenericMixinTrainer,
+    }
+
+
+def _groups() -> dict[str, int]:
+    import torch.distributed as dist
+
+    registry = sys.modules["slime.utils.reloadable_process_group"].ReloadableProcessGroup.GROUPS
+    return {
+        "live": len(dist.distributed_c10d._world.pg_map),
+        "slime_registry": len(registry.get(os.getpid(), [])),
+    }
+
+
+def _error(call: Any) -> str | None:
+    try:
+        call()
+    except BaseException as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def _worker(
+    rank: int, world_size: int, store: Any, location: str, commit: str, port: int, variant: str
+) -> dict[str, Any]:
+    from tests.helpers.slime_source import RECORD, SAVER, RolloutManager, install, model_checksum
+
+    actor_module = install(SlimeSource(Path(location), commit))
+    os.environ.update(_launcher_env())
+    if variant == "ray_group":
+        return _ray_group_run(actor_module, _classes(actor_module)["lifecycle"])
+    actor = _classes(actor_module)[variant](world_size, rank, "127.0.0.1", port)
+    out: dict[str, Any] = {"steps": []}
+
+    def step(name: str, call: Any = None) -> None:
+        error = _error(call) if call is not None else None
+        machine = getattr(actor, "_lifecycle", None)
+        state = machine.state.value if machine is not None else None
+        out["steps"].append({"step": name, "state": state, "error": error, "pauses": SAVER.pause_count})
+
+    step("init", lambda: actor.init(_args(world_size), "actor"))
+    actor.set_rollout_manager(RolloutManager())
+    out["groups_init"] = _groups()
+    out["weights_init"] = model_checksum(actor.model)
+    step("train", lambda: actor.train(0, _rollout(0)))
+    step("save", lambda: actor.save_model(0))
+    step("update_weights", actor.update_weights)
+    if variant == "slime":
+        step("sleep", actor.sleep)  # slime #1895: the second pause of the same memory
+        step("wake_up", actor.wake_up)
+        out["groups_awake"] = _groups()
+        step("sleep", actor.sleep)
+        step("train", lambda: actor.train(1, _rollout(1)))
+    elif variant == "lifecycle":
+        step("sleep", actor.sleep)
+        step("sleep", actor.sleep)
+        step("wake_up", actor.wake_up)
+        step("wake_up", actor.wake_up)
+        out["weights_after_wake"] = model_checksum(actor.model)
+        out["groups_awake"] = _groups()
+        out["pp_size"] = sys.modules["megatron.core.parallel_state"].get_pipeline_model_parallel_world_size()
+        actor.faults.arm("process_groups.destroy")  # the sleep that ends the next train fails on every rank
+        step("train", lambda: actor.train(1, _rollout(1)))
+        out["failure"] = actor.lifecycle_state()["failure"]
+        step("recover", lambda: actor.lifecycle_recover("PAUSED"))
+        step("train", lambda: actor.train(2, _rollout(2)))
+        step("save", lambda: actor.save_model(2))
+        out["groups_end"] = _groups()
+        step("wake_up", actor.wake_up)
+        out["groups_awake_end"] = _groups()
+        out["stand_in_calls"] = actor.lifecycle_stand_in_calls()
+        out["memory"] = actor.lifecycle.hooks.memory.describe()
+        out["memory_notes"] = actor.lifecycle.hooks.memory.notes
+    out.setdefault("groups_end", _groups())
+    out["record"] = {k: v for k, v in RECORD.items() if k in ("trained", "saved", "engine")}
+    out["pauses"], out["resumes"] = SAVER.pause_count, SAVER.resume_count
+    return out
+
+
+def _ray_group_run(actor_module: Any, trainer: type) -> dict[str, Any]:
+    """RayTrainGroup(actor_cls=...) as slime's train loop drives it, one rank, Ray run in this process."""
+    from slime.ray.actor_group import RayTrainGroup
+
+    from tests.helpers.slime_source import RECORD, RolloutManager
+
+    for name in ("LD_PRELOAD", "TMS_INIT_ENABLE", "TMS_INIT_ENABLE_CPU_BACKUP"):
+        os.environ.pop(name)  # RayTrainGroup must put them there itself
+    placement = sys.modules["ray.util.placement_group"].PlacementGroup()
+    group = RayTrainGroup(_args(1), 1, 1, pg=(placement, [0], [0]), actor_cls=trainer)
+    out: dict[str, Any] = {"create": group.create(rollout_manager=RolloutManager())}
+    actor = group._actor_handlers[0].instance
+    out["env_vars"] = RECORD["ray_actors"][0]["env_vars"]
+    out["hook_mode"] = actor.lifecycle.hooks.memory.hook_mode
+    out["states"] = [actor.lifecycle_state()["state"]]
+    group.async_train(0, _rollout(0))
+    group.save_model(0)
+    group.update_weights()
+    group.offload()
+    group.offload()
+    out["states"].append(actor.lifecycle_state()["state"])
+    group.onload()
+    group.onload()
+    out["states"].append(actor.lifecycle_state()["state"])
+    out["record"] = {k: RECORD[k] for k in ("trained", "saved", "engine")}
+    return out
+
+
+def _run(variant: str, world_size: int = 2) -> list[dict[str, Any]]:
+    from tests.helpers.slime_source import free_port
+
+    assert SOURCE is not None
+    results = run_world(
+        _worker, world_size, str(SOURCE.location), SOURCE.commit, free_port(), variant, deadline_s=DEADLINE_S
+    )
+    no_crash(results)
+    return results
+
+
+@pytest.fixture(scope="module")
+def lifecycle_run() -> list[dict[str, Any]]:
+    return _run("lifecycle")
+
+
+@pytest.fixture(scope="module")
+def slime_run() -> list[dict[str, Any]]:
+    return _run("slime")
+
+
+def _steps(result: dict[str, Any]) -> list[tuple[str, str | None, str | None]]:
+    return [(s["step"], s["state"], s["error"] and s["error"].split(":")[0]) for s in result["steps"]]
+
+
+class TestUnderTheAdapter:
+    """init → train → save → update_weights → sleep x2 → wake x2 → injected failure → recover → train."""
+
+    def test_states(self, lifecycle_run: list[dict[str, Any]]) -> None:
+        for result in lifecycle_run:
+            assert _steps(result) == [
+                ("init", "PAUSED", None),
+                ("train", "PAUSED", None),
+                ("save", "PAUSED", None),
+                ("update_weights", "PAUSED", None),
+                ("sleep", "PAUSED", None),
+                ("sleep", "PAUSED", None),
+                ("wake_up", "AWAKE", None),
+                ("wake_up", "AWAKE", None),
+                ("train", "FAILED", "InjectedFault"),
+                ("recover", "PAUSED", None),
+                ("train", "PAUSED", None),
+                ("save", "PAUSED", None),
+                ("wake_up", "AWAKE", None),
+            ]
+            assert result["failure"]["hook"] == "process_groups.destroy"
+
+    def test_save_sync_and_wake_see_the_trained_weights(self, lifecycle_run: list[dict[str, Any]]) -> None:
+        for result in lifecycle_run:
+            trained, saved, engine = (result["record"][k] for k in ("trained", "saved", "engine"))
+            assert trained[0] != result["weights_init"]
+            assert saved == [trained[0], trained[2]]  # each save after the train before it, never older
+            assert [e["checksum"] for e in engine] == [trained[0]]  # the sync read slime's refreshed backup
+            assert result["weights_after_wake"] == trained[0]  # the wake restored the trained weights
+
+    def test_the_plans_own_the_resources(self, lifecycle_run: list[dict[str, Any]]) -> None:
+        for result in lifecycle_run:
+            assert result["stand_in_calls"] == [
+                ["sync", "reload_process_groups"],
+                ["sync", "torch_memory_saver.disable"],
+                ["sync", "destroy_process_groups"],
+            ]
+            # Paused by init, train, save, recover (the failed sleep), train, save; resumed by train,
+            # save, wake, train, save, wake: one call per transition, none by the bodies.
+            assert (result["pauses"], result["resumes"]) == (6, 6)
+            assert "hook_mode=preload, all memory as one unit" in result["memory"]
+            # megatron.core's import set hook_mode="torch"; the preloaded process needs preload.
+            assert any("megatron-core does this" in note for note in result["memory_notes"])
+
+    def test_group_count_is_flat(self, lifecycle_run: list[dict[str, Any]]) -> None:
+        for result in lifecycle_run:
+            assert result["groups_end"] == result["groups_init"]  # asleep: the temporary gloo WORLD
+            assert result["groups_awake_end"] == result["groups_awake"]  # awake, 4 wakes later
+            assert result["groups_awake"]["slime_registry"] == result["groups_init"]["slime_registry"]
+            assert result["pp_size"] == 2  # the layout Megatron was initialised with
+
+    def test_as_many_groups_as_plain_slime(
+        self, lifecycle_run: list[dict[str, Any]], slime_run: list[dict[str, Any]]
+    ) -> None:
+        for ours, theirs in zip(lifecycle_run, slime_run, strict=True):
+            assert ours["groups_end"] == theirs["groups_end"]
+            assert ours["groups_awake"] == theirs["groups_awake"]
+
+    def test_figures(self, lifecycle_run: list[dict[str, Any]], slime_run: list[dict[str, Any]]) -> None:
+        assert SOURCE is not None
+        print(f"\nslime {SOURCE.resolved_commit()} from {SOURCE.location}")
+        for rank, (ours, theirs) in enumerate(zip(lifecycle_run, slime_run, strict=True)):
+            record = ours["record"]
+            print(
+                f"rank {rank}: groups asleep after init {ours['groups_init']}, at the end {ours['groups_end']}; "
+                f"awake first {ours['groups_awake']}, last {ours['groups_awake_end']} (plain slime awake "
+                f"{theirs['groups_awake']}); weights init {ours['weights_init']} trained "
+                f"{record['trained']} saved {record['saved']} synced {[e['checksum'] for e in record['engine']]} "
+                f"after wake {ours['weights_after_wake']}; pauses {ours['pauses']} resumes {ours['resumes']}"
+            )
+
+
+class TestWithoutTheAdapter:
+    def test_plain_slime_double_pauses(self, slime_run: list[dict[str, Any]]) -> None:
+        """slime #1895 on slime's own class: sleep after update_weights pauses paused memory (TMS exits)."""
+        for result in slime_run:
+            steps = [(s["step"], s["error"] and s["error"].split(":")[0]) for s in result["steps"]]
+            assert steps[4] == ("sleep", "ProtocolViolation")
+
+    def test_the_generic_mixin_crashes_in_update_weights(self) -> None:
+        """The issue's first failure: slime's body nests torch_memory_saver.disable() in the plan's."""
+        for result in _run("generic"):
+            update = next(s for s in result["steps"] if s["step"] == "update_weights")
+            assert update["error"].startswith(
+                "AssertionError: disable() should be called only when tms is active"
+            )
+            assert result["record"]["engine"] == []
+
+
+class TestRayTrainGroup:
+    def test_constructed_and_driven_through_ray_train_group(self) -> None:
+        """RayTrainGroup(actor_cls=...) builds the actor with (world_size, rank, addr, port) and sets the
+        preload environment, which the adapter's memory backend follows."""
+        (result,) = _run("ray_group", world_size=1)
+        assert result["create"] == [0]
+        assert (
+            result["env_vars"]["TMS_INIT_ENABLE"] == "1"
+            and "torch_memory_saver" in result["env_vars"]["LD_PRELOAD"]
+        )
+        assert result["hook_mode"] == "preload"
+        assert result["states"] == ["PAUSED", "PAUSED", "AWAKE"]
+        record = result["record"]
+        assert (
+            record["saved"] == record["trained"]
+            and [e["checksum"] for e in record["engine"]] == record["trained"]
+        )

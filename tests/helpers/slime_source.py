@@ -1,0 +1,451 @@
+"""slime's real trainer actor, executed from its source at a pinned commit, on CPU (tests only).
+
+`SlimeSource.find()` locates slime's source through `RL_LIFECYCLE_SLIME_SOURCE` (a slime checkout
+or git directory holding commit `RL_LIFECYCLE_SLIME_COMMIT`, default `actor_integration.slime.SLIME_COMMIT`);
+nothing of slime is stored in this repository. `install(source)` runs, in the calling process,
+slime's own modules that decide the lifecycle (the actor, `TrainRayActor`, `RayTrainGroup`, the
+reloadable process groups, the gloo group, the tensor backuper, routing replay, timers) from that
+source, and stands in for its heavy internals only: the accelerator (CPU plays the device and
+gloo the accelerator backend, so slime takes its production path of destroying WORLD), Megatron's
+model/optimizer/training step, checkpoint writing, the weight transport, the rollout manager,
+Ray, transformers and torch_memory_saver (`lifecycle.testing.FakeMemorySaver`, which raises and
+asserts where the real one exits or asserts). `RECORD` holds what the stand-ins saw.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import socket
+import subprocess
+import sys
+import types
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from actor_integration.slime import SLIME_COMMIT
+from lifecycle.testing import FakeMemorySaver, ProtocolViolation
+
+SOURCE_ENV = "RL_LIFECYCLE_SLIME_SOURCE"
+COMMIT_ENV = "RL_LIFECYCLE_SLIME_COMMIT"
+HOW_TO_RUN = (
+    f"set {SOURCE_ENV} to a slime checkout or git directory holding commit {SLIME_COMMIT} "
+    f"(git clone https://github.com/THUDM/slime), e.g. `{SOURCE_ENV}=~/src/slime python -m pytest "
+    "tests/actor_integration/test_slime_source.py`"
+)
+
+# slime's modules run from its source, in dependency order.
+REAL_MODULES = (
+    "slime/utils/misc.py",
+    "slime/utils/eval_config.py",
+    "slime/utils/types.py",
+    "slime/utils/distributed_utils.py",
+    "slime/utils/reloadable_process_group.py",
+    "slime/utils/tensor_backper.py",
+    "slime/utils/routing_replay.py",
+    "slime/observability/timer.py",
+    "slime/ray/ray_actor.py",
+    "slime/ray/utils.py",
+    "slime/ray/train_actor.py",
+    "slime/ray/actor_group.py",
+    "slime/backends/megatron_utils/actor.py",
+)
+PACKAGES = (
+    "slime",
+    "slime.utils",
+    "slime.ray",
+    "slime.observability",
+    "slime.backends",
+    "slime.backends.megatron_utils",
+    "slime.backends.megatron_utils.update_weight",
+)
+
+
+class SlimeSourceUnavailable(RuntimeError):
+    """slime's source is not reachable here (CI has no network): the suite skips with HOW_TO_RUN."""
+
+
+@dataclass(frozen=True)
+class SlimeSource:
+    location: Path
+    commit: str
+
+    @classmethod
+    def find(cls) -> SlimeSource:
+        given = os.environ.get(SOURCE_ENV)
+        if not given:
+            raise SlimeSourceUnavailable(f"{SOURCE_ENV} is not set; {HOW_TO_RUN}")
+        source = cls(Path(given).expanduser(), os.environ.get(COMMIT_ENV, SLIME_COMMIT))
+        source.read("slime/backends/megatron_utils/actor.py")  # fails early, with the reason
+        return source
+
+    def _git(self) -> list[str]:
+        is_git_dir = (self.location / "HEAD").is_file() and (self.location / "objects").is_dir()
+        return ["git", f"--git-dir={self.location}"] if is_git_dir else ["git", "-C", str(self.location)]
+
+    def read(self, path: str) -> str:
+        command = [*self._git(), "show", f"{self.commit}:{path}"]
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=60)
+        if proc.returncode != 0:
+            raise SlimeSourceUnavailable(f"`{' '.join(command)}` failed: {proc.stderr.strip()}; {HOW_TO_RUN}")
+        return proc.stdout
+
+    def resolved_commit(self) -> str:
+        command = [*self._git(), "rev-parse", self.commit]
+        return subprocess.run(command, capture_output=True, text=True, timeout=60).stdout.strip()
+
+
+# ---------------------------------------------------------------------------------------------- records
+
+RECORD: dict[str, list[Any]] = {"trained": [], "saved": [], "engine": [], "connected": []}
+SAVER = FakeMemorySaver(init_enable=True)  # slime's launcher: preload + TMS_INIT_ENABLE=1
+
+
+def checksum(tensors: Any) -> float:
+    """A float that changes with every weight: sum of value x position over all tensors, in name order."""
+    items = sorted(dict(tensors).items())
+    total = 0.0
+    for _, t in items:
+        flat = t.detach().float().flatten()
+        total += float((flat * torch.arange(1, flat.numel() + 1)).sum())
+    return round(total, 6)
+
+
+def model_checksum(model: list[torch.nn.Module]) -> float:
+    return checksum((f"{i}.{n}", p) for i, chunk in enumerate(model) for n, p in chunk.named_parameters())
+
+
+def _live(group: Any, what: str) -> Any:
+    """A slime-wrapped group's live torch group; a collective on a destroyed one is what the real one fails on."""
+    inner = getattr(group, "group", group)
+    if inner is None:
+        raise ProtocolViolation(f"{what}: collective on a destroyed process group")
+    return group
+
+
+# ---------------------------------------------------------------------------------------------- stand-ins
+
+
+def _module(name: str, **attrs: Any) -> types.ModuleType:
+    module = types.ModuleType(name)
+    module.__dict__.update(attrs)
+    sys.modules[name] = module
+    parent, _, child = name.rpartition(".")
+    if parent in sys.modules:
+        setattr(sys.modules[parent], child, module)
+    return module
+
+
+def _accelerator() -> dict[str, Any]:
+    # slime.utils.accelerator for a CPU process: gloo plays the accelerator backend.
+    return {
+        "process_group_backend": lambda backend=None: "gloo",
+        "is_accelerator_backend": lambda backend: str(backend) == "gloo",
+        "set_device": lambda index: None,
+        "set_allocator_expandable_segments": lambda: False,
+        "current_device": lambda: torch.device("cpu"),
+        "synchronize": lambda *a, **k: None,
+        "empty_cache": lambda: None,
+        "mem_get_info": lambda device=None: (64 << 30, 80 << 30),
+        "memory_allocated": lambda device=None: 0,
+        "memory_reserved": lambda device=None: 0,
+        "resolve_visible_device_id": lambda index: int(index),
+        "device_type": lambda: "cpu",
+        "get_device_properties": lambda device=None: types.SimpleNamespace(uuid="cpu"),
+    }
+
+
+def _memory_utils() -> dict[str, Any]:
+    info = {"free_GB": 64.0, "total_GB": 80.0}
+    return {
+        "clear_memory": lambda clear_host_memory=False: None,
+        "available_memory": lambda: dict(info),
+        "print_memory": lambda msg, clear_before_print=False: dict(info),
+    }
+
+
+class _LocalActorClass:
+    """`ray.remote(**options)(cls)` run in this process: `.options(...).remote(*args)` builds the actor here.
+
+    The runtime_env's env_vars are put into os.environ first, as Ray does for an actor's process.
+    """
+
+    def __init__(self, cls: type, options: dict[str, Any]) -> None:
+        self.cls, self.options_given = cls, options
+        RECORD.setdefault("ray_actors", [])
+
+    def options(self, **more: Any) -> _LocalActorClass:
+        return _LocalActorClass(self.cls, {**self.options_given, **more})
+
+    def remote(self, *args: Any, **kwargs: Any) -> _LocalActor:
+        env = self.options_given.get("runtime_env", {}).get("env_vars", {})
+        os.environ.update(env)
+        RECORD["ray_actors"].append({"cls": self.cls.__name__, "args": args, "env_vars": dict(env)})
+        return _LocalActor(self.cls(*args, **kwargs))
+
+
+class _LocalActor:
+    def __init__(self, instance: Any) -> None:
+        self.instance = instance
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self.instance, name)
+        return types.SimpleNamespace(remote=method)
+
+
+def _ray() -> None:
+    def remote(*args: Any, **options: Any) -> Any:
+        if args and isinstance(args[0], type):  # bare @ray.remote
+            return _LocalActorClass(args[0], {})
+        return lambda cls: _LocalActorClass(cls, options)
+
+    def get(refs: Any, timeout: float | None = None) -> Any:
+        return refs
+
+    _module(
+        "ray",
+        remote=remote,
+        get=get,
+        get_gpu_ids=lambda: [0],
+        kill=lambda actor, no_restart=True: None,
+        _private=types.SimpleNamespace(
+            services=types.SimpleNamespace(get_node_ip_address=lambda: "127.0.0.1")
+        ),
+    )
+    _module("ray.util")
+    _module("ray.util.placement_group", PlacementGroup=type("PlacementGroup", (), {}))
+    _module(
+        "ray.util.scheduling_strategies",
+        PlacementGroupSchedulingStrategy=lambda placement_group, placement_group_bundle_index: None,
+    )
+
+
+class RolloutManager:
+    """The rollout manager's calls slime's update_weights makes, answered in this process."""
+
+    def __init__(self) -> None:
+        self.new_engines = 1
+        for name in (
+            "get_updatable_engines_and_lock",
+            "clear_updatable_num_new_engines",
+            "set_train_parallel_config",
+        ):
+            setattr(self, name, types.SimpleNamespace(remote=getattr(self, f"_{name}")))
+
+    def _get_updatable_engines_and_lock(self) -> tuple[Any, ...]:
+        return (["engine0"], "lock", self.new_engines, [dist.get_world_size()], [0], [{}])
+
+    def _clear_updatable_num_new_engines(self) -> None:
+        self.new_engines = 0
+
+    def _set_train_parallel_config(self, config: dict[str, Any]) -> None:
+        RECORD.setdefault("parallel_config", []).append(config)
+
+
+class UpdateWeightFromTensor:
+    """slime's colocated weight sender, reduced to what the lifecycle must guarantee around it."""
+
+    def __init__(self, args: Any, model: Any, weights_getter: Any, **kwargs: Any) -> None:
+        self.weights_getter = weights_getter
+        self.weight_version = 0
+
+    def connect_rollout_engines(self, engines: Any, lock: Any, **kwargs: Any) -> None:
+        RECORD["connected"].append(list(engines))
+
+    def update_weights(self) -> None:
+        if SAVER.active:
+            # slime #2188: buckets allocated as saver memory cannot be exported over CUDA IPC.
+            raise ProtocolViolation("update_weights ran with the memory saver active: CUDA IPC export fails")
+        from slime.utils.distributed_utils import get_gloo_group
+
+        sums = [None] * dist.get_world_size()
+        dist.all_gather_object(sums, checksum(self.weights_getter()), group=_live(get_gloo_group(), "sync"))
+        self.weight_version += 1
+        RECORD["engine"].append({"version": self.weight_version, "checksum": sums[dist.get_rank()]})
+
+    def pop_metrics(self) -> dict[str, Any]:
+        return {}
+
+
+def _megatron_stand_ins() -> None:
+    from megatron.core import parallel_state as mpu
+
+    base = "slime.backends.megatron_utils"
+
+    def init(args: Any) -> None:
+        # What slime's initialize.init does to process groups: Megatron's groups through the
+        # dist.new_group slime has patched by now (so each is wrapped and reloadable).
+        mpu.initialize_model_parallel(
+            tensor_model_parallel_size=args.tensor_model_parallel_size,
+            pipeline_model_parallel_size=args.pipeline_model_parallel_size,
+            virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size,
+            context_parallel_size=args.context_parallel_size,
+            expert_model_parallel_size=args.expert_model_parallel_size,
+            expert_tensor_parallel_size=args.expert_tensor_parallel_size,
+            order="tp-cp-ep-dp-pp",
+        )
+        torch.manual_seed(args.seed + 100 * mpu.get_pipeline_model_parallel_rank())
+
+    def is_megatron_main_rank() -> bool:
+        return mpu.get_pipeline_model_parallel_rank() == mpu.get_pipeline_model_parallel_world_size() - 1
+
+    def initialize_model_and_optimizer(args: Any, role: str) -> tuple[Any, ...]:
+        model = [torch.nn.Linear(4, 4)]
+        optimizer = torch.optim.SGD(model[0].parameters(), lr=0.1)
+        return model, optimizer, types.SimpleNamespace(), -1
+
+    def train(
+        rollout_id: int, model: Any, optimizer: Any, scheduler: Any, data_iterator: Any, *rest: Any
+    ) -> None:
+        SAVER.touch()  # forward and backward read the model's memory
+        batch = data_iterator[0].data["tokens"][0].float().reshape(-1, 4)
+        loss = model[0](batch).pow(2).mean()
+        # The pipeline's activations and the gradient reduction: collectives on slime's wrapped groups.
+        total = loss.detach().clone()
+        dist.all_reduce(total, group=_live(mpu.get_pipeline_model_parallel_group(), "train"))
+        loss.backward()
+        for p in model[0].parameters():
+            dist.all_reduce(p.grad, group=_live(mpu.get_data_parallel_group(), "train"))
+        optimizer.step()
+        optimizer.zero_grad()
+        RECORD["trained"].append(model_checksum(model))
+
+    def save(rollout_id: int, model: Any, optimizer: Any, scheduler: Any) -> None:
+        SAVER.touch()  # the checkpoint reads the parameters...
+        dist.barrier(group=_live(mpu.get_pipeline_model_parallel_group(), "save"))  # ...and communicates
+        RECORD["saved"].append(model_checksum(model))
+
+    class DataIterator:
+        def __init__(self, data: dict[str, Any]) -> None:
+            self.data = data
+
+        def reset(self) -> None:
+            pass
+
+    def named_params_and_buffers(args: Any, model: Any, convert_to_global_name: bool = True) -> Iterator[Any]:
+        for index, chunk in enumerate(model):
+            for name, tensor in chunk.named_parameters():
+                yield f"{index}.{name}", tensor
+
+    _module(f"{base}.initialize", init=init, is_megatron_main_rank=is_megatron_main_rank)
+    _module(
+        f"{base}.model",
+        initialize_model_and_optimizer=initialize_model_and_optimizer,
+        train=train,
+        save=save,
+        forward_only=lambda *a, **k: {},
+    )
+    _module(f"{base}.checkpoint", load_checkpoint=lambda *a, **k: (0, 0))
+    _module(
+        f"{base}.cp_utils",
+        prepare_routed_experts_for_routing_replay=lambda experts, *a, **k: experts,
+        slice_log_prob_with_cp=lambda log_prob, *a, **k: log_prob,
+    )
+    _module(f"{base}.data", DataIterator=DataIterator, get_data_iterator=lambda data: [DataIterator(data)])
+    _module(f"{base}.hf_checkpoint_saver", save_hf_model_to_path=lambda *a, **k: None)
+    _module(
+        f"{base}.loss",
+        compute_advantages_and_returns=lambda args, data: None,
+        drain_captured_log_probs=lambda: {},
+        enable_log_prob_capture=lambda: None,
+        get_log_probs_and_entropy=lambda *a, **k: {},
+        get_values=lambda *a, **k: {},
+    )
+    weights = f"{base}.update_weight"
+    _module(f"{weights}.common", named_params_and_buffers=named_params_and_buffers)
+    _module(f"{weights}.update_weight_from_tensor", UpdateWeightFromTensor=UpdateWeightFromTensor)
+    _module(f"{weights}.update_weight_from_disk", UpdateWeightFromDisk=type("UpdateWeightFromDisk", (), {}))
+    _module(
+        f"{weights}.update_weight_from_distributed",
+        UpdateWeightFromDistributed=type("UpdateWeightFromDistributed", (), {}),
+    )
+
+
+def _observability() -> None:
+    profiler = type(
+        "TrainProfiler",
+        (),
+        {
+            "__init__": lambda self, args: None,
+            "on_init_end": lambda self: None,
+            "step": lambda self, rollout_id=None: None,
+        },
+    )
+    _module(
+        "slime.observability.logging_utils", init_tracking=lambda *a, **k: None, configure_logger=lambda: None
+    )
+    _module("slime.observability.profile_utils", TrainProfiler=profiler)
+    _module("slime.observability.train_data_utils", save_debug_train_data=lambda *a, **k: None)
+    _module(
+        "slime.observability.train_metric_utils",
+        log_rollout_data=lambda *a, **k: None,
+        log_perf_data=lambda *a, **k: None,
+    )
+
+
+class _NoPinnedTorch:
+    """torch for slime's TensorBackuper on CPU: no pinned host allocator exists without a device."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(torch, name)
+
+    @staticmethod
+    def empty_like(tensor: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        kwargs.pop("pin_memory", None)
+        return torch.empty_like(tensor, **kwargs)
+
+
+def install(source: SlimeSource) -> types.ModuleType:
+    """Make `import slime...` resolve to slime's source (stand-ins for the heavy internals); returns the actor module."""
+    tms_utils = importlib.import_module("torch_memory_saver.utils")  # the real one: it locates the .so files
+    for name in PACKAGES:
+        _module(name, __path__=[])
+    _module(
+        "torch_memory_saver",
+        torch_memory_saver=SAVER,
+        utils=tms_utils,
+        # slime's RayTrainGroup finds the preload library next to the installed package.
+        __file__=str(Path(tms_utils.__file__).with_name("__init__.py")),
+    )
+    sys.modules["torch_memory_saver.utils"] = tms_utils
+    config = types.SimpleNamespace(vocab_size=32, quantization_config=None)
+    tokenizer = types.SimpleNamespace(vocab_size=32)
+    _module(
+        "transformers",
+        AutoConfig=types.SimpleNamespace(from_pretrained=lambda *a, **k: config),
+        AutoTokenizer=types.SimpleNamespace(from_pretrained=lambda *a, **k: tokenizer),
+    )
+    _ray()
+    _module("slime.utils.accelerator", **_accelerator())
+    _module("slime.utils.memory_utils", **_memory_utils())
+    _module("slime.utils.http_utils", is_port_available=_port_free)
+    _module("slime.utils.data", process_rollout_data=lambda args, ref, rank, size: dict(ref.inner))
+    _observability()
+    _megatron_stand_ins()
+    for path in REAL_MODULES:
+        name = path.removesuffix(".py").replace("/", ".")
+        module = _module(
+            name, __file__=f"<slime {source.commit}>/{path}", __package__=name.rpartition(".")[0]
+        )
+        exec(compile(source.read(path), module.__file__, "exec"), module.__dict__)
+    sys.modules["slime.utils.tensor_backper"].torch = _NoPinnedTorch()
+    return sys.modules["slime.backends.megatron_utils.actor"]
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s, contextlib.suppress(OSError):
+        s.bind(("", port))
+        return True
+    return False
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
