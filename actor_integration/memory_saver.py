@@ -427,7 +427,14 @@ class TorchMemorySaverBackend:
             if backed_up and (
                 tag in self._backup_tags or (ALL_TAGS in self._backup_tags and tag == _TMS_DEFAULT_TAG)
             ):
-                total += sum(int(segment["total_size"]) for segment in pool.snapshot())
+                try:
+                    segments = pool.snapshot()
+                except Exception as exc:  # a torch without MemPool.snapshot()
+                    raise MemorySaverConfigError(
+                        f"backup_bytes: torch {torch.__version__} cannot list the region pool's segments "
+                        f"({exc!r}); pass nbytes= (this rank's backed-up bytes) instead"
+                    ) from exc
+                total += sum(int(segment["total_size"]) for segment in segments)
         return total
 
     def describe(self) -> str:
