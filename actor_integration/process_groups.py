@@ -495,11 +495,12 @@ class ReloadableProcessGroups:
             return 0
         world = dist.distributed_c10d._get_default_group()
         subgroups = [pg for pg in _registered_groups() if pg is not world]
+        count = len(subgroups) + 1
         try:
-            _each_at_once(dist.destroy_process_group, subgroups)
+            _each_at_once(dist.destroy_process_group, subgroups)  # takes the references with it
         finally:
             dist.destroy_process_group()  # WORLD once and last, after every subgroup's thread ended
-        return len(subgroups) + 1
+        return count
 
     def _suspend_all(self) -> int:
         """NCCL's suspend path: every communicator's memory released, the groups kept (WORLD last)."""
@@ -549,7 +550,8 @@ class ReloadableProcessGroups:
 
     def _log(self, event: str, t0: float, **fields: Any) -> None:
         # The first teardown says at info which path ran and why; later ones at debug (the
-        # Lifecycle already logs each hook's duration at info).
+        # Lifecycle already logs each hook's duration at info). No "rank"/"role" keys: those name a
+        # lifecycle machine to the checker and the timeline, and this is not one.
         first = event == Event.GROUPS_DESTROYED and not self._announced
         level = "info" if first else "debug"
         if events.enabled(events.LEVELS[level]):
@@ -559,7 +561,7 @@ class ReloadableProcessGroups:
                 level,
                 event,
                 {
-                    "rank": self.rank,
+                    "group_rank": self.rank,
                     "generation": self.generation,
                     "groups": len(self._handles),
                     "duration_ms": round((time.perf_counter() - t0) * 1e3, 3),

@@ -636,3 +636,21 @@ class TestNcclSuspendProbe:
         support = process_groups.nccl_suspend_support()
         assert support.available is available and says in support.reason, support
         assert support.nccl_version == version
+
+
+class TestTeardownLog:
+    def test_the_first_destroy_says_which_path_ran_and_why_once(
+        self, single: ReloadableProcessGroups
+    ) -> None:
+        from lifecycle import capture_events
+
+        with capture_events("info") as events:
+            single.destroy()
+            single.reload()
+            single.destroy()
+        (logged,) = [e for e in events if e["event"] == "process_groups.destroyed"]
+        assert (
+            logged["path"] == "destroy" and logged["why"] == "no NCCL groups" and logged["communicators"] == 2
+        )
+        # Not a lifecycle machine's event: no rank/role keys for the checker and timeline to misread.
+        assert "rank" not in logged and "role" not in logged and logged["group_rank"] == 0
