@@ -19,6 +19,9 @@ step() {
     echo "=== $name: rc=$rc in $((SECONDS - start)) s"
     tail -n "${TAIL:-12}" "$WORK/$name.log"
     echo "$name rc=$rc $((SECONDS - start))s" >>"$WORK/summary.txt"
+    # Refreshed after every step: a run cut short by its caller still leaves what it did.
+    [[ -n ${OUT:-} ]] && tar -czf "$OUT/results-$part.tgz" -C "$WORK" . 2>/dev/null
+    return 0
 }
 
 if [[ $part == tests || $part == all ]]; then
@@ -40,12 +43,12 @@ fi
 if [[ $part == phase || $part == all ]]; then
     # Issue 11: the phase-switch benchmark (slime-style vs ours), the Megatron 20-cycle leak check
     # and the process-group GPU tests, most important first (each step has its own time limit).
-    TAIL=45 step bench_phase_switch "${PHASE_BENCH_S:-200}" "$PY" benchmarks/bench_phase_switch.py \
+    TAIL=45 step bench_phase_switch "${PHASE_BENCH_S:-180}" "$PY" benchmarks/bench_phase_switch.py \
         --out "$WORK/bench_phase_switch.json" ${PHASE_BENCH_ARGS:-}
-    TAIL=30 step pytest-test_megatron_cycles_gpu 110 "$PY" -m pytest -m gpu -q -s -p no:cacheprovider \
+    TAIL=30 step pytest-test_megatron_cycles_gpu 90 "$PY" -m pytest -m gpu -q -s -p no:cacheprovider \
         tests/gpu/test_megatron_cycles_gpu.py
     for file in tests/gpu/test_process_groups_gpu.py tests/gpu/test_megatron_trainer_gpu.py; do
-        step "pytest-$(basename "$file" .py)" 120 "$PY" -m pytest -m gpu -q -s -p no:cacheprovider "$file"
+        step "pytest-$(basename "$file" .py)" 100 "$PY" -m pytest -m gpu -q -s -p no:cacheprovider "$file"
     done
     [[ -n ${OUT:-} ]] && cp "$WORK"/bench_phase_switch.json "$WORK"/megatron_cycles.json "$OUT"/ 2>/dev/null
 fi
