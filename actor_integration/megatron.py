@@ -17,14 +17,16 @@ ones after every reload.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterable
 from types import ModuleType
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch.distributed import ProcessGroup
 
 from actor_integration.process_groups import ReloadableProcessGroups
+from lifecycle.errors import MemorySaverConfigError
 
 __all__ = ["MegatronParallelState"]
 
@@ -33,12 +35,22 @@ _INSTALL_HINT = "pip install rl-lifecycle[megatron]"
 
 def _parallel_state() -> ModuleType:
     try:
-        from megatron.core import parallel_state
+        parallel_state = importlib.import_module("megatron.core.parallel_state")
     except ImportError as exc:
         raise ImportError(
             f"MegatronParallelState needs megatron-core, which is not importable ({exc}); {_INSTALL_HINT}"
         ) from exc
-    return cast(ModuleType, parallel_state)
+    except AttributeError as exc:
+        if "_impl_ctor_kwargs" not in str(exc):
+            raise
+        # Seen with megatron-core 0.19.2 and torch_memory_saver 0.0.10 on an H200.
+        raise MemorySaverConfigError(
+            "importing megatron.core failed: megatron-core sets torch_memory_saver.hook_mode = 'torch' when "
+            "it is imported (megatron/core/inference/contexts/dynamic_context.py), and torch_memory_saver "
+            f"refuses that once it is initialised ({exc}). Import megatron.core, or build "
+            "MegatronParallelState, before TorchMemorySaverBackend (or anything else that uses torch_memory_saver)."
+        ) from exc
+    return parallel_state
 
 
 class MegatronParallelState:

@@ -319,6 +319,7 @@ class BenchEngine:
 def rollout_main(column: str, cfg: Config, conn: Any) -> None:
     import lifecycle
 
+    lifecycle.configure_logging(stream=open(os.devnull, "w"), level="warning")  # noqa: SIM115
     if cfg.gpu:
         torch.cuda.set_device(0)
     engine = BenchEngine(cfg)
@@ -473,17 +474,20 @@ class SlimeTrainer:
         return rows
 
     def send_buckets(self) -> None:
-        """slime's colocated update: a fresh flattened bucket per 512 MiB, shared with a fresh IPC handle."""
-        with self.saver.disable():
-            for names in self.buckets:
-                parts = [self.cpu_weights[n].to(self.cfg.device, non_blocking=True).view(-1) for n in names]
-                bucket = torch.cat(parts)
-                del parts
-                sync()
-                self.rollout.call("load_bucket", names, bucket)  # pickled by torch: a new CUDA IPC handle
-                del bucket
-                if self.cfg.gpu:
-                    torch.cuda.ipc_collect()
+        """slime's colocated update: a fresh flattened bucket per 512 MiB, shared with a fresh IPC handle.
+
+        slime wraps it in `torch_memory_saver.disable()`, which its preload mode (TMS_INIT_ENABLE)
+        needs; in torch hook mode memory outside regions is plain already (and disable() asserts).
+        """
+        for names in self.buckets:
+            parts = [self.cpu_weights[n].to(self.cfg.device, non_blocking=True).view(-1) for n in names]
+            bucket = torch.cat(parts)
+            del parts
+            sync()
+            self.rollout.call("load_bucket", names, bucket)  # pickled by torch: a new CUDA IPC handle
+            del bucket
+            if self.cfg.gpu:
+                torch.cuda.ipc_collect()
 
 
 # ---------------------------------------------------------------------------------------------- ours
@@ -529,13 +533,6 @@ class Ours:
         from lifecycle import Hooks, LifecyclePolicy
 
         self.cfg, self.rollout = cfg, rollout
-        memory = select_memory_backend(
-            "tms" if cfg.gpu else "noop",
-            tags=("model",),
-            cpu_backup=True,
-            retain_cpu_backup=True,
-            hook_mode="torch",
-        )
         groups = ReloadableProcessGroups.init(
             backend=cfg.backend, rank=0, world_size=1, store=new_store(), timeout=timedelta(seconds=300)
         )
@@ -548,6 +545,15 @@ class Ours:
             for i in range(16):
                 groups.new_group([0], name=f"g{i}")
         self.groups = groups
+        # After megatron.core is imported: it sets torch_memory_saver.hook_mode on import, which TMS
+        # refuses once the backend below has initialised it.
+        memory = select_memory_backend(
+            "tms" if cfg.gpu else "noop",
+            tags=("model",),
+            cpu_backup=True,
+            retain_cpu_backup=True,
+            hook_mode="torch",
+        )
         with memory.region("model"):
             self.weights, self.others = allocate_state(cfg.sizes, cfg.device)
         trainer = ours_trainer_class()()

@@ -140,3 +140,18 @@ class TestErrors:
     def test_tiny_gpt_model_needs_cuda(self) -> None:
         with pytest.raises(RuntimeError, match="needs CUDA"):
             tiny_gpt_model()
+
+
+def test_megatron_imported_after_torch_memory_saver_says_what_to_do(monkeypatch: pytest.MonkeyPatch) -> None:
+    """megatron-core 0.19 sets torch_memory_saver.hook_mode on import, which TMS refuses once initialised."""
+    import actor_integration.megatron as megatron_module
+    from lifecycle.errors import MemorySaverConfigError
+
+    def import_module(name: str) -> Any:
+        raise AttributeError("'TorchMemorySaver' object has no attribute '_impl_ctor_kwargs'")
+
+    monkeypatch.setattr(megatron_module.importlib, "import_module", import_module)
+    with pytest.raises(
+        MemorySaverConfigError, match=r"Import megatron.core, or build MegatronParallelState, before"
+    ):
+        megatron_module._parallel_state()
