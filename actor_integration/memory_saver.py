@@ -335,8 +335,9 @@ class TorchMemorySaverBackend:
         inside its first pause (one cudaMallocHost each: 3.4-4.1 s for 8.9 GiB measured on an H200)
         and takes no host memory from outside; with `retain_cpu_backup` the backup then outlives
         every resume. So one pause and resume of each backed-up tag here moves that cost out of
-        the first step; it cannot run in the background, since a pause unmaps the tensors while
-        it copies. Host RAM is checked first (`check_host_memory`). Call it with every backed-up
+        the first step (measured, 8.9 GiB in 1270 tensors: 6.75 s here, then the first sleep's
+        pause 0.22 s, 44 GB/s); it cannot run in the background, since a pause unmaps the tensors
+        while it copies. Host RAM is checked first (`check_host_memory`). Call it with every backed-up
         tag resident and nothing running on it, e.g. right after the model and optimizer exist.
         Returns the figures: bytes, the host check, seconds.
         """
