@@ -17,10 +17,9 @@ ones after every reload.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Iterable
 from types import ModuleType
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.distributed import ProcessGroup
@@ -35,7 +34,7 @@ _INSTALL_HINT = "pip install rl-lifecycle[megatron]"
 
 def _parallel_state() -> ModuleType:
     try:
-        parallel_state = importlib.import_module("megatron.core.parallel_state")
+        from megatron.core import parallel_state
     except ImportError as exc:
         raise ImportError(
             f"MegatronParallelState needs megatron-core, which is not importable ({exc}); {_INSTALL_HINT}"
@@ -50,7 +49,7 @@ def _parallel_state() -> ModuleType:
             f"refuses that once it is initialised ({exc}). Import megatron.core, or build "
             "MegatronParallelState, before TorchMemorySaverBackend (or anything else that uses torch_memory_saver)."
         ) from exc
-    return parallel_state
+    return cast(ModuleType, parallel_state)
 
 
 class MegatronParallelState:
