@@ -859,10 +859,9 @@ def print_report(report: dict[str, Any]) -> None:
     print(
         f"{'GPU used after the step, GiB (device)':<40} {cell(s, 'asleep_used_gib'):>12} {cell(o, 'asleep_used_gib'):>12}"
     )
-    intact = [
-        all(r.get("intact") for r in report["columns"].get(c, {}).get("steps") or [{}]) for c in COLUMNS
-    ]
-    print(f"{'state intact after every wake':<40} {intact[0]!s:>12} {intact[1]!s:>12}")
+    ran = [report["columns"].get(c, {}).get("steps") for c in COLUMNS]
+    intact = [str(all(r.get("intact") for r in steps)) if steps else "-" for steps in ran]
+    print(f"{'state intact after every wake':<40} {intact[0]:>12} {intact[1]:>12}")
     print("|| = hooks of one stage, run together (each its own time; the edge takes the longest)")
     print("*  not lifecycle: the first collective on each group creates the communicators a wake rebuilt")
     c = report["ceilings"]
