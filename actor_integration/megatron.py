@@ -1,9 +1,13 @@
 """`MegatronParallelState`: the process-group backend of a Megatron trainer.
 
 Megatron keeps its groups in `parallel_state` module globals. Sleep calls
-`destroy_model_parallel()` and destroys WORLD (which shuts every Megatron group down); wake
-rebuilds WORLD and calls `initialize_model_parallel(**kwargs)` again, so Megatron creates fresh
-groups the honest way instead of slime's monkey-patched group wrappers.
+`destroy_model_parallel()`, which forgets them (and destroys its few gloo groups), then the
+groups' `destroy()`, which tears every communicator still registered in torch down at once,
+Megatron's included, WORLD last (torch's own WORLD destroy takes them one by one: 8.8-9.2 s for
+Megatron's 27 groups on an H200); wake rebuilds WORLD and calls `initialize_model_parallel(**kwargs)`
+again, so Megatron creates fresh groups the honest way instead of slime's monkey-patched group
+wrappers. Where NCCL suspends communicators instead (`ReloadableProcessGroups.teardown_path`),
+Megatron's groups stay as they are.
 
 Megatron modules also cache group objects at construction (`self.tp_group`, `pg_collection`).
 Those are stale after a reload: with NCCL they are aborted communicators, with gloo they keep the
@@ -21,6 +25,7 @@ import torch
 from torch.distributed import ProcessGroup
 
 from actor_integration.process_groups import ReloadableProcessGroups
+from lifecycle.errors import MemorySaverConfigError
 
 __all__ = ["MegatronParallelState"]
 
@@ -33,6 +38,16 @@ def _parallel_state() -> ModuleType:
     except ImportError as exc:
         raise ImportError(
             f"MegatronParallelState needs megatron-core, which is not importable ({exc}); {_INSTALL_HINT}"
+        ) from exc
+    except AttributeError as exc:
+        if "_impl_ctor_kwargs" not in str(exc):
+            raise
+        # Seen with megatron-core 0.19.2 and torch_memory_saver 0.0.10 on an H200.
+        raise MemorySaverConfigError(
+            "importing megatron.core failed: megatron-core sets torch_memory_saver.hook_mode = 'torch' when "
+            "it is imported (megatron/core/inference/contexts/dynamic_context.py), and torch_memory_saver "
+            f"refuses that once it is initialised ({exc}). Import megatron.core, or build "
+            "MegatronParallelState, before TorchMemorySaverBackend (or anything else that uses torch_memory_saver)."
         ) from exc
     return cast(ModuleType, parallel_state)
 
@@ -88,8 +103,12 @@ class MegatronParallelState:
         return bool(self.groups.is_alive() and self._ps.model_parallel_is_initialized())
 
     def destroy(self) -> None:
-        """Forget Megatron's groups, then destroy WORLD and every communicator. Collective."""
-        if self._ps.model_parallel_is_initialized():
+        """Forget Megatron's groups, then destroy every communicator, all at once, WORLD last. Collective."""
+        # Megatron's groups stay registered in torch until the groups' teardown takes them all down
+        # together; destroy_model_parallel() first, so that it releases what it holds on them
+        # (megatron-core 0.19's NCCL EP context) while they still work.
+        suspending = self.groups.teardown_path == "suspend"
+        if self._ps.model_parallel_is_initialized() and not suspending:
             self._stale = _megatron_groups(self._ps)
             self._ps.destroy_model_parallel()
         if self.groups.state != "destroyed":
@@ -102,6 +121,8 @@ class MegatronParallelState:
             self.groups.reload()
         if not self._ps.model_parallel_is_initialized():
             self._ps.initialize_model_parallel(**self.init_kwargs)
+            if self.groups.eager_connect:
+                self.groups.connect()  # Megatron's groups were made after the groups' own reload
         if self._stale and self._registered:
             fresh = _megatron_groups(self._ps)
             swap: dict[int, Any] = {}

@@ -5,10 +5,14 @@ monkey-patching torch.distributed:
 
 - Awake, WORLD runs on the accelerator backend; `new_group` records each subgroup's spec and
   returns a `GroupHandle` whose `.group` is the live torch group of the current generation.
-- `destroy()` destroys WORLD, which shuts down every subgroup with it (one ordered teardown:
-  destroying subgroups one by one deadlocked slime on pure PP=4), then re-initialises WORLD as
-  gloo so `dist.get_rank()` and CPU collectives keep working while asleep.
-- `reload()` rebuilds the accelerator WORLD and every recorded subgroup, in registration order.
+- `destroy()` frees every communicator registered in torch (ours, the side channel, and groups
+  created by others such as Megatron's), each subgroup in its own thread, then WORLD once and
+  last, then re-initialises WORLD as gloo so `dist.get_rank()` and CPU collectives keep working
+  while asleep. Where NCCL can suspend a communicator (2.29.7+, through torch's
+  `Backend.suspend`), its memory is released and the communicator kept instead.
+- `reload()` rebuilds the accelerator WORLD and every recorded subgroup, in registration order
+  (`new_group` is collective and numbered: it cannot run in threads); `connect()` then creates
+  every NCCL communicator at once instead of one by one at each group's first collective.
 - Every WORLD generation rendezvouses under a fresh `PrefixStore` namespace of the one store kept
   from `init`, so stale keys of an earlier generation never collide.
 - Every wait among ranks (destroy, reload, new_group, barrier) meets on that store with a
@@ -18,10 +22,16 @@ monkey-patching torch.distributed:
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
+import contextlib
+import ctypes
+import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import torch
 import torch.distributed as dist
@@ -35,9 +45,11 @@ from lifecycle.logs import Event
 
 __all__ = [
     "GroupHandle",
+    "NcclSuspendSupport",
     "ReloadableProcessGroups",
     "RendezvousMismatchError",
     "RendezvousTimeoutError",
+    "nccl_suspend_support",
 ]
 
 _NAMESPACE = "rl-lifecycle/process-groups"
@@ -54,6 +66,11 @@ _LIFECYCLE_CAUSE = (
 _BARRIER_CAUSE = (
     "Likely cause: those ranks skipped this barrier (a rank branch), crashed, or are slower than the deadline"
 )
+# At most this many communicators go down (or connect) at once; any bound is deadlock-free, as
+# every rank submits its groups in the same (creation) order: see `_each_at_once`.
+_MAX_THREADS = 64
+_SUSPEND_NCCL = (2, 29, 7)  # the first NCCL with ncclCommSuspend / ncclCommResume
+SuspendMode = Literal["auto", "never"]
 
 
 class _Meeting:
@@ -170,8 +187,20 @@ class ReloadableProcessGroups:
         world_size: int,
         timeout: timedelta,
         device_id: torch.device | None = None,
+        suspend: SuspendMode = "auto",
+        eager_connect: bool = False,
     ) -> None:
         # Use init() or adopt(); this constructor expects WORLD to be initialised on `store` already.
+        if suspend not in ("auto", "never"):
+            raise ValueError(f"suspend must be 'auto' or 'never', got {suspend!r}")
+        if not isinstance(eager_connect, bool):
+            raise ValueError(f"eager_connect must be a bool, got {eager_connect!r}")
+        self.suspend = suspend
+        self.eager_connect = eager_connect
+        self._suspended: list[ProcessGroup] = []  # groups whose NCCL communicators are suspended
+        self._kept: dict[str, ProcessGroup | None] = {}  # the handles' groups while suspended
+        self._path: str | None = None  # "destroy" or "suspend", decided at the first destroy()
+        self._announced = False  # the first destroy logs its path at info
         self._store = store
         self.backend = backend
         self.rank = rank
@@ -198,10 +227,17 @@ class ReloadableProcessGroups:
         store: Store | None = None,
         timeout: timedelta = dist.default_pg_timeout,
         device_id: torch.device | None = None,
+        suspend: SuspendMode = "auto",
+        eager_connect: bool = False,
     ) -> ReloadableProcessGroups:
         """Initialise torch.distributed (WORLD on `backend`) and keep its rendezvous store.
 
-        `device_id` binds every accelerator WORLD to that device (NCCL then connects eagerly).
+        `device_id` binds every accelerator WORLD to that device (NCCL then connects eagerly, and
+        each `new_group` splits WORLD's communicator, one after another).
+        `suspend`: "auto" suspends NCCL communicators instead of destroying them where NCCL and
+        torch can (`nccl_suspend_support()`); "never" always destroys them.
+        `eager_connect`: every `reload()` ends with `connect()` (all NCCL communicators created
+        at once) instead of leaving each to its group's first collective.
         """
         _check_backend(backend)
         if not isinstance(world_size, int) or world_size < 1:
@@ -231,6 +267,8 @@ class ReloadableProcessGroups:
             world_size=world_size,
             timeout=timeout,
             device_id=device_id,
+            suspend=suspend,
+            eager_connect=eager_connect,
         )
 
     @classmethod
@@ -338,20 +376,44 @@ class ReloadableProcessGroups:
         """One of "alive", "destroyed" (asleep), "broken" (destroy/reload failed half-way), "closed"."""
         return self._state
 
+    @property
+    def teardown_path(self) -> str:
+        """How `destroy()` frees communicators: "suspend" (NCCL keeps them, memory released) or "destroy"."""
+        if self._path is None:
+            self._path = "destroy"
+            if self.suspend == "auto" and "nccl" in self.backend and nccl_suspend_support().available:
+                self._path = "suspend"
+        return self._path
+
     def destroy(self) -> None:
-        """Free every communicator; WORLD becomes gloo until `reload()`. Collective."""
+        """Free every communicator; WORLD becomes gloo until `reload()`. Collective.
+
+        Every subgroup registered in torch goes down in its own thread, WORLD once and last, between
+        two rendezvous: a communicator's teardown waits only on the same communicator's on its
+        peers, and every rank starts all of its own at once, so no wait can close a cycle (torch
+        shuts them down one by one, in name order, because ncclCommAbort once was collective).
+        Measured on an H200 (one rank, each communicator warmed): WORLD + 16 NCCL subgroups 7.66 s
+        one by one (torch), 0.72-0.79 s here, the same 6.44 GiB freed; Megatron's 25 groups
+        0.49-0.99 s (8.8-9.2 s through torch's WORLD destroy). What is left is about two NCCL
+        teardowns' latency: the subgroups' together, then WORLD's (WORLD + one subgroup: 0.98 s).
+        """
         self._require((_ALIVE, _BROKEN), "destroy")
         t0 = time.perf_counter()
+        path = self.teardown_path
+        self._quiesce()
         self._meeting.meet(f"destroy(generation {self.generation})", self.timeout, _LIFECYCLE_CAUSE)
         self._state = _BROKEN  # until the gloo stand-in is up
-        self._drop_groups()
-        self._init_world("gloo", None)
-        self._side = dist.distributed_c10d._get_default_group()
+        if path == "suspend":
+            torn = self._suspend_all()
+        else:
+            torn = self._drop_groups()
+            self._init_world("gloo", None)
+            self._side = dist.distributed_c10d._get_default_group()
         # Leave only once every rank's gloo stand-in is connected: a rank that moved on (or exited)
         # while a peer was still in connectFullMesh made that peer fail with "closed by peer".
         self._meeting.meet(f"destroyed(generation {self.generation})", self.timeout, _LIFECYCLE_CAUSE)
         self._state = _DESTROYED
-        self._log(Event.GROUPS_DESTROYED, t0)
+        self._log(Event.GROUPS_DESTROYED, t0, path=path, communicators=torn)
 
     def reload(self) -> None:
         """Rebuild the accelerator WORLD and every subgroup in registration order. Collective."""
@@ -359,20 +421,50 @@ class ReloadableProcessGroups:
         t0 = time.perf_counter()
         self._meeting.meet(f"reload(generation {self.generation})", self.timeout, _LIFECYCLE_CAUSE)
         self._state = _BROKEN  # until every subgroup is back
-        self._drop_groups()
         self.generation += 1
-        self._init_world(self.backend, self._device_id)
-        self._side = self._new_side_channel()
-        for handle in self._handles:
-            self._create(handle)
+        if self._suspended:
+            path = "resume"
+            self._resume_all()
+        else:
+            path = "rebuild"
+            self._drop_groups()
+            self._init_world(self.backend, self._device_id)
+            self._side = self._new_side_channel()
+            for handle in self._handles:
+                self._create(handle)
+            if self.eager_connect:
+                self.connect()
         self._meeting.meet(f"reloaded(generation {self.generation})", self.timeout, _LIFECYCLE_CAUSE)
         self._state = _ALIVE
-        self._log(Event.GROUPS_RELOADED, t0)
+        self._log(Event.GROUPS_RELOADED, t0, path=path)
+
+    def connect(self) -> int:
+        """Create every NCCL communicator registered in torch now, all at once. Collective.
+
+        Lazily created groups (WORLD without `device_id`) otherwise create theirs one by one at
+        their first collective. Groups created by splitting a bound WORLD are connected already and
+        are left alone (splits of one parent communicator cannot run concurrently). Call it right
+        after a rebuild. Returns how many groups were connected. Measured on an H200, WORLD + 16
+        groups of one rank: 0.46 s at once against 0.31 s one by one at their first collectives,
+        so NCCL's communicator creation does not overlap and `eager_connect` stays off by default.
+        """
+        self._require((_ALIVE, _BROKEN), "connect")
+        if not torch.cuda.is_available():
+            return 0
+        device = self._device_id or torch.device("cuda", torch.cuda.current_device())
+        lazy = [
+            pg for pg in _registered_groups() if _nccl_backend(pg) is not None and pg.bound_device_id is None
+        ]
+        _each_at_once(lambda pg: cast(Any, _nccl_backend(pg)).eager_connect_single_device(device), lazy)
+        return len(lazy)
 
     def close(self) -> None:
         """Final teardown, local and idempotent: destroy every group and WORLD."""
         if self._state == _CLOSED:
             return
+        if self._suspended:
+            with contextlib.suppress(Exception):  # a suspended communicator is destroyed either way
+                self._resume_all()
         self._drop_groups()
         self._state = _CLOSED
 
@@ -398,14 +490,56 @@ class ReloadableProcessGroups:
         )
         return cast(ProcessGroup, group)
 
-    def _drop_groups(self) -> None:
-        # Destroying WORLD shuts down every subgroup in torch's registration order (NCCL once
-        # needed ncclCommAbort to be called collectively in that order).
+    def _drop_groups(self) -> int:
+        """Destroy every registered group: subgroups at once, then WORLD. Returns how many went down."""
         for handle in self._handles:
             handle._group = None
         self._side = None
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        self._suspended = []
+        if not dist.is_initialized():
+            return 0
+        world = dist.distributed_c10d._get_default_group()
+        subgroups = [pg for pg in _registered_groups() if pg is not world]
+        count = len(subgroups) + 1
+        try:
+            _each_at_once(dist.destroy_process_group, subgroups)  # takes the references with it
+        finally:
+            dist.destroy_process_group()  # WORLD once and last, after every subgroup's thread ended
+        return count
+
+    def _suspend_all(self) -> int:
+        """NCCL's suspend path: every communicator's memory released, the groups kept (WORLD last)."""
+        self._kept = {handle.name: handle._group for handle in self._handles}
+        for handle in self._handles:
+            handle._group = None
+        world = dist.distributed_c10d._get_default_group()
+        nccl = [pg for pg in _registered_groups() if _nccl_backend(pg) is not None]
+        done = self._suspended = []
+
+        def suspend(pg: ProcessGroup) -> None:
+            cast(Any, _nccl_backend(pg)).suspend()
+            done.append(pg)  # what reload() must resume, even if a sibling failed
+
+        _each_at_once(suspend, [pg for pg in nccl if pg is not world])
+        if world in nccl:
+            suspend(world)
+        return len(done)
+
+    def _resume_all(self) -> None:
+        def resume(pg: ProcessGroup) -> None:
+            cast(Any, _nccl_backend(pg)).resume()
+            self._suspended.remove(pg)  # a retry after a failure resumes only the rest
+
+        _each_at_once(resume, list(self._suspended))
+        for handle in self._handles:
+            handle._group = self._kept.get(handle.name)
+            handle.generation = self.generation
+
+    def _quiesce(self) -> None:
+        # A collective still running when its communicator goes down hangs or faults: finish this
+        # rank's device work before the rendezvous, so once every rank has met none has one in flight.
+        if "nccl" in self.backend and torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+            torch.cuda.synchronize(self._device_id)
 
     def _require(self, states: str | tuple[str, ...], operation: str) -> None:
         allowed = (states,) if isinstance(states, str) else states
@@ -419,19 +553,27 @@ class ReloadableProcessGroups:
         }[self._state]
         raise RuntimeError(f"ReloadableProcessGroups.{operation} on rank {self.rank}: {advice}")
 
-    def _log(self, event: str, t0: float) -> None:
-        # Debug: the Lifecycle already logs each hook's duration at info.
-        if events.enabled(events.LEVELS["debug"]):
+    def _log(self, event: str, t0: float, **fields: Any) -> None:
+        # The first teardown says at info which path ran and why; later ones at debug (the
+        # Lifecycle already logs each hook's duration at info). No "rank"/"role" keys: those name a
+        # lifecycle machine to the checker and the timeline, and this is not one.
+        first = event == Event.GROUPS_DESTROYED and not self._announced
+        level = "info" if first else "debug"
+        if events.enabled(events.LEVELS[level]):
+            if first:
+                fields["why"] = nccl_suspend_support().reason if "nccl" in self.backend else "no NCCL groups"
             events.emit(
-                "debug",
+                level,
                 event,
                 {
-                    "rank": self.rank,
+                    "group_rank": self.rank,
                     "generation": self.generation,
                     "groups": len(self._handles),
                     "duration_ms": round((time.perf_counter() - t0) * 1e3, 3),
+                    **fields,
                 },
             )
+        self._announced = self._announced or first
 
     def __repr__(self) -> str:
         return (
@@ -486,3 +628,102 @@ def _check_backend(backend: str) -> None:
             f"torch.distributed backend {backend!r} is not available in this torch build "
             "(CPU-only builds have gloo, not nccl)"
         )
+
+
+def _registered_groups() -> list[ProcessGroup]:
+    """Every process group torch knows in this process, in creation order (the same on every rank)."""
+    pg_map: dict[ProcessGroup, Any] = dist.distributed_c10d._world.pg_map
+    return list(pg_map)
+
+
+def _nccl_backend(pg: ProcessGroup) -> Any:
+    """The group's NCCL backend, or None for gloo (and other) groups."""
+    if "nccl" not in str(dist.get_backend(pg)):
+        return None
+    return pg._get_backend(torch.device("cuda"))
+
+
+def _each_at_once(fn: Callable[[Any], object], items: list[Any]) -> None:
+    """`fn(item)` for every item, each in its own thread; the first error is raised once all ended.
+
+    Items are taken in the order given. Every rank passes its groups in creation order, so even
+    with fewer threads than groups the earliest unfinished group is running on all of its ranks:
+    collective teardowns (and connects) cannot wait on each other in a cycle. The list is
+    consumed: a worker holds the only reference the caller gave, so a group's destructor (which
+    joins its threads: ~10 ms for a gloo group) runs in that worker too, not one by one here.
+    """
+    if not items:
+        return
+    pending = collections.deque(items)
+    items.clear()
+    workers = min(len(pending), _MAX_THREADS)
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        while True:
+            try:
+                item = pending.popleft()
+            except IndexError:
+                return
+            try:
+                fn(item)
+            except BaseException as exc:  # the others still go down; the first error is raised after
+                errors.append(exc)
+            del item
+
+    with concurrent.futures.ThreadPoolExecutor(
+        max_workers=workers, thread_name_prefix="process-groups"
+    ) as pool:
+        for _ in range(workers):
+            pool.submit(work)
+    if errors:
+        raise errors[0]
+
+
+@dataclass(frozen=True)
+class NcclSuspendSupport:
+    """Whether NCCL communicators can be suspended (memory released, communicator kept) here."""
+
+    available: bool
+    reason: str
+    nccl_version: tuple[int, ...] | None = None
+    symbol: bool | None = None  # libnccl exports ncclCommSuspend (None: not determinable)
+    torch_api: bool = False  # torch exposes Backend.suspend()/resume()
+
+
+def nccl_suspend_support() -> NcclSuspendSupport:
+    """Probe what torch exposes: its NCCL's version, the `ncclCommSuspend` symbol, `Backend.suspend`."""
+    if not dist.is_nccl_available():
+        return NcclSuspendSupport(False, f"torch {torch.__version__} is built without NCCL")
+    try:
+        version = tuple(int(v) for v in cast(Any, torch.cuda).nccl.version())
+    except Exception as exc:  # no CUDA driver, or a torch whose nccl module cannot load
+        return NcclSuspendSupport(False, f"the NCCL version could not be read ({exc!r})")
+    backend = getattr(torch._C, "_distributed_c10d", None)
+    torch_api = callable(getattr(getattr(backend, "Backend", None), "suspend", None))
+    symbol = _nccl_exports("ncclCommSuspend")
+    shown = ".".join(map(str, version))
+    if version < _SUSPEND_NCCL:
+        reason = (
+            f"NCCL {shown} (torch {torch.__version__}) has no ncclCommSuspend (needs "
+            f"{'.'.join(map(str, _SUSPEND_NCCL))}+): communicators are destroyed and rebuilt"
+        )
+        return NcclSuspendSupport(False, reason, version, symbol, torch_api)
+    if not torch_api or symbol is False:
+        reason = (
+            f"NCCL {shown} {'exports' if symbol else 'may export'} ncclCommSuspend, but torch "
+            f"{torch.__version__} {'exposes no Backend.suspend()' if not torch_api else 'loads a libnccl without it'}: "
+            "communicators are destroyed and rebuilt"
+        )
+        return NcclSuspendSupport(False, reason, version, symbol, torch_api)
+    reason = f"NCCL {shown}: communicators are suspended (ncclCommSuspend), not destroyed"
+    return NcclSuspendSupport(True, reason, version, symbol, torch_api)
+
+
+def _nccl_exports(symbol: str) -> bool | None:
+    """Whether the libnccl this process has loaded exports `symbol`; None when none is loaded."""
+    try:
+        library = ctypes.CDLL("libnccl.so.2", mode=os.RTLD_NOLOAD | os.RTLD_GLOBAL)
+    except OSError:
+        return None
+    return hasattr(library, symbol)

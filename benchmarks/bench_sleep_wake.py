@@ -30,6 +30,7 @@ CONFIGS: dict[str, tuple[str, bool, bool, bool]] = {
     "raw_default": ("raw TMS, pinned backup, no retain (TMS default)", True, False, False),
     "raw_retain": ("raw TMS, pinned backup, retain_cpu_backup", True, True, False),
     "adapter_retain": ("adapter + Lifecycle, pinned backup, retain", True, True, True),
+    "adapter_prepared": ("adapter + Lifecycle, retain, backup prepared at configuration", True, True, True),
     "adapter_default": ("adapter + Lifecycle, pinned backup, no retain", True, False, True),
     "raw_nobackup": ("raw TMS, no backup", False, False, False),
     "adapter_nobackup": ("adapter + Lifecycle, no backup", False, False, True),
@@ -103,6 +104,9 @@ def child(name: str, gib: float, cycles: int) -> dict[str, Any]:
         data = torch.empty(nbytes // 8, dtype=torch.int64, device="cuda")
     data.copy_(torch.arange(data.numel(), device="cuda"))  # checked below without a second GPU copy
     torch.cuda.empty_cache()  # hand the temporary back so mem_get_info shows only the region
+    prepared_s = None
+    if name == "adapter_prepared":  # the pinned backup allocated now: the first sleep is a steady one
+        prepared_s = backend.prepare_cpu_backup(ranks_per_node=1, nbytes=nbytes)["seconds"]
     down, up, released = [], [], 0.0
     for cycle in range(cycles):
         free_before = torch.cuda.mem_get_info()[0]
@@ -113,7 +117,13 @@ def child(name: str, gib: float, cycles: int) -> dict[str, Any]:
     intact = bool(torch.equal(data[:: 1 << 20], torch.arange(0, data.numel(), 1 << 20, device="cuda")))
     if backup:
         intact = intact and bool(data[-1].item() == data.numel() - 1)
-    return {"sleep_s": down, "wake_s": up, "intact": intact if backup else None, "released_gib": released}
+    return {
+        "sleep_s": down,
+        "wake_s": up,
+        "intact": intact if backup else None,
+        "released_gib": released,
+        "prepared_s": prepared_s,
+    }
 
 
 def summarize(name: str, gib: float, raw: dict[str, Any]) -> dict[str, Any]:
@@ -156,7 +166,7 @@ def verdicts(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
         return float(value) if value is not None else None
 
     out: dict[str, Any] = {}
-    for name in ("adapter_retain", "adapter_default"):
+    for name in ("adapter_retain", "adapter_prepared", "adapter_default"):
         for way in ("sleep", "wake"):
             steady, first = get(name, f"{way}_steady_gbps"), get(name, f"{way}_first_s")
             steady_s = get(name, f"{way}_steady_s")

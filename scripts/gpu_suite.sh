@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The project's GPU checks, by part: tests | demo | bench | all. Each step's full output goes to
+# The project's GPU checks, by part: tests | demo | bench | phase | all. Each step's full output goes to
 # $WORK/<step>.log (default /tmp/gpu-results); the tail is printed; `results.tgz` of everything is
 # written to $OUT when set. Needs the package importable (PYTHONPATH=. or pip install -e .).
 set -u
@@ -19,6 +19,9 @@ step() {
     echo "=== $name: rc=$rc in $((SECONDS - start)) s"
     tail -n "${TAIL:-12}" "$WORK/$name.log"
     echo "$name rc=$rc $((SECONDS - start))s" >>"$WORK/summary.txt"
+    # Refreshed after every step: a run cut short by its caller still leaves what it did.
+    [[ -n ${OUT:-} ]] && tar -czf "$OUT/results-$part.tgz" -C "$WORK" . 2>/dev/null
+    return 0
 }
 
 if [[ $part == tests || $part == all ]]; then
@@ -41,6 +44,18 @@ fi
 if [[ $part == bench || $part == all ]]; then
     step bench_sleep_wake 300 "$PY" benchmarks/bench_sleep_wake.py --out "$WORK/bench_sleep_wake.json"
     step bench_sync 300 "$PY" benchmarks/bench_sync.py --out "$WORK/bench_sync.json"
+fi
+if [[ $part == phase || $part == all ]]; then
+    # Issue 11: the phase-switch benchmark (slime-style vs ours), the Megatron 20-cycle leak check
+    # and the process-group GPU tests, most important first (each step has its own time limit).
+    TAIL=45 step bench_phase_switch "${PHASE_BENCH_S:-180}" "$PY" benchmarks/bench_phase_switch.py \
+        --out "$WORK/bench_phase_switch.json" ${PHASE_BENCH_ARGS:-}
+    TAIL=30 step pytest-test_megatron_cycles_gpu 90 "$PY" -m pytest -m gpu -q -s -p no:cacheprovider \
+        tests/gpu/test_megatron_cycles_gpu.py
+    for file in tests/gpu/test_process_groups_gpu.py tests/gpu/test_megatron_trainer_gpu.py; do
+        step "pytest-$(basename "$file" .py)" 100 "$PY" -m pytest -m gpu -q -s -p no:cacheprovider "$file"
+    done
+    [[ -n ${OUT:-} ]] && cp "$WORK"/bench_phase_switch.json "$WORK"/megatron_cycles.json "$OUT"/ 2>/dev/null
 fi
 if [[ -n ${OUT:-} ]]; then
     tar -czf "$OUT/results-$part.tgz" -C "$WORK" . 2>/dev/null

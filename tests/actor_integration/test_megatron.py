@@ -6,6 +6,7 @@ import importlib.util
 import sys
 from collections.abc import Callable, Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -206,3 +207,26 @@ class TestErrors:
     def test_tiny_gpt_model_needs_cuda(self) -> None:
         with pytest.raises(RuntimeError, match="needs CUDA"):
             tiny_gpt_model()
+
+
+def test_megatron_imported_after_torch_memory_saver_says_what_to_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """megatron-core 0.19 sets torch_memory_saver.hook_mode on import, which TMS refuses once initialised."""
+    import actor_integration.megatron as megatron_module
+    from lifecycle.errors import MemorySaverConfigError
+
+    # A megatron.core whose import fails the way 0.19.2's does after torch_memory_saver started.
+    package = tmp_path / "megatron" / "core"
+    package.mkdir(parents=True)
+    (tmp_path / "megatron" / "__init__.py").write_text("")
+    (package / "__init__.py").write_text(
+        "raise AttributeError(\"'TorchMemorySaver' object has no attribute '_impl_ctor_kwargs'\")\n"
+    )
+    for name in [m for m in sys.modules if m == "megatron" or m.startswith("megatron.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(
+        MemorySaverConfigError, match=r"Import megatron.core, or build MegatronParallelState, before"
+    ):
+        megatron_module._parallel_state()

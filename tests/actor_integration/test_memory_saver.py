@@ -587,6 +587,103 @@ class TestCpuBackupRefusals:
             backend.cpu_backup(torch.ones(1), tag="weights")
 
 
+GIB = 2**30
+
+
+@pytest.fixture
+def host_ram(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """psutil's available host memory, set by the test (in GiB)."""
+    import psutil
+
+    figures = SimpleNamespace(available_gib=64.0)
+    monkeypatch.setattr(
+        psutil, "virtual_memory", lambda: SimpleNamespace(available=int(figures.available_gib * GIB))
+    )
+    return figures
+
+
+class TestPrepareCpuBackup:
+    """The retained pinned backup allocated at configuration (one pause + resume), host RAM checked first."""
+
+    def test_one_pause_and_resume_of_each_backed_up_tag_contents_intact(self, host_ram: Any) -> None:
+        backend, saver = tms_backend(cpu_backup=["weights"], retain_cpu_backup=True)
+        with backend.region("weights"):
+            weights = saver.allocate(torch.arange(8.0))
+        figures = backend.prepare_cpu_backup(nbytes=GIB)
+        assert [c for c in saver.calls if c[0] in ("pause", "resume")] == [
+            ("pause", "weights"),
+            ("resume", "weights"),
+        ]
+        assert not backend.is_paused() and torch.equal(weights, torch.arange(8.0))
+        assert saver.allocations[0].backup is not None  # retained: the first sleep allocates nothing
+        assert figures["backup_bytes"] == GIB and figures["needed_bytes"] == GIB and figures["seconds"] >= 0
+
+    def test_refused_without_retain_because_nothing_would_survive(self, host_ram: Any) -> None:
+        backend, saver = tms_backend(cpu_backup=True)
+        with pytest.raises(MemorySaverConfigError, match=r"needs retain_cpu_backup=True.*every pause"):
+            backend.prepare_cpu_backup(nbytes=GIB)
+        assert saver.calls == []
+
+    def test_refused_without_backup_or_while_paused(self, host_ram: Any) -> None:
+        backend, _ = tms_backend(retain_cpu_backup=True)
+        with pytest.raises(MemorySaverConfigError, match="no tag has cpu_backup on"):
+            backend.prepare_cpu_backup(nbytes=GIB)
+        backend, _ = tms_backend(cpu_backup=True, retain_cpu_backup=True)
+        backend.pause("weights")
+        with pytest.raises(
+            MemoryStateError, match=r"tags \['weights'\] are paused.*while the tags are resident"
+        ):
+            backend.prepare_cpu_backup(nbytes=GIB)
+
+    def test_region_bytes_unknown_asks_for_nbytes(self, host_ram: Any) -> None:
+        backend, _ = tms_backend(cpu_backup=True, retain_cpu_backup=True)
+        with pytest.raises(MemorySaverConfigError, match=r"pools cannot be read.*pass nbytes="):
+            backend.prepare_cpu_backup()
+
+    def test_region_bytes_are_read_from_the_backed_up_pools(self) -> None:
+        backend, saver = tms_backend(cpu_backup=["weights"], retain_cpu_backup=True)
+        pool = SimpleNamespace(snapshot=lambda: [{"total_size": 3 * GIB}, {"total_size": GIB}])
+        other = SimpleNamespace(snapshot=lambda: [{"total_size": 100 * GIB}])
+        saver._impl._mem_pools = {
+            ("weights", True, False, "pinned", 0): pool,
+            ("kv_cache", False, False, "", 0): other,
+        }
+        assert backend.backup_bytes() == 4 * GIB
+
+
+class TestHostMemoryCheck:
+    """Every rank on the node backs up its GPU state in host RAM: refused or warned with the numbers."""
+
+    def test_more_than_available_is_refused_with_the_numbers_and_what_to_do(self, host_ram: Any) -> None:
+        backend, saver = tms_backend(cpu_backup=True, retain_cpu_backup=True)
+        host_ram.available_gib = 60.0
+        with pytest.raises(
+            MemorySaverConfigError,
+            match=r"needs 71\.2 GiB of host RAM on this node \(8\.90 GiB per rank x 8 ranks\) and 60\.0 GiB are "
+            r"available.*vime #190.*ranks_per_node=",
+        ):
+            backend.prepare_cpu_backup(nbytes=int(8.9 * GIB), ranks_per_node=8)
+        assert saver.calls == []  # refused before any pause allocated host memory
+
+    def test_close_to_available_warns(self, host_ram: Any) -> None:
+        backend, _ = tms_backend(cpu_backup=True, retain_cpu_backup=True)
+        host_ram.available_gib = 10.0
+        with pytest.warns(ResourceWarning, match=r"needs 8\.9 GiB.*little is left"):
+            figures = backend.check_host_memory(nbytes=int(8.9 * GIB))
+        assert figures["available_bytes"] == 10 * GIB and "little is left" in backend.notes[-1]
+
+    def test_ranks_per_node_defaults_to_local_world_size(self, host_ram: Any) -> None:
+        backend, _ = tms_backend(environ={"LOCAL_WORLD_SIZE": "4"}, cpu_backup=True, retain_cpu_backup=True)
+        assert backend.check_host_memory(nbytes=GIB)["needed_bytes"] == 4 * GIB
+        with pytest.raises(MemorySaverConfigError, match="ranks_per_node must be a positive int"):
+            backend.check_host_memory(nbytes=GIB, ranks_per_node=0)
+
+    def test_a_backup_already_held_is_not_counted_twice(self, host_ram: Any) -> None:
+        backend, _ = tms_backend(cpu_backup=True, retain_cpu_backup=True)
+        backend.prepare_cpu_backup(nbytes=GIB, ranks_per_node=2)
+        assert backend.check_host_memory(nbytes=GIB, ranks_per_node=2)["needed_bytes"] == GIB
+
+
 class TestSelectMemoryBackend:
     def test_auto_without_cuda_is_noop_and_says_why(self, monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

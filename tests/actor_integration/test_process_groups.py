@@ -61,13 +61,34 @@ def _sum(group: Any, value: float = 1.0) -> float:
 # ---------------------------------------------------------------------------------- workers
 
 
+# 16 subgroups of 4 ranks, as many as a Megatron rank has: "pair" and "odd" first, then singles,
+# the other pairs, triples and two of everyone (each destroyed in its own thread on every sleep).
+SUBGROUPS: tuple[tuple[int, ...], ...] = (
+    (0, 1),
+    (1, 3),
+    *((r,) for r in range(4)),
+    (0, 2),
+    (2, 3),
+    (0, 3),
+    (1, 2),
+    (0, 1, 2),
+    (1, 2, 3),
+    (0, 2, 3),
+    (0, 1, 3),
+    (0, 1, 2, 3),
+    (0, 1, 2, 3),
+)
+
+
 def _cycles_worker(rank: int, world_size: int, store: Store) -> dict[str, Any]:
     groups = ReloadableProcessGroups.init(
         backend="gloo", rank=rank, world_size=world_size, store=store, timeout=timedelta(seconds=30)
     )
-    pair = groups.new_group([0, 1], name="pair")
-    odd = groups.new_group([1, 3], name="odd")
-    out: dict[str, Any] = {"world": [], "pair": [], "odd": [], "asleep": [], "resources": []}
+    names = ["pair", "odd", *(f"g{i}" for i in range(2, len(SUBGROUPS)))]
+    handles = [groups.new_group(list(ranks), name=name) for name, ranks in zip(names, SUBGROUPS, strict=True)]
+    pair, odd = handles[0], handles[1]
+    out: dict[str, Any] = {"world": [], "pair": [], "odd": [], "asleep": [], "resources": [], "sums": []}
+    out["registered_asleep"] = []
     for cycle in range(CYCLES):
         if cycle == 0:
             old_world = groups.world
@@ -83,14 +104,17 @@ def _cycles_worker(rank: int, world_size: int, store: Store) -> dict[str, Any]:
                 out["handle_error"] = str(exc)
             groups.barrier(name="asleep")
         out["asleep"].append(_sum(groups.side_channel, rank + 1))
+        out["registered_asleep"].append(len(dist.distributed_c10d._world.pg_map))
         groups.reload()
         out["world"].append(_sum(None, rank + 1))
         out["pair"].append(_sum(pair.group, rank + 1) if rank in pair.ranks else None)
         out["odd"].append(_sum(odd.group, rank + 1) if rank in odd.ranks else None)
+        # A collective on every subgroup after every reload: the rank's own sum over its members.
+        out["sums"].append([_sum(h.group, rank + 1) if rank in h.ranks else None for h in handles])
         if cycle >= WARMUP - 1:
             out["resources"].append(_resources())
     out["generation"] = groups.generation
-    out["handle_generations"] = [pair.generation, odd.generation]
+    out["handle_generations"] = sorted({h.generation for h in handles})
     out["is_alive"] = groups.is_alive()
     # Last, as it leaves the ranks out of step: the bug of a new_group inside a rank branch.
     out["branch_error"] = None
@@ -117,7 +141,8 @@ def _lifecycle_worker(rank: int, world_size: int, store: Store, init_method: str
         timeout=timedelta(seconds=30),
     )
     both = groups.new_group([0, 1], name="both")
-    memory = FakeMemorySaver()
+    # The real teardown runs on the hook pool beside the memory pause (the plan's shared stage).
+    memory = FakeMemorySaver(may_overlap_process_groups=True)
     machine = Lifecycle(LifecyclePolicy(), Hooks(memory=memory, process_groups=groups), rank=rank)
     out: dict[str, Any] = {"steps": []}
 
@@ -174,7 +199,7 @@ def cycles() -> list[dict[str, Any]]:
 
 
 class TestDestroyReloadCycles:
-    """4 ranks, 50 destroy/reload cycles, WORLD and two subgroups."""
+    """4 ranks, 50 destroy/reload cycles, WORLD and 16 subgroups torn down concurrently."""
 
     def test_world_all_reduce_is_correct_after_every_reload(self, cycles: list[dict[str, Any]]) -> None:
         for res in cycles:
@@ -187,10 +212,22 @@ class TestDestroyReloadCycles:
         assert cycles[1]["odd"] == cycles[3]["odd"] == [6.0] * CYCLES  # ranks 1, 3
         assert cycles[2]["pair"] == [None] * CYCLES
 
+    def test_every_subgroup_all_reduces_over_its_own_ranks_after_every_reload(
+        self, cycles: list[dict[str, Any]]
+    ) -> None:
+        for rank, res in enumerate(cycles):
+            expected = [float(sum(r + 1 for r in ranks)) if rank in ranks else None for ranks in SUBGROUPS]
+            assert res["sums"] == [expected] * CYCLES
+
+    def test_asleep_only_the_gloo_stand_in_is_left(self, cycles: list[dict[str, Any]]) -> None:
+        """Every subgroup went down with WORLD: the registry holds only the gloo WORLD."""
+        for res in cycles:
+            assert res["registered_asleep"] == [1] * CYCLES
+
     def test_every_reload_is_a_new_generation(self, cycles: list[dict[str, Any]]) -> None:
         for res in cycles:
             assert res["generation"] == CYCLES
-            assert res["handle_generations"] == [CYCLES, CYCLES]
+            assert res["handle_generations"] == [CYCLES]
             assert res["is_alive"] is True
 
     def test_destroy_really_destroys_the_accelerator_world(self, cycles: list[dict[str, Any]]) -> None:
@@ -233,7 +270,9 @@ class TestRankBranch:
         error = cycles[0]["branch_error"]
         assert error is not None, "rank 0 should have timed out"
         assert cycles[0]["branch_missing"] == [1, 2, 3]
-        assert "ranks [1, 2, 3]" in error and "rank branch" in error and "new_group #2" in error
+        assert (
+            "ranks [1, 2, 3]" in error and "rank branch" in error and f"new_group #{len(SUBGROUPS)}" in error
+        )
         assert 1.5 < cycles[0]["branch_waited_s"] < 10
 
     def test_collective_in_a_rank_branch_fails_on_every_rank(self, steps: list[dict[str, Any]]) -> None:
@@ -409,3 +448,211 @@ class TestRecovery:
         assert machine.state is State.AWAKE and machine.groups is Groups.ALIVE
         assert single.is_alive() and handle.generation == single.generation == 2
         assert _sum(handle.group) == 1.0
+
+
+# ---------------------------------------------------------------------------------- concurrent teardown
+
+
+def _skipping_worker(rank: int, world_size: int, store: Store) -> dict[str, Any]:
+    """Rank 3 never calls destroy(): the others' deadline names it."""
+    groups = ReloadableProcessGroups.init(
+        backend="gloo", rank=rank, world_size=world_size, store=store, timeout=timedelta(seconds=3)
+    )
+    for i, ranks in enumerate(SUBGROUPS):
+        groups.new_group(list(ranks), name=f"g{i}")
+    out: dict[str, Any] = {"error": None}
+    if rank == 3:
+        time.sleep(4.5)  # busy elsewhere past the others' 3 s deadline (a long step, a hang)
+    else:
+        t0 = time.monotonic()
+        try:
+            groups.destroy()
+        except RendezvousTimeoutError as exc:
+            out.update(error=str(exc), missing=list(exc.missing), what=exc.what)
+        out["waited_s"] = time.monotonic() - t0
+        out["state"] = groups.state
+        out["registered"] = len(dist.distributed_c10d._world.pg_map)
+    groups.close()
+    return out
+
+
+class TestSkippedTeardown:
+    def test_a_rank_that_skips_the_teardown_is_named_and_nothing_is_torn_down(self) -> None:
+        results = run_world(_skipping_worker, 4, deadline_s=60)
+        no_crash(results)
+        for rank in range(3):
+            res = results[rank]
+            assert res["missing"] == [3], res
+            assert "destroy(generation 0)" in res["error"] and "ranks [3]" in res["error"]
+            assert "sleep()/wake_up()" in res["error"]
+            assert 2.5 < res["waited_s"] < 10
+            # The rendezvous comes first: a rank that waited in vain still has all its groups.
+            member_of = sum(rank in ranks for ranks in SUBGROUPS)
+            assert res["state"] == "alive" and res["registered"] == member_of + 2  # + WORLD, side channel
+
+
+class TestConcurrentTeardown:
+    """One process, gloo: what the teardown does, observed through torch's own destroy call."""
+
+    def test_subgroups_go_down_together_and_world_last(
+        self, single: ReloadableProcessGroups, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        for i in range(8):
+            single.new_group([0], name=f"g{i}")
+        untracked = dist.new_group([0])  # made by someone else (Megatron): it goes down too
+        subgroups = len(dist.distributed_c10d._world.pg_map) - 1  # 8 + side channel + untracked
+        together = threading.Barrier(subgroups, timeout=10)
+        real_destroy, order = dist.destroy_process_group, []
+
+        def destroy(group: Any = None) -> None:
+            if group is not None:
+                together.wait()  # passes only once every subgroup's teardown has started
+            order.append("world" if group is None else "subgroup")
+            real_destroy(group)
+
+        monkeypatch.setattr(dist, "destroy_process_group", destroy)
+        single.destroy()
+        assert order == ["subgroup"] * subgroups + ["world"]
+        assert dist.distributed_c10d._world.pg_map.get(untracked) is None
+        monkeypatch.undo()
+        single.reload()
+        assert _sum(None) == 1.0 and all(_sum(h.group) == 1.0 for h in single.handles)
+
+    def test_a_failing_subgroup_still_leaves_world_destroyed_and_recover_finishes(
+        self, single: ReloadableProcessGroups, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        handle = single.new_group([0], name="tp")
+        tp = handle.group
+        real_destroy, calls = dist.destroy_process_group, []
+
+        def destroy(group: Any = None) -> None:
+            calls.append(group is None)
+            if group is tp:
+                real_destroy(group)
+                raise RuntimeError("injected: communicator teardown failed")
+            real_destroy(group)
+
+        monkeypatch.setattr(dist, "destroy_process_group", destroy)
+        machine = Lifecycle(LifecyclePolicy(), Hooks(memory=FakeMemorySaver(), process_groups=single))
+        with pytest.raises(RuntimeError, match="injected"):
+            machine.sleep()
+        assert calls[-1] is True  # WORLD went down last, after the failed sibling
+        assert single.state == "broken" and not dist.is_initialized()
+        monkeypatch.undo()
+        machine.recover(State.AWAKE)
+        assert single.is_alive() and _sum(handle.group) == 1.0
+
+
+class _FakeNcclBackend:
+    """Records suspend/resume the way ProcessGroupNCCL's would be called."""
+
+    def __init__(self, log: list[str], name: str) -> None:
+        self.log, self.name = log, name
+
+    def suspend(self) -> None:
+        self.log.append(f"suspend {self.name}")
+
+    def resume(self) -> None:
+        self.log.append(f"resume {self.name}")
+
+
+class TestSuspendPath:
+    """Where NCCL can suspend communicators the groups are kept; the control flow, on gloo groups
+    standing in for NCCL ones (no NCCL 2.29.7+ exists in the torch builds we run)."""
+
+    def test_suspend_keeps_the_groups_and_resume_hands_them_back(
+        self, single: ReloadableProcessGroups, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        from actor_integration import process_groups
+
+        handle = single.new_group([0], name="tp")
+        tp_group, world = handle.group, dist.group.WORLD
+        log: list[str] = []
+        names = {id(world): "world", id(tp_group): "tp"}
+        monkeypatch.setattr(
+            process_groups, "_nccl_backend", lambda pg: _FakeNcclBackend(log, names.get(id(pg), "side"))
+        )
+        single._path = "suspend"  # what teardown_path picks when nccl_suspend_support() says so
+        single.destroy()
+        assert log[-1] == "suspend world" and sorted(log[:-1]) == ["suspend side", "suspend tp"]
+        assert single.state == "destroyed" and not single.is_alive()
+        with pytest.raises(RuntimeError, match="destroyed by sleep"):
+            handle.group  # noqa: B018
+        assert _sum(single.side_channel) == 1.0  # the gloo side channel stays up
+        log.clear()
+        single.reload()
+        assert sorted(log) == ["resume side", "resume tp", "resume world"]
+        assert handle.group is tp_group and dist.group.WORLD is world  # the same groups, not rebuilt
+        assert handle.generation == single.generation == 1 and _sum(tp_group) == 1.0
+
+    def test_suspend_mode_never_always_destroys(self, single: ReloadableProcessGroups) -> None:
+        single.suspend = "never"
+        assert single.teardown_path == "destroy"
+        with pytest.raises(ValueError, match="'auto' or 'never'"):
+            ReloadableProcessGroups(
+                store=dist.HashStore(),
+                backend="gloo",
+                rank=0,
+                world_size=1,
+                timeout=timedelta(seconds=1),
+                suspend="always",  # type: ignore[arg-type]
+            )
+
+
+class TestNcclSuspendProbe:
+    def test_this_torch_build_says_why_not(self) -> None:
+        from actor_integration.process_groups import nccl_suspend_support
+
+        support = nccl_suspend_support()
+        if not dist.is_nccl_available():
+            assert not support.available and "without NCCL" in support.reason
+
+    @pytest.mark.parametrize(
+        ("version", "api", "symbol", "available", "says"),
+        [
+            ((2, 28, 9), True, False, False, "NCCL 2.28.9 (torch"),
+            ((2, 29, 7), False, True, False, "exposes no Backend.suspend()"),
+            ((2, 29, 7), True, False, False, "loads a libnccl without it"),
+            ((2, 30, 1), True, True, True, "suspended (ncclCommSuspend), not destroyed"),
+            ((2, 30, 1), True, None, True, "suspended"),
+        ],
+    )
+    def test_version_symbol_and_torch_api_decide(
+        self,
+        monkeypatch: pytest.MonkeyPatch,
+        version: tuple[int, ...],
+        api: bool,
+        symbol: bool | None,
+        available: bool,
+        says: str,
+    ) -> None:
+        from types import SimpleNamespace
+
+        from actor_integration import process_groups
+
+        monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "nccl", SimpleNamespace(version=lambda: version), raising=False)
+        backend = SimpleNamespace(suspend=lambda: None) if api else SimpleNamespace()
+        monkeypatch.setattr(torch._C, "_distributed_c10d", SimpleNamespace(Backend=backend))
+        monkeypatch.setattr(process_groups, "_nccl_exports", lambda name: symbol)
+        support = process_groups.nccl_suspend_support()
+        assert support.available is available and says in support.reason, support
+        assert support.nccl_version == version
+
+
+class TestTeardownLog:
+    def test_the_first_destroy_says_which_path_ran_and_why_once(
+        self, single: ReloadableProcessGroups
+    ) -> None:
+        from lifecycle import capture_events
+
+        with capture_events("info") as events:
+            single.destroy()
+            single.reload()
+            single.destroy()
+        (logged,) = [e for e in events if e["event"] == "process_groups.destroyed"]
+        assert (
+            logged["path"] == "destroy" and logged["why"] == "no NCCL groups" and logged["communicators"] == 2
+        )
+        # Not a lifecycle machine's event: no rank/role keys for the checker and timeline to misread.
+        assert "rank" not in logged and "role" not in logged and logged["group_rank"] == 0

@@ -1,0 +1,978 @@
+"""Phase switch: one colocated step's lifecycle, slime's way against this library's, on one GPU.
+
+    python benchmarks/bench_phase_switch.py --out out/bench_phase_switch.json
+    python benchmarks/bench_phase_switch.py --cpu-smoke     # tiny sizes, gloo, no-op memory (CI)
+
+Both columns run the same state in the same process layout, one column after the other:
+
+- a trainer process: the 0.6B-shaped training state (Qwen3-0.6B's 254 parameters as bf16 weights,
+  fp32 main copies, Adam m and v, bf16 grads: 1270 tensors, 8.9 GiB) in a torch_memory_saver
+  region with CPU backup, and the process groups of a Megatron model (megatron-core's
+  `initialize_model_parallel`, or `--groups subgroups`: WORLD + 16 NCCL subgroups);
+- a rollout process on the same GPU: the 1.2 GB of bf16 weights and a KV cache under
+  torch_memory_saver tags `weights` and `kv_cache`, no backup (discarded on release, as SGLang);
+- one step: rollout sleep -> trainer wake -> training body -> trainer sleep -> rollout wake
+  weights -> sync -> rollout wake KV cache. The training body runs one collective on every
+  process group, as the first step after a rebuild does (it creates the communicators a wake
+  rebuilt lazily); it is timed apart and left out of the lifecycle figure. The sync sends the
+  weights from a pinned CPU copy, since the trainer sleeps by then (slime's weights backup).
+
+slime-style: slime's order and settings. `clear_memory` as slime has it (synchronize, a full
+`gc.collect()`, `empty_cache`, `_host_emptyCache` on sleep), groups destroyed by torch's serial
+`destroy_process_group()` and rebuilt by replaying `init_process_group` + `new_group`, the sync
+with groups reloaded around it, torch_memory_saver's default pinned backup without retain, a
+fresh flattened bucket and CUDA IPC handle per 512 MiB, `ipc_collect()` after each.
+ours: `LifecycleMixin` + `TorchMemorySaverBackend` (retained backup, prepared at configuration),
+`MegatronParallelState` over `ReloadableProcessGroups` (concurrent teardown), `ClearMemory`, the
+hooks a plan declares independent run together, `RolloutActor`, `actor_integration.weight_sync`.
+
+Printed: each hook's time in both columns (steady = median of the steps after the first), the
+per-step totals, the PCIe and D2D ceilings measured in the same run, and a teardown/rebuild
+section (serial vs concurrent destroy; lazy vs concurrent connect). Targets (issue 11): ours
+<= 1.2 s of lifecycle per step and >= 10x faster than slime-style. Measured, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))  # run as a script from anywhere: import the repo's packages
+
+GIB = 2**30
+TARGET_S = 1.2
+TARGET_RATIO = 10.0
+COLUMNS = ("slime", "ours")  # as printed; run ours first, so a run cut short still has it
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """The model shape (Qwen3-0.6B by default) and the rollout's KV cache."""
+
+    layers: int = 28
+    hidden: int = 1024
+    q_dim: int = 2048  # 16 heads x 128
+    kv_dim: int = 1024  # 8 KV heads x 128
+    ffn: int = 3072
+    vocab: int = 151936
+    kv_cache_bytes: int = 4 * GIB
+    bucket_bytes: int = 512 << 20
+
+    def parameters(self) -> list[tuple[str, tuple[int, ...]]]:
+        """254 parameters: embedding, 9 per layer, final norm."""
+        h = self.hidden
+        shapes: list[tuple[str, tuple[int, ...]]] = [("embed.weight", (self.vocab, h))]
+        for i in range(self.layers):
+            p = f"layers.{i}."
+            shapes += [
+                (p + "attn.q.weight", (self.q_dim, h)),
+                (p + "attn.k.weight", (self.kv_dim, h)),
+                (p + "attn.v.weight", (self.kv_dim, h)),
+                (p + "attn.o.weight", (h, self.q_dim)),
+                (p + "mlp.gate.weight", (self.ffn, h)),
+                (p + "mlp.up.weight", (self.ffn, h)),
+                (p + "mlp.down.weight", (h, self.ffn)),
+                (p + "input_norm.weight", (h,)),
+                (p + "post_norm.weight", (h,)),
+            ]
+        return [*shapes, ("final_norm.weight", (h,))]
+
+
+SMOKE = Sizes(
+    layers=2,
+    hidden=64,
+    q_dim=128,
+    kv_dim=64,
+    ffn=192,
+    vocab=512,
+    kv_cache_bytes=1 << 20,
+    bucket_bytes=256 << 10,
+)
+
+
+@dataclass(frozen=True)
+class Config:
+    sizes: Sizes
+    device: str  # "cuda" or "cpu"
+    groups: str  # "megatron" or "subgroups"
+    steps: int
+    slime_steps: int
+    timeout_s: float
+
+    @property
+    def gpu(self) -> bool:
+        return self.device == "cuda"
+
+    @property
+    def backend(self) -> str:
+        return "nccl" if self.gpu else "gloo"
+
+
+# ---------------------------------------------------------------------------------------------- shared
+
+
+def sync() -> None:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+def timed(fn: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    fn()
+    sync()
+    return time.perf_counter() - start
+
+
+def used_gib() -> float | None:
+    if not torch.cuda.is_initialized():
+        return None
+    free, total = torch.cuda.mem_get_info()
+    return round((total - free) / GIB, 2)
+
+
+def allocate_state(sizes: Sizes, device: str) -> tuple[dict[str, torch.Tensor], list[torch.Tensor]]:
+    """The training state: bf16 weights (returned by name) and the fp32 main, Adam m/v and bf16 grads."""
+    weights: dict[str, torch.Tensor] = {}
+    others: list[torch.Tensor] = []
+    for i, (name, shape) in enumerate(sizes.parameters()):
+        value = float(i % 7 + 1)  # exact in bf16: checked after every wake
+        weights[name] = torch.empty(shape, dtype=torch.bfloat16, device=device).fill_(value)
+        others.append(torch.empty(shape, dtype=torch.float32, device=device).fill_(value))  # main
+        others += [torch.zeros(shape, dtype=torch.float32, device=device) for _ in range(2)]  # Adam m, v
+        others.append(torch.zeros(shape, dtype=torch.bfloat16, device=device))  # grad
+    return weights, others
+
+
+def state_intact(weights: dict[str, torch.Tensor]) -> bool:
+    firsts = torch.stack([w.reshape(-1)[0].float() for w in weights.values()]).cpu()
+    expected = torch.tensor([float(i % 7 + 1) for i in range(len(weights))])
+    return bool(torch.equal(firsts, expected))
+
+
+def pinned_copy(weights: dict[str, torch.Tensor], gpu: bool) -> dict[str, torch.Tensor]:
+    """The trainer's CPU weight backup the sync reads while the trainer sleeps."""
+    return {n: torch.empty(w.shape, dtype=w.dtype, pin_memory=gpu).copy_(w) for n, w in weights.items()}
+
+
+def warm_groups() -> int:
+    """One collective on every registered process group, as a first training step after a rebuild."""
+    import torch.distributed as dist
+
+    groups = list(dist.distributed_c10d._world.pg_map)
+    for pg in groups:
+        on_gpu = "nccl" in str(dist.get_backend(pg))
+        dist.all_reduce(torch.ones(1, device="cuda" if on_gpu else "cpu"), group=pg)
+    sync()
+    return len(groups)
+
+
+def buckets_of(sizes: Sizes, names: list[str]) -> list[list[str]]:
+    shapes = dict(sizes.parameters())
+    out: list[list[str]] = [[]]
+    filled = 0
+    for name in names:
+        nbytes = 2 * _numel(shapes[name])
+        if out[-1] and filled + nbytes > sizes.bucket_bytes:
+            out.append([])
+            filled = 0
+        out[-1].append(name)
+        filled += nbytes
+    return out
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+class NoSaver:
+    """torch_memory_saver's singleton interface where there is none (CPU smoke): nothing is released."""
+
+    hook_mode = "torch"
+    retain_cpu_backup = False
+
+    @contextlib.contextmanager
+    def region(self, tag: str = "default", enable_cpu_backup: bool = False) -> Iterator[None]:
+        yield
+
+    def pause(self, tag: str | None = None) -> None:
+        pass
+
+    def resume(self, tag: str | None = None) -> None:
+        pass
+
+    @contextlib.contextmanager
+    def disable(self) -> Iterator[None]:
+        yield
+
+
+def raw_saver(gpu: bool) -> Any:
+    if not gpu:
+        return NoSaver()
+    from torch_memory_saver import torch_memory_saver
+
+    torch_memory_saver.hook_mode = "torch"
+    return torch_memory_saver
+
+
+def new_store() -> Any:
+    import torch.distributed as dist
+
+    return dist.TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False)
+
+
+def init_megatron() -> Any:
+    from megatron.core import parallel_state as ps
+
+    ps.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
+    return ps
+
+
+# ---------------------------------------------------------------------------------------------- rollout
+
+
+class BenchEngine:
+    """A rollout engine with SGLang's memory behaviour: weights and KV cache in saver tags, no backup."""
+
+    stages_weights = False
+
+    def __init__(self, cfg: Config) -> None:
+        self.saver = raw_saver(cfg.gpu)
+        self.weight_version = 0
+        self._resident = {"weights": True, "kv_cache": True}
+        with self.saver.region("weights"):
+            self.weights = {
+                n: torch.zeros(s, dtype=torch.bfloat16, device=cfg.device) for n, s in cfg.sizes.parameters()
+            }
+        with self.saver.region("kv_cache"):
+            self.kv = torch.zeros(cfg.sizes.kv_cache_bytes // 2, dtype=torch.bfloat16, device=cfg.device)
+        sync()
+
+    @property
+    def residency(self) -> dict[str, bool]:
+        return dict(self._resident)
+
+    def release_memory_occupation(self, tags: list[str] | None = None) -> None:
+        for tag in tags or ["weights", "kv_cache"]:
+            self.saver.pause(tag)
+            self._resident[tag] = False
+
+    def resume_memory_occupation(self, tags: list[str] | None = None) -> None:
+        for tag in tags or ["weights", "kv_cache"]:
+            self.saver.resume(tag)
+            self._resident[tag] = True
+
+    def pause_generation(self, mode: str = "abort") -> None:
+        pass
+
+    def continue_generation(self) -> None:
+        pass
+
+    def flush_cache(self) -> bool:
+        return True
+
+    def generate(self, prompts: Any, *, max_new_tokens: int) -> list[list[int]]:
+        return [[] for _ in prompts]
+
+    def load_weights(self, version: int, shards: Any, *, round_index: int, final: bool) -> None:
+        for name, tensor in shards[0]:
+            self.weights[name].copy_(tensor.view(self.weights[name].shape))
+        sync()
+        if final:
+            self.weight_version = version
+
+    def load_bucket(self, names: list[str], bucket: torch.Tensor) -> int:
+        """slime's engine side of one flattened bucket: the handle was opened by unpickling it."""
+        offset = 0
+        for name in names:
+            target = self.weights[name]
+            target.copy_(bucket[offset : offset + target.numel()].view(target.shape))
+            offset += target.numel()
+        sync()
+        del bucket
+        return offset
+
+    def weights_checksum(self) -> str:
+        firsts = torch.stack([w.reshape(-1)[0].float() for w in self.weights.values()]).cpu()
+        return str(float(firsts.sum()))
+
+
+def rollout_main(column: str, cfg: Config, conn: Any) -> None:
+    import lifecycle
+
+    lifecycle.configure_logging(stream=open(os.devnull, "w"), level="warning")  # noqa: SIM115
+    if cfg.gpu:
+        torch.cuda.set_device(0)
+    engine = BenchEngine(cfg)
+    actor = None
+    if column == "ours":
+        from actor_integration.rollout import RolloutActor
+
+        actor = RolloutActor(engine)
+    with lifecycle.capture_events("info") as events:
+        conn.send(("ok", "ready"))
+        while True:
+            message = conn.recv()
+            if message is None:
+                break
+            method, args = message
+            del message
+            try:
+                if method == "events":
+                    result: Any = list(events)
+                    events.clear()
+                elif method == "load_bucket":
+                    result = engine.load_bucket(*args)
+                elif actor is not None and hasattr(actor, method):
+                    result = getattr(actor, method)(*args)
+                else:
+                    result = getattr(engine, method)(*args)
+                conn.send(("ok", result))
+            except Exception as exc:
+                conn.send(("error", f"{exc!r}\n{traceback.format_exc()}"))
+            del args  # a slime bucket's IPC mapping closes now, not at the next message
+    conn.close()
+    os._exit(0)  # torch_memory_saver's torch hook mode may exit(1) at teardown: nothing left to do
+
+
+class Rollout:
+    """The trainer's handle on the rollout process (what `ray.get(actor.method.remote(...))` is)."""
+
+    def __init__(self, column: str, cfg: Config) -> None:
+        import torch.multiprocessing as mp
+
+        ctx = mp.get_context("spawn")
+        self.conn, theirs = ctx.Pipe()
+        self.process = ctx.Process(target=rollout_main, args=(column, cfg, theirs), daemon=True)
+        self.process.start()
+        assert self.call("__ready__") == "ready"
+
+    def call(self, method: str, *args: Any) -> Any:
+        if method != "__ready__":
+            self.conn.send((method, args))
+        status, value = self.conn.recv()
+        if status == "error":
+            raise RuntimeError(f"rollout.{method} failed: {value}")
+        return value
+
+    def __call__(self, version: int, payloads: list[Any]) -> Any:  # WeightSender's engine_call
+        return self.call("update_weights", version, payloads)
+
+    def stop(self) -> None:
+        with contextlib.suppress(Exception):
+            self.conn.send(None)
+        self.process.join(30)
+        if self.process.is_alive():
+            self.process.kill()
+
+
+# ---------------------------------------------------------------------------------------------- slime-style
+
+
+class SlimeTrainer:
+    """slime's actor as it sleeps, wakes and syncs in colocated mode, on the same state."""
+
+    def __init__(self, cfg: Config, rollout: Rollout) -> None:
+        import torch.distributed as dist
+
+        self.cfg, self.rollout, self.dist = cfg, rollout, dist
+        self.saver = raw_saver(cfg.gpu)  # TMS default: pinned backup, no retain
+        self.store = new_store()
+        self.worlds = 0
+        self.ps: Any = None
+        self.reload_groups()
+        with self.saver.region("model", enable_cpu_backup=True):
+            self.weights, self.others = allocate_state(cfg.sizes, cfg.device)
+        self.cpu_weights = pinned_copy(self.weights, cfg.gpu)
+        self.buckets = buckets_of(cfg.sizes, list(self.weights))
+        self.registered = warm_groups()
+        self.sleep_parts()  # slime's init ends asleep
+
+    def clear_memory(self, host: bool) -> None:
+        # slime/utils/memory_utils.py clear_memory
+        sync()
+        gc.collect()
+        if torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
+            if host:
+                torch._C._host_emptyCache()
+
+    def reload_groups(self) -> None:
+        """slime's reload_process_groups: init_process_group again, then replay every new_group."""
+        from torch.distributed.distributed_c10d import PrefixStore
+
+        self.dist.init_process_group(
+            self.cfg.backend,
+            store=PrefixStore(f"slime/world{self.worlds}", self.store),
+            rank=0,
+            world_size=1,
+            timeout=timedelta(seconds=300),
+        )
+        self.worlds += 1
+        if self.cfg.groups == "megatron":
+            if self.ps is not None:
+                self.ps.destroy_model_parallel()  # its globals name the destroyed groups
+            self.ps = init_megatron()
+        else:
+            for _ in range(16):
+                self.dist.new_group([0])
+
+    def destroy_groups(self) -> None:
+        self.dist.destroy_process_group()  # torch's order, one communicator after another
+
+    def sleep_parts(self) -> dict[str, float]:
+        return {
+            "sleep.clear_memory": timed(lambda: self.clear_memory(host=True)),
+            "sleep.process_groups.destroy": timed(self.destroy_groups),
+            "sleep.memory.pause": timed(self.saver.pause),
+        }
+
+    def step(self, version: int) -> dict[str, float]:
+        rows: dict[str, float] = {}
+        start = time.perf_counter()
+        rows["rollout.sleep"] = timed(lambda: self.rollout.call("release_memory_occupation"))
+        wake = {
+            "wake.memory.resume": timed(self.saver.resume),
+            "wake.clear_memory": timed(lambda: self.clear_memory(host=False)),
+            "wake.process_groups.reload": timed(self.reload_groups),
+        }
+        rows.update(wake, **{"wake": sum(wake.values())})
+        rows["body"] = timed(lambda: (state_intact(self.weights), warm_groups()))
+        rows["intact"] = float(state_intact(self.weights))
+        sleep = self.sleep_parts()
+        rows.update(sleep, sleep=sum(sleep.values()))
+        rows["rollout.wake_weights"] = timed(
+            lambda: self.rollout.call("resume_memory_occupation", ["weights"])
+        )
+        up = timed(self.reload_groups)
+        transfer = timed(self.send_buckets)
+        down = timed(self.destroy_groups)
+        rows.update({"sync.groups_up": up, "sync.transfer": transfer, "sync.groups_down": down})
+        rows["sync"] = up + transfer + down
+        rows["rollout.wake_kv"] = timed(lambda: self.rollout.call("resume_memory_occupation", ["kv_cache"]))
+        rows["step"] = time.perf_counter() - start
+        rows["asleep_used_gib"] = used_gib() or 0.0
+        return rows
+
+    def send_buckets(self) -> None:
+        """slime's colocated update: a fresh flattened bucket per 512 MiB, shared with a fresh IPC handle.
+
+        slime wraps it in `torch_memory_saver.disable()`, which its preload mode (TMS_INIT_ENABLE)
+        needs; in torch hook mode memory outside regions is plain already (and disable() asserts).
+        """
+        for names in self.buckets:
+            parts = [self.cpu_weights[n].to(self.cfg.device, non_blocking=True).view(-1) for n in names]
+            bucket = torch.cat(parts)
+            del parts
+            sync()
+            self.rollout.call("load_bucket", names, bucket)  # pickled by torch: a new CUDA IPC handle
+            del bucket
+            if self.cfg.gpu:
+                torch.cuda.ipc_collect()
+
+
+# ---------------------------------------------------------------------------------------------- ours
+
+
+class _TrainerBody:
+    """The existing actor's bodies, wrapped by LifecycleMixin below (no training: one collective per group)."""
+
+    sender: Any
+    cpu_weights: dict[str, torch.Tensor]
+
+    weights: dict[str, torch.Tensor]
+    intact: bool = False
+
+    def train(self, step: int) -> int:
+        self.intact = state_intact(self.weights)  # the state came back (read while awake)
+        return warm_groups()
+
+    def update_weights(self, version: int) -> Any:
+        return self.sender.send(version, self.cpu_weights)
+
+
+def ours_trainer_class() -> type:
+    from actor_integration import LifecycleMixin
+
+    class OursTrainer(LifecycleMixin, _TrainerBody):
+        pass
+
+    return OursTrainer
+
+
+class Ours:
+    """This library's recommended configuration, driven the way a slime-shaped driver calls it."""
+
+    def __init__(self, cfg: Config, rollout: Rollout) -> None:
+        from actor_integration import (
+            ClearMemory,
+            MegatronParallelState,
+            ReloadableProcessGroups,
+            select_memory_backend,
+        )
+        from actor_integration.weight_sync import RankSlot, WeightSender, configure_sender
+        from lifecycle import Hooks, LifecyclePolicy
+
+        self.cfg, self.rollout = cfg, rollout
+        groups = ReloadableProcessGroups.init(
+            backend=cfg.backend, rank=0, world_size=1, store=new_store(), timeout=timedelta(seconds=300)
+        )
+        process_groups: Any = groups
+        if cfg.groups == "megatron":
+            process_groups = MegatronParallelState(
+                groups, tensor_model_parallel_size=1, pipeline_model_parallel_size=1
+            )
+        else:
+            for i in range(16):
+                groups.new_group([0], name=f"g{i}")
+        self.groups = groups
+        # After megatron.core is imported: it sets torch_memory_saver.hook_mode on import, which TMS
+        # refuses once the backend below has initialised it.
+        memory = select_memory_backend(
+            "tms" if cfg.gpu else "noop",
+            tags=("model",),
+            cpu_backup=True,
+            retain_cpu_backup=True,
+            hook_mode="torch",
+        )
+        with memory.region("model"):
+            self.weights, self.others = allocate_state(cfg.sizes, cfg.device)
+        trainer = ours_trainer_class()()
+        trainer.weights = self.weights
+        trainer.cpu_weights = pinned_copy(self.weights, cfg.gpu)
+        transport = configure_sender("auto", colocated=True, memory=memory)
+        trainer.sender = WeightSender(
+            RankSlot.single(0),
+            None,
+            transport,
+            rank=0,
+            engine_call=rollout,
+            bucket_bytes=cfg.sizes.bucket_bytes,
+            deadline_s=cfg.timeout_s,
+        )
+        self.transport = type(transport).__name__
+        self.registered = warm_groups()
+        self.prepared: dict[str, Any] = {}
+        if hasattr(memory, "prepare_cpu_backup"):
+            try:  # read from torch_memory_saver's region pools, checked against the state allocated
+                read: Any = memory.backup_bytes()
+            except Exception as exc:
+                read = repr(exc)
+            known = sum(t.numel() * t.element_size() for t in [*self.weights.values(), *self.others])
+            self.prepared = memory.prepare_cpu_backup(ranks_per_node=1, nbytes=known)
+            self.prepared["backup_bytes_read"] = read
+        self.clear = ClearMemory(host=True)
+        trainer.configure_lifecycle(
+            LifecyclePolicy(offload_train=True, memory_tags=("model",), model_tag=None),
+            Hooks(memory=memory, process_groups=process_groups, clear_memory=self.clear),
+            rank=0,
+            role="actor",
+        )
+        self.trainer = trainer
+        self.memory = memory
+        trainer.sleep()  # as slime's init ends asleep
+        self.version = 0
+
+    def step(self, version: int, events: list[dict[str, Any]]) -> dict[str, float]:
+        from lifecycle.logs import Event
+
+        rows: dict[str, float] = {}
+        mark = len(events)
+        start = time.perf_counter()
+        rows["rollout.sleep"] = timed(lambda: self.rollout.call("sleep"))
+        rows["train"] = timed(lambda: self.trainer.train(version))
+        rows["intact"] = float(self.trainer.intact)
+        rows["rollout.wake_weights"] = timed(lambda: self.rollout.call("wake_up", ["weights"]))
+        rows["sync"] = timed(lambda: self.trainer.update_weights(version))
+        rows["rollout.wake_kv"] = timed(lambda: self.rollout.call("wake_up", ["kv_cache"]))
+        rows["step"] = time.perf_counter() - start
+        rows["asleep_used_gib"] = used_gib() or 0.0
+        edges = {
+            ("train", "enter"): "wake",
+            ("train", "exit"): "sleep",
+            ("sync", "enter"): "sync.groups_up",
+            ("sync", "exit"): "sync.groups_down",
+        }
+        for event in events[mark:]:
+            name, op = event.get("event"), event.get("operation")
+            where = edges.get((op, event.get("phase")))
+            if name == Event.TRANSITION and where is not None:
+                rows[where] = event["duration_ms"] / 1e3
+                for hook in event["hooks"] if where in ("wake", "sleep") else ():
+                    key = f"{where}.{hook['name']}"
+                    rows[key] = rows.get(key, 0.0) + hook["ms"] / 1e3
+            elif name == Event.BODY:
+                rows["body" if op == "train" else "sync.transfer"] = event["duration_ms"] / 1e3
+        return rows
+
+
+# ---------------------------------------------------------------------------------------------- columns
+
+
+def column_main(column: str, cfg: Config, out: str) -> None:
+    """One column in this process (the trainer), with its rollout process beside it."""
+    import lifecycle
+
+    lifecycle.configure_logging(stream=open(os.devnull, "w"), level="warning")  # noqa: SIM115
+    result: dict[str, Any] = {"column": column}
+    rollout = None
+    try:
+        if cfg.gpu:
+            torch.cuda.set_device(0)
+        t0 = time.perf_counter()
+        rollout = Rollout(column, cfg)
+        steps = cfg.slime_steps if column == "slime" else cfg.steps
+        with lifecycle.capture_events("info") as events:
+            trainer: Any = SlimeTrainer(cfg, rollout) if column == "slime" else Ours(cfg, rollout)
+            result["setup_s"] = round(time.perf_counter() - t0, 2)
+            import torch.distributed as dist
+
+            result["registered_groups_awake"] = trainer.registered
+            result["prepared"] = getattr(trainer, "prepared", None)
+            result["transport"] = getattr(trainer, "transport", "fresh CUDA IPC handle per bucket")
+            result["steps"] = []
+            for version in range(1, steps + 1):
+                rows = trainer.step(version) if column == "slime" else trainer.step(version, events)
+                result["steps"].append(rows)
+                print(f"  {column} step {version}: {rows['step']:.3f} s", flush=True)
+            if column == "ours":
+                result["clear_memory_ms"] = trainer.clear.timings_ms
+                result["teardown_path"] = trainer.groups.teardown_path
+                from actor_integration.process_groups import nccl_suspend_support
+
+                result["suspend_probe"] = nccl_suspend_support().reason
+            result["registered_groups_asleep"] = len(dist.distributed_c10d._world.pg_map)
+    except BaseException as exc:
+        result["error"] = f"{exc!r}\n{traceback.format_exc()}"
+        print(result["error"], flush=True)
+    finally:
+        if rollout is not None:
+            rollout.stop()
+    Path(out).write_text(json.dumps(result, default=str))
+    lifecycle.flush_logs()
+    os._exit(0)  # torch_memory_saver's torch hook mode may exit(1) at teardown: the result is written
+
+
+def run_column(column: str, cfg: Config) -> dict[str, Any]:
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = str(Path(tmp) / f"{column}.json")
+        process = ctx.Process(target=column_main, args=(column, cfg, out))
+        process.start()
+        process.join(cfg.timeout_s)
+        if process.is_alive():
+            process.kill()
+            return {"column": column, "error": f"timed out after {cfg.timeout_s} s"}
+        if not Path(out).exists():
+            return {"column": column, "error": f"exited with code {process.exitcode} and no result"}
+        result: dict[str, Any] = json.loads(Path(out).read_text())
+        return result
+
+
+# ---------------------------------------------------------------------------------------------- teardown
+
+
+def teardown_main(cfg: Config, out: str) -> None:
+    """WORLD + 16 subgroups, each warmed: torch's serial destroy vs ours; rebuilt lazily vs connect()."""
+    import torch.distributed as dist
+    from torch.distributed.distributed_c10d import PrefixStore
+
+    import lifecycle
+    from actor_integration.process_groups import ReloadableProcessGroups
+
+    lifecycle.configure_logging(stream=open(os.devnull, "w"), level="warning")  # noqa: SIM115
+    result: dict[str, Any] = {}
+    try:
+        if cfg.gpu:
+            torch.cuda.set_device(0)
+        base = used_gib()
+        # torch's own teardown: WORLD + 16 subgroups, one communicator after another.
+        store = new_store()
+        dist.init_process_group(cfg.backend, store=PrefixStore("serial", store), rank=0, world_size=1)
+        for _ in range(16):
+            dist.new_group([0])
+        warm_groups()
+        awake = used_gib()
+        result["serial_destroy_s"] = timed(dist.destroy_process_group)
+        result["serial_freed_gib"] = None if awake is None else round(awake - (used_gib() or 0.0), 2)
+        # ours: the same groups (and the gloo side channel) through ReloadableProcessGroups.
+        groups = ReloadableProcessGroups.init(
+            backend=cfg.backend, rank=0, world_size=1, store=new_store(), timeout=timedelta(seconds=300)
+        )
+        for i in range(16):
+            groups.new_group([0], name=f"g{i}")
+        warm_groups()
+        awake = used_gib()
+        for i in range(2):
+            result[f"concurrent_destroy_{i}_s"] = timed(groups.destroy)
+            result[f"concurrent_freed_{i}_gib"] = (
+                None if awake is None else round(awake - (used_gib() or 0.0), 2)
+            )
+            result[f"reload_{i}_s"] = timed(groups.reload)
+            if i == 0:  # each communicator created by its group's first collective, one by one
+                result["lazy_first_collectives_s"] = timed(warm_groups)
+            else:  # every communicator created at once, then the same collectives
+                result["connect_s"] = timed(groups.connect)
+                result["after_connect_collectives_s"] = timed(warm_groups)
+        result["base_used_gib"] = base
+        groups.close()
+    except BaseException as exc:
+        result["error"] = f"{exc!r}\n{traceback.format_exc()}"
+    Path(out).write_text(json.dumps(result, default=str))
+    os._exit(0)
+
+
+def run_teardown(cfg: Config) -> dict[str, Any]:
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = str(Path(tmp) / "teardown.json")
+        process = ctx.Process(target=teardown_main, args=(cfg, out))
+        process.start()
+        process.join(cfg.timeout_s)
+        if process.is_alive():
+            process.kill()
+            return {"error": "timed out"}
+        result: dict[str, Any] = (
+            json.loads(Path(out).read_text()) if Path(out).exists() else {"error": "no result"}
+        )
+        return result
+
+
+# ---------------------------------------------------------------------------------------------- ceilings
+
+
+def ceilings(cfg: Config) -> dict[str, float | None]:
+    if not cfg.gpu:
+        return {"pcie_d2h_gbps": None, "pcie_h2d_gbps": None, "d2d_gbps": None}
+    nbytes = 4 * GIB
+    buf = {
+        "host": torch.empty(nbytes, dtype=torch.uint8, pin_memory=True),
+        "device": torch.empty(nbytes, dtype=torch.uint8, device="cuda"),
+        "other": torch.empty(nbytes, dtype=torch.uint8, device="cuda"),
+    }
+    out: dict[str, float | None] = {}
+    for key, fn in (
+        ("pcie_d2h_gbps", lambda: buf["host"].copy_(buf["device"], non_blocking=True)),
+        ("pcie_h2d_gbps", lambda: buf["device"].copy_(buf["host"], non_blocking=True)),
+        ("d2d_gbps", lambda: buf["other"].copy_(buf["device"])),
+    ):
+        fn()
+        out[key] = round(nbytes / 1e9 / statistics.median(timed(fn) for _ in range(3)), 1)
+    buf.clear()
+    torch.cuda.empty_cache()
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- report
+
+# (label, key, counted in the lifecycle total)
+ROWS: tuple[tuple[str, str], ...] = (
+    ("rollout sleep", "rollout.sleep"),
+    ("trainer wake", "wake"),
+    ("  memory.resume", "wake.memory.resume"),
+    ("  clear_memory", "wake.clear_memory"),
+    ("  process_groups.reload", "wake.process_groups.reload"),
+    ("train body: 1 collective per group *", "body"),
+    ("trainer sleep", "sleep"),
+    ("  clear_memory", "sleep.clear_memory"),
+    ("  process_groups.destroy", "sleep.process_groups.destroy"),
+    ("  memory.pause", "sleep.memory.pause"),
+    ("rollout wake weights", "rollout.wake_weights"),
+    ("sync", "sync"),
+    ("  groups up (process_groups.reload)", "sync.groups_up"),
+    ("  transfer", "sync.transfer"),
+    ("  groups down (process_groups.destroy)", "sync.groups_down"),
+    ("rollout wake kv_cache", "rollout.wake_kv"),
+)
+
+
+def summarize(result: dict[str, Any]) -> dict[str, Any]:
+    steps: list[dict[str, float]] = result.get("steps") or []
+    if not steps:
+        return {}
+    rest = steps[1:] or steps
+    keys = {k for s in steps for k in s}
+    steady = {k: statistics.median(s.get(k, 0.0) for s in rest) for k in keys}
+    first = dict(steps[0])
+    for rows in (steady, first):
+        rows["lifecycle"] = rows["step"] - rows.get("body", 0.0)
+    return {"first": first, "steady": steady}
+
+
+def print_report(report: dict[str, Any]) -> None:
+    slime, ours = (report["summary"].get(c, {}) for c in COLUMNS)
+    s, o = slime.get("steady", {}), ours.get("steady", {})
+    parallel = {
+        "wake.memory.resume",
+        "wake.process_groups.reload",
+        "sleep.process_groups.destroy",
+        "sleep.memory.pause",
+    }
+
+    def cell(rows: dict[str, float], key: str, mark: bool = False) -> str:
+        if key not in rows:
+            return "-"
+        return f"{rows[key]:.3f}" + (" ||" if mark and key in parallel else "")
+
+    cfg = report["config"]
+    print()
+    print(
+        f"phase switch, one colocated step ({report['device']}, {report['state_gib']:.2f} GiB training state in "
+        f"{report['state_tensors']} tensors, {report['weights_gb']:.2f} GB bf16 weights synced, "
+        f"groups: {cfg['groups']}); seconds, steady = median of steps 2..n"
+    )
+    header = f"{'phase / hook':<40} {'slime-style':>12} {'ours':>12}"
+    print(header)
+    print("-" * len(header))
+    for label, key in ROWS:
+        print(f"{label:<40} {cell(s, key):>12} {cell(o, key, mark=True):>12}")
+    print("-" * len(header))
+    for label, key in (("lifecycle per step (step - body)", "lifecycle"), ("step wall", "step")):
+        print(f"{label:<40} {cell(s, key):>12} {cell(o, key):>12}")
+    for label, rows in (("first step: lifecycle", "first"),):
+        print(
+            f"{label:<40} {cell(slime.get(rows, {}), 'lifecycle'):>12} {cell(ours.get(rows, {}), 'lifecycle'):>12}"
+        )
+    print(
+        f"{'GPU used after the step, GiB (device)':<40} {cell(s, 'asleep_used_gib'):>12} {cell(o, 'asleep_used_gib'):>12}"
+    )
+    ran = [report["columns"].get(c, {}).get("steps") for c in COLUMNS]
+    intact = [str(all(r.get("intact") for r in steps)) if steps else "-" for steps in ran]
+    print(f"{'state intact after every wake':<40} {intact[0]:>12} {intact[1]:>12}")
+    print("|| = hooks of one stage, run together (each its own time; the edge takes the longest)")
+    print("*  not lifecycle: the first collective on each group creates the communicators a wake rebuilt")
+    c = report["ceilings"]
+    if c.get("pcie_d2h_gbps"):
+        floor = report["state_gib"] * GIB / 1e9 * (1 / c["pcie_d2h_gbps"] + 1 / c["pcie_h2d_gbps"])
+        print(
+            f"ceilings (same run): PCIe pinned D2H {c['pcie_d2h_gbps']} GB/s, H2D {c['pcie_h2d_gbps']} GB/s, "
+            f"D2D {c['d2d_gbps']} GB/s; the state down and up at PCIe speed = {floor:.3f} s"
+        )
+    v = report["verdict"]
+    if v:
+        print(
+            f"targets: ours <= {TARGET_S} s of lifecycle per step: {v['ours_lifecycle_s']:.3f} s "
+            f"({'met' if v['meets_time'] else 'missed'}); >= {TARGET_RATIO:.0f}x slime-style: "
+            f"{v['speedup']:.1f}x ({'met' if v['meets_ratio'] else 'missed'})"
+        )
+        print("ours, where the lifecycle time goes: " + ", ".join(f"{k} {t:.3f} s" for k, t in v["largest"]))
+    t = report.get("teardown") or {}
+    if t and "error" not in t:
+        print(
+            f"teardown, WORLD + 16 subgroups warmed (1 rank): torch's serial destroy {t['serial_destroy_s']:.3f} s "
+            f"(freed {t['serial_freed_gib']} GiB); ours (+ gloo side channel) {t['concurrent_destroy_0_s']:.3f} / "
+            f"{t['concurrent_destroy_1_s']:.3f} s (freed {t['concurrent_freed_0_gib']} / {t['concurrent_freed_1_gib']} GiB)"
+        )
+        print(
+            f"rebuild: reload {t['reload_0_s']:.3f} s + first collectives one by one {t['lazy_first_collectives_s']:.3f} s; "
+            f"reload {t['reload_1_s']:.3f} s + connect() at once {t['connect_s']:.3f} s + the collectives "
+            f"{t['after_connect_collectives_s']:.3f} s"
+        )
+    elif t:
+        print(f"teardown section failed: {t['error'][:500]}")
+    for column in COLUMNS:
+        error = report["columns"].get(column, {}).get("error")
+        if error:
+            print(f"{column} FAILED: {error[:1500]}")
+
+
+def verdict(summary: dict[str, Any]) -> dict[str, Any]:
+    slime, ours = summary.get("slime", {}).get("steady"), summary.get("ours", {}).get("steady")
+    if not slime or not ours:
+        return {}
+    parts = {
+        k: ours[k]
+        for k in ("rollout.sleep", "wake", "sleep", "rollout.wake_weights", "sync", "rollout.wake_kv")
+        if k in ours
+    }
+    return {
+        "ours_lifecycle_s": ours["lifecycle"],
+        "slime_lifecycle_s": slime["lifecycle"],
+        "speedup": slime["lifecycle"] / ours["lifecycle"],
+        "meets_time": ours["lifecycle"] <= TARGET_S,
+        "meets_ratio": slime["lifecycle"] / ours["lifecycle"] >= TARGET_RATIO,
+        "largest": sorted(parts.items(), key=lambda kv: -kv[1])[:3],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, help="write the results as JSON here")
+    parser.add_argument("--cpu-smoke", action="store_true", help="tiny sizes, gloo, no-op memory (CI)")
+    parser.add_argument("--groups", choices=("megatron", "subgroups"), default=None)
+    parser.add_argument("--steps", type=int, default=4, help="steps of ours (the first is reported apart)")
+    parser.add_argument("--slime-steps", type=int, default=2, help="steps of slime-style (1: first only)")
+    parser.add_argument("--kv-gib", type=float, default=4.0, help="the rollout's KV cache (GiB)")
+    parser.add_argument("--no-teardown", action="store_true", help="skip the teardown/rebuild section")
+    parser.add_argument("--timeout", type=float, default=400.0, help="per process, seconds")
+    args = parser.parse_args(argv)
+    if not args.cpu_smoke and not torch.cuda.is_available():
+        print("bench_phase_switch needs a CUDA GPU (or --cpu-smoke)", file=sys.stderr)
+        return 2
+    sizes = SMOKE if args.cpu_smoke else Sizes(kv_cache_bytes=int(args.kv_gib * GIB))
+    cfg = Config(
+        sizes=sizes,
+        device="cpu" if args.cpu_smoke else "cuda",
+        groups=args.groups or ("subgroups" if args.cpu_smoke else "megatron"),
+        steps=max(args.steps, 2),
+        slime_steps=max(args.slime_steps, 1),
+        timeout_s=args.timeout,
+    )
+    started = time.perf_counter()
+    params = sizes.parameters()
+    state_bytes = sum(_numel(s) for _, s in params) * (2 + 4 + 4 + 4 + 2)
+    report: dict[str, Any] = {
+        "device": torch.cuda.get_device_name() if cfg.gpu else "cpu (smoke)",
+        "torch": torch.__version__,
+        "config": {**asdict(cfg), "sizes": asdict(sizes)},
+        "state_gib": state_bytes / GIB,
+        "state_tensors": 5 * len(params),
+        "weights_gb": sum(_numel(s) for _, s in params) * 2 / 1e9,
+        "ceilings": ceilings(cfg),
+        "columns": {},
+    }
+    for column in reversed(COLUMNS):
+        print(f"running {column} ...", flush=True)
+        report["columns"][column] = run_column(column, cfg)
+        if args.out:  # what a run cut short leaves behind
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(report, indent=2, default=str))
+    report["teardown"] = {} if args.no_teardown else run_teardown(cfg)
+    report["summary"] = {c: summarize(r) for c, r in report["columns"].items()}
+    report["verdict"] = verdict(report["summary"])
+    report["wall_s"] = round(time.perf_counter() - started, 1)
+    print_report(report)
+    print(f"total {report['wall_s']} s", flush=True)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=2, default=str))
+        print(f"wrote {args.out}")
+    failed = [c for c, r in report["columns"].items() if "error" in r]
+    return 1 if failed or "error" in report["teardown"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
