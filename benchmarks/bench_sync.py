@@ -12,9 +12,9 @@ no path inherits another's cached handles, compiled kernels in memory or warmed 
                loads in place: every bucket verified in one launch, then one scatter kernel
                straight into the engine's tensors.
   cuda_ipc     the same without verification on the receiver.
-  stream+v     ours, memory-bounded: one bucket per round, two staging buffers, the next round
-               packed while the engine loads this one (the engine's weights are unknown until
-               the last round: a direct-writing engine that does not stage).
+  stream+v     ours, memory-bounded: one bucket per round, one staging buffer (the engine's
+               weights are unknown until the last round: a direct-writing engine that does not stage).
+  pipe+v       the same, pipelined: two staging buffers, round r + 1 packed while round r loads.
   arena+v      ours: the trainer writes into `sender.arena(...)` (outside the timed region, as
                its gather/convert would), so the sender only checksums.
   arena        the same without checksums or verification: one copy end to end.
@@ -52,7 +52,18 @@ import torch.multiprocessing as mp
 # Run from a checkout without installing: the repository root holds the packages.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-PATHS = ("d2d", "d2d_flat", "cuda_ipc+v", "cuda_ipc", "stream+v", "arena+v", "arena", "shm", "slime")
+PATHS = (
+    "d2d",
+    "d2d_flat",
+    "cuda_ipc+v",
+    "cuda_ipc",
+    "stream+v",
+    "pipe+v",
+    "arena+v",
+    "arena",
+    "shm",
+    "slime",
+)
 PATH_TIMEOUT_S = 240.0
 
 
@@ -150,11 +161,23 @@ class BenchEngine:
         return ""
 
 
+def _log_like_production(args: argparse.Namespace, side: str) -> None:
+    """Lifecycle events as a deployment writes them: JSON lines to a file, not the console."""
+    import tempfile
+
+    import lifecycle
+
+    lifecycle.configure_logging(
+        json_path=Path(tempfile.gettempdir()) / f"bench_sync-{args.label}{side}.jsonl"
+    )
+
+
 def ours_producer(args: argparse.Namespace, path: str, conn: Any, results: Any) -> None:
     from actor_integration.weight_sync import RankSlot, WeightSender
     from actor_integration.weight_sync.cuda_ipc import CudaIpcSender
     from actor_integration.weight_sync.shm import ShmSender
 
+    _log_like_production(args, f"{path}-sender")
     torch.cuda.set_device(0)
     weights = make_weights(args.gib, args.tensor_mib)
     conn.send(("shapes", {n: (tuple(t.shape), t.dtype) for n, t in weights.items()}))
@@ -176,8 +199,9 @@ def ours_producer(args: argparse.Namespace, path: str, conn: Any, results: Any) 
         engine_call=engine_call,
         bucket_bytes=args.bucket_mib << 20,
         deadline_s=300.0,
-        round_buckets=1 if path == "stream+v" else -1,
+        round_buckets=1 if path in ("stream+v", "pipe+v") else -1,
         checksums=path != "arena",
+        pipelined=path == "pipe+v",
     )
     source: Any = weights
     if path.startswith("arena"):
@@ -187,8 +211,9 @@ def ours_producer(args: argparse.Namespace, path: str, conn: Any, results: Any) 
         source = arena
     iters = args.shm_iters if path == "shm" else args.iters
     handoff, end_to_end, phases, receiver_phases = [], [], [], []
-    for iteration in range(iters + 1):
-        profile = args.profile is not None and iteration == iters
+    profiled = args.profile is not None and path in args.profile_paths.split(",")
+    for iteration in range(iters + 1 + profiled):
+        profile = profiled and iteration == iters + 1  # one more sync, left out of the figures
         if profile:
             conn.send(("profile", True))
             conn.recv()
@@ -198,6 +223,10 @@ def ours_producer(args: argparse.Namespace, path: str, conn: Any, results: Any) 
             report = sender.send(iteration + 1, source)
         if profile:
             prof.export_chrome_trace(str(Path(args.profile) / f"{args.label}{path}-sender.json"))
+            print(_kernel_table(prof, f"{path} sender"), flush=True)
+            conn.send(("timings", None))
+            conn.recv()
+            continue
         end_to_end.append(report.duration_s)
         handoff.append(report.phases_ms.get("engine_ms", 0.0) / 1e3)
         phases.append(dict(report.phases_ms))
@@ -226,6 +255,7 @@ def ours_consumer(args: argparse.Namespace, path: str, conn: Any) -> None:
     from actor_integration.rollout import RolloutActor
     from actor_integration.weight_sync import WeightReceiver
 
+    _log_like_production(args, f"{path}-receiver")
     torch.cuda.set_device(0)
     _kind, shapes = conn.recv()
     engine = BenchEngine(shapes)
@@ -233,6 +263,7 @@ def ours_consumer(args: argparse.Namespace, path: str, conn: Any) -> None:
     actor = RolloutActor(engine, receiver=receiver)
     conn.send("ready")
     profile_next = False
+    summed: dict[str, float] = {}  # receiver phases over the rounds of one sync
     while True:
         kind, value = conn.recv()
         if kind == "update_weights":
@@ -243,12 +274,15 @@ def ours_consumer(args: argparse.Namespace, path: str, conn: Any) -> None:
                 conn.send(("ok", result))
             except Exception as exc:
                 conn.send(("error", exc))
+            for key, ms in receiver.last_timings.items():
+                summed[key] = summed.get(key, 0.0) + ms
             if profile_next and value[1][0].final:
                 prof.export_chrome_trace(str(Path(args.profile) / f"{args.label}{path}-receiver.json"))
                 print(_kernel_table(prof, f"{path} receiver"), flush=True)
                 profile_next = False
         elif kind == "timings":
-            conn.send(("ok", dict(receiver.last_timings)))
+            conn.send(("ok", summed))
+            summed = {}
         elif kind == "profile":
             profile_next = True
             conn.send("ok")
@@ -362,6 +396,65 @@ def slime_consumer(args: argparse.Namespace, conn: Any) -> None:
             return
 
 
+# ------------------------------------------------------------------ kernel shapes
+
+
+SWEEP = ("1024,16,4", "2048,8,4", "2048,8,8", "4096,4,8", "4096,8,8", "2048,16,8")
+
+
+def _timed(fn: Any, repeat: int = 5) -> float:
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def sweep(args: argparse.Namespace) -> str:
+    """Gather, verify and scatter in one process for each kernel shape (block, iters, warps), over
+    the same tensors as the sync; prints GB/s and returns the fastest shape (summed time)."""
+    from actor_integration.weight_sync import kernels
+    from actor_integration.weight_sync.buckets import ALIGN, iter_buckets, padded
+
+    device = torch.device("cuda", 0)
+    weights = make_weights(args.gib, args.tensor_mib)
+    total = nbytes_of(weights)
+    buckets = list(iter_buckets(weights, args.bucket_mib << 20, align=ALIGN))
+    regions = [torch.empty(padded(b.nbytes, ALIGN), dtype=torch.uint8, device=device) for b in buckets]
+    targets = [[torch.empty_like(t) for t in b.tensors] for b in buckets]
+    sizes = [b.nbytes for b in buckets]
+    print(f"kernel shapes, {args.gib:g} GiB in {args.tensor_mib:g} MiB tensors (GB/s of payload)")
+    print(f"{'block,iters,warps':<18} {'gather':>8} {'verify':>8} {'scatter':>8}")
+    best, best_time = SWEEP[0], float("inf")
+    for shape in SWEEP:
+        block, iters, warps = (int(v) for v in shape.split(","))
+        kernels.set_tuning(block=block, iters=iters, warps=warps)
+        packer = kernels.DevicePacker(device)
+
+        def gather(packer: Any = packer) -> None:
+            for k, (b, r) in enumerate(zip(buckets, regions, strict=True)):
+                packer.pack(k, r, b)
+            packer.seal()
+
+        plan = kernels.plan_scatter(
+            [(r, b.entries, ts) for b, r, ts in zip(buckets, regions, targets, strict=True)], device
+        )
+        times = (
+            _timed(gather),
+            _timed(lambda: kernels.verify(regions, sizes, device)),
+            _timed(lambda plan=plan: kernels.scatter(plan, regions, device)),
+        )
+        print(f"{shape:<18} " + " ".join(f"{total / t / 1e9:>8.0f}" for t in times), flush=True)
+        if sum(times) < best_time:
+            best, best_time = shape, sum(times)
+    block, iters, warps = best.split(",")
+    return f"block={block},iters={iters},warps={warps}"
+
+
 # ------------------------------------------------------------------ driver
 
 
@@ -446,7 +539,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iters", type=int, default=5, help="warm iterations (one cold one runs first)")
     parser.add_argument("--shm-iters", type=int, default=2, help="warm iterations for the slow host path")
     parser.add_argument("--paths", default=",".join(PATHS))
-    parser.add_argument("--profile", default=None, help="write torch.profiler traces of one sync here")
+    parser.add_argument("--profile", default=None, help="write torch.profiler traces of one extra sync here")
+    parser.add_argument("--profile-paths", default="cuda_ipc+v", help="the paths to profile")
+    parser.add_argument("--kernel", default=None, help="kernel tuning, as WEIGHT_SYNC_KERNEL")
+    parser.add_argument(
+        "--sweep", action="store_true", help="time the kernel shapes in one process, print the best"
+    )
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -454,6 +552,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.tensor_mib > args.bucket_mib:
         parser.error("--tensor-mib must not exceed --bucket-mib")
+    if args.kernel is not None:
+        import os
+
+        os.environ["WEIGHT_SYNC_KERNEL"] = args.kernel  # the spawned processes read it at import
+    if args.sweep:
+        print(sweep(args))
+        return 0
     args.label = f"t{args.tensor_mib:g}-"
     if args.profile is not None:
         Path(args.profile).mkdir(parents=True, exist_ok=True)
@@ -480,7 +585,7 @@ def main(argv: list[str] | None = None) -> int:
     table = []
     print(
         f"\n{args.gib:g} GiB bf16 in {args.tensor_mib:g} MiB tensors, {args.bucket_mib} MiB buckets, "
-        f"{torch.cuda.get_device_name(0)}"
+        f"{torch.cuda.get_device_name(0)}, kernel {args.kernel or 'default'}"
     )
     header = f"{'path':<11} {'timed region':<12} {'GiB':>6} {'seconds':>9} {'GB/s':>8} {'x D2D':>7} {'x slime':>8}  checksum"
     print(header)

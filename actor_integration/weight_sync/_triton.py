@@ -23,10 +23,12 @@ def segments_kernel(anchor, table, partials, MODE: tl.constexpr, BLOCK: tl.const
     row = table + pid * 4
     src = tl.multiple_of(tl.load(row), 4)
     dst = tl.multiple_of(tl.load(row + 1), 4)
-    nbytes = tl.load(row + 2)
-    pos = tl.load(row + 3)
+    nbytes = tl.load(row + 2).to(tl.int32)  # a chunk is far below 2 GiB
+    pos = tl.load(row + 3).to(tl.int32)  # word index in the bucket, wrapping like the checksum
     nvec = (nbytes // 16) * 4 if MODE == 2 else ((nbytes + 15) // 16) * 4
     nvec = tl.multiple_of(nvec, 4)
+    src_ptr = anchor + src
+    dst_ptr = anchor + dst
     lane = tl.arange(0, BLOCK)
     acc1 = tl.zeros([BLOCK], dtype=tl.int32)
     acc2 = tl.zeros([BLOCK], dtype=tl.int32)
@@ -35,17 +37,17 @@ def segments_kernel(anchor, table, partials, MODE: tl.constexpr, BLOCK: tl.const
     for it in range(ITERS):
         offs = lane + it * BLOCK
         mask = offs < nvec
-        w = tl.load(anchor + src + offs, mask=mask, other=0)
+        w = tl.load(src_ptr + offs, mask=mask, other=0)
         if MODE == 0:
             # Bytes past the tensor's end (inside its last 16-byte word) are written as zeros.
-            valid = tl.minimum(tl.maximum(nbytes - offs * 4, 0), 4).to(tl.int32)
+            valid = tl.minimum(tl.maximum(nbytes - offs * 4, 0), 4)
             keep = tl.where(valid == 4, -1, (1 << (valid * 8)) - 1)
             w = w & keep
         if MODE != 1:
-            tl.store(anchor + dst + offs, w, mask=mask)
+            tl.store(dst_ptr + offs, w, mask=mask)
         if MODE != 2:
             acc1 += w
-            acc2 += w * (pos + offs + 1).to(tl.int32)
+            acc2 += w * (pos + offs + 1)
     if MODE != 2:
         # Words wrap mod 2**32 as int32; the per-chunk reduction is exact in int64.
         tl.store(partials + pid * 2, tl.sum(acc1.to(tl.int64), axis=0))

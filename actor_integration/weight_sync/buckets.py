@@ -15,6 +15,7 @@ sends the same shapes every update skip the layout work.
 from __future__ import annotations
 
 import array
+import operator
 import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -242,9 +243,38 @@ class LayoutCache:
         self.align: int | None = None
         self.planned: list[_Planned] = []
         self.hits = 0  # buckets reused (tests check the cache is used)
+        self._flat: tuple[list[str], list[torch.dtype], list[torch.Size]] | None = None
 
     def clear(self) -> None:
         self.planned = []
+        self._flat = None
+
+    def flat(self) -> tuple[list[str], list[torch.dtype], list[torch.Size]]:
+        """Names, dtypes and shapes of the whole cached update, in the order given."""
+        if self._flat is None:
+            self._flat = (
+                [n for p in self.planned for n in p.names],
+                [d for p in self.planned for d in p.dtypes],
+                [s for p in self.planned for s in p.shapes],
+            )
+        return self._flat
+
+
+_dtype_of = operator.attrgetter("dtype")
+_shape_of = operator.attrgetter("shape")
+_is_meta = operator.attrgetter("is_meta")
+
+
+def _matches(tensors: list[Any], plan: _Planned) -> bool:
+    """Whether one bucket's tensors repeat the cached bucket (dtypes, shapes), at C speed."""
+    try:
+        if list(map(_dtype_of, tensors)) != plan.dtypes or list(map(_shape_of, tensors)) != plan.shapes:
+            return False
+        if any(map(_is_meta, tensors)):
+            return False
+    except AttributeError:  # not tensors: the checking path says what is wrong
+        return False
+    return all(isinstance(t, torch.Tensor) for t in tensors)
 
 
 def iter_buckets(
@@ -266,17 +296,48 @@ def iter_buckets(
         raise ValueError(f"bucket_bytes must be a positive int, got {bucket_bytes!r}")
     if align not in (1, 8, 16, 32, 64, 128, 256, 512):
         raise ValueError(f"align must be 1 or a power of two from 8 to 512, got {align!r}")
-    items: Iterable[Any] = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
     if cache is not None and (cache.bucket_bytes, cache.align) != (bucket_bytes, align):
-        cache.bucket_bytes, cache.align, cache.planned = bucket_bytes, align, []
+        cache.bucket_bytes, cache.align = bucket_bytes, align
+        cache.clear()
     previous = cache.planned if cache is not None else []
-    made: list[_Planned] = []
+    if previous and isinstance(named_tensors, Mapping) and not layout_only:
+        # A mapping that repeats the cached update: checked bucket by bucket, list against list,
+        # so the first bucket is out (and being copied) while the next ones are checked.
+        names = list(named_tensors)
+        assert cache is not None
+        if names == cache.flat()[0]:
+            tensors = list(named_tensors.values())
+            start = 0
+            for index, plan in enumerate(previous):
+                part = tensors[start : start + len(plan.names)]
+                if not _matches(part, plan):
+                    rest = zip(names[start:], tensors[start:], strict=True)
+                    yield from _buckets(rest, bucket_bytes, align, cache, previous, index, layout_only)
+                    return
+                cache.hits += 1
+                yield _from_plan(index, plan, part)
+                start += len(plan.names)
+            return
+    items: Iterable[Any] = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
+    yield from _buckets(items, bucket_bytes, align, cache, previous, 0, layout_only)
+
+
+def _buckets(
+    items: Iterable[Any],
+    bucket_bytes: int,
+    align: int,
+    cache: LayoutCache | None,
+    previous: list[_Planned],
+    index: int,
+    layout_only: bool,
+) -> Iterator[Bucket]:
+    """The planning loop from bucket `index` on, following `previous` while the tensors repeat it."""
+    made: list[_Planned] = list(previous[:index])
     seen: set[str] | None = None  # filled when the update leaves the cached plan
     names: list[str] = []
     tensors: list[torch.Tensor] = []
     pending = 0  # bytes of the open bucket, alignment included
-    index = 0
-    follow = bool(previous)
+    follow = bool(previous) and not layout_only
     for item in items:
         if follow:
             plan = previous[index] if index < len(previous) else None
@@ -315,9 +376,10 @@ def iter_buckets(
             planned = _plan(names, tensors, align, closed_by_overflow=False)
         yield _from_plan(index, planned, tensors)
         made.append(planned)
-    if cache is not None:
+    if cache is not None and not layout_only:
         cache.hits += sum(1 for p in made if any(p is q for q in previous))
         cache.planned = made
+        cache._flat = None
 
 
 def _same(item: Any, plan: _Planned, j: int) -> bool:

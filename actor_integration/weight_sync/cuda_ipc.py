@@ -73,7 +73,8 @@ class _Staging:
 
 class CudaIpcSender(SenderTransport):
     """Packs with the fused gather kernel (checksum in the same pass, no host sync per bucket) into
-    staging buffers kept per (round parity, position): round r + 1 packs while round r loads."""
+    staging buffers kept per position, and per round parity when pipelined (round r + 1 packs
+    while round r loads)."""
 
     name: ClassVar[str] = "cuda_ipc"
     default_round_buckets: ClassVar[int | None] = None
@@ -129,7 +130,7 @@ class CudaIpcSender(SenderTransport):
             if self.checksums:
                 self._packer.checksum(staging.tensor, bucket.nbytes)
         else:
-            key = f"r{self.round_index % 2}p{position}"
+            key = f"r{self.round_index % 2 if self.pipelined else 0}p{position}"
             staging = self._buffer(key, padded(bucket.nbytes, ALIGN))
             self._packer.pack(key, staging.tensor, bucket)
         try:
@@ -198,6 +199,11 @@ class CudaIpcSender(SenderTransport):
         torch.cuda.empty_cache()
 
 
+def _release_grants(descriptors: list[IpcBuffer]) -> None:
+    for descriptor in descriptors:
+        descriptor.release_grant()
+
+
 @dataclass
 class _Opened:
     storage: Any
@@ -213,9 +219,11 @@ class CudaIpcReceiver(ReceiverTransport):
         self._opened: dict[str, _Opened] = {}
         self._devices: set[int] = set()
         self.handles_opened = 0  # IPC opens so far (tests check reuse)
-        # Releasing a grant maps torch's counter file (tens of µs); off the copy's critical path.
+        # Releasing a grant maps torch's counter file (tens of µs, holding the GIL): done in a
+        # thread once the round's copies are finished, off the copy's critical path.
         self._grants = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="cuda-ipc-grants")
         self._pending: list[concurrent.futures.Future[None]] = []
+        self._unneeded: list[IpcBuffer] = []  # grants of exports whose buffer was already mapped
 
     @property
     def open_handles(self) -> int:
@@ -226,8 +234,7 @@ class CudaIpcReceiver(ReceiverTransport):
             raise TypeError(f"cuda_ipc receiver got a {type(descriptor).__name__} descriptor")
         opened = self._opened.get(descriptor.buffer_id)
         if opened is not None:
-            # Already mapped: this export's grant is not needed.
-            self._pending.append(self._grants.submit(descriptor.release_grant))
+            self._unneeded.append(descriptor)  # already mapped: this export's grant is not needed
         else:
             opened = self._open(descriptor, gpu)
         self._devices.add(opened.tensor.device.index or 0)
@@ -265,11 +272,18 @@ class CudaIpcReceiver(ReceiverTransport):
         # The sender may overwrite its buffers once we acknowledge: finish our copies first.
         for device in self._devices:
             torch.cuda.synchronize(device)
+        self._submit_releases()
         for future in [f for f in self._pending if f.done()]:
             self._pending.remove(future)
             future.result()  # surface a failed release
 
+    def _submit_releases(self) -> None:
+        if self._unneeded:
+            batch, self._unneeded = self._unneeded, []
+            self._pending.append(self._grants.submit(_release_grants, batch))
+
     def flush_grants(self) -> None:
+        self._submit_releases()
         pending, self._pending = self._pending, []
         for future in pending:
             future.result()

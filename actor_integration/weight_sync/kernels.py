@@ -56,6 +56,20 @@ TUNING = _tuning()
 CHUNK_BYTES = TUNING["block"] * TUNING["iters"] * 4
 INTERPRET_ON_CPU = False  # tests run the kernel on CPU tensors under TRITON_INTERPRET=1
 
+
+def set_tuning(*, block: int, iters: int, warps: int) -> None:
+    """Change the kernel's shape (benchmarks sweep it). Tables built before keep their chunking and
+    stay valid; verification tables are rebuilt."""
+    global CHUNK_BYTES
+    if block < 16 or block & (block - 1) or iters < 1 or warps not in (1, 2, 4, 8, 16):
+        raise ValueError(
+            f"set_tuning: block must be a power of two >= 16, iters >= 1, warps 1-16; got {block}, {iters}, {warps}"
+        )
+    TUNING.update(block=block, iters=iters, warps=warps)
+    CHUNK_BYTES = block * iters * 4
+    _verify_tables.clear()
+
+
 _module: Any = None
 _module_error: str | None = None
 
@@ -78,7 +92,16 @@ def fused(device: torch.device) -> bool:
     return triton_module(device) is not None
 
 
+def normalized(device: torch.device | str) -> torch.device:
+    """`cuda` as `cuda:<current>`: tensors report their index, and the checks compare devices."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 _anchors: dict[torch.device, torch.Tensor] = {}
+_verify_tables: dict[Any, Table] = {}  # per (device, regions, sizes): receivers verify the same buffers
 
 
 def _anchor(device: torch.device) -> torch.Tensor:
@@ -126,7 +149,9 @@ class Table:
         rows = host.to(device, non_blocking=True)
         row_groups = None
         if groups is not None:
-            row_groups = groups[segment].to(device, non_blocking=True)
+            pinned = torch.empty(total, dtype=torch.int64, pin_memory=device.type == "cuda")
+            pinned.copy_(groups[segment])
+            row_groups = pinned.to(device, non_blocking=True)
         return cls(rows, total, row_groups)
 
     def run(self, mode: int, device: torch.device) -> torch.Tensor | None:
@@ -170,7 +195,7 @@ class DevicePacker:
     reused while the layout, the region and the tensors' addresses stay the same."""
 
     def __init__(self, device: torch.device) -> None:
-        self.device = device
+        self.device = normalized(device)
         self._plans: dict[Any, _GatherPlan] = {}
         self._pending: list[torch.Tensor] = []
         self.plans_built = 0  # tests check reuse
@@ -216,8 +241,9 @@ class DevicePacker:
         self._plans.clear()
 
     def _plan(self, key: Any, region: torch.Tensor, bucket: Bucket) -> _GatherPlan:
-        pointers = [t.data_ptr() for t in bucket.tensors]
-        contiguous = [t.is_contiguous() for t in bucket.tensors]
+        # Checked on every update, at C speed: thousands of small tensors per bucket are common.
+        pointers = list(map(torch.Tensor.data_ptr, bucket.tensors))
+        contiguous = list(map(torch.Tensor.is_contiguous, bucket.tensors))
         cached = self._plans.get(key)
         region_ptr = region.data_ptr()
         if (
@@ -312,6 +338,7 @@ def plan_scatter(
 ) -> ScatterPlan:
     """`pieces`: per bucket, its region, its entries and the target tensor of each entry (in entry
     order). Targets were checked for shape and dtype by the caller."""
+    device = normalized(device)
     src_parts, dst_parts, size_parts = [], [], []
     slow: list[tuple[int, int, int, torch.Tensor]] = []
     fast_bytes = slow_bytes = 0
@@ -342,6 +369,7 @@ def plan_scatter(
 
 def scatter(plan: ScatterPlan, regions: Sequence[torch.Tensor], device: torch.device) -> None:
     """Enqueue the round's copies (no host sync)."""
+    device = normalized(device)
     if plan.fast is not None:
         plan.fast.run(SCATTER, device)
     for k, offset, nbytes, target in plan.slow:
@@ -360,7 +388,7 @@ def self_check(device: torch.device | str, *, large: bool = True, seed: int = 0)
     Where the fused kernel runs (CUDA with Triton) this checks it against torch bit for bit."""
     from actor_integration.weight_sync.buckets import iter_buckets
 
-    device = torch.device(device)
+    device = normalized(device)
     g = torch.Generator().manual_seed(seed)
     sizes = [0, 1, 3, 7, 15, 16, 17, 33, 4097] + (
         [70_001, 1_048_583, 5 * CHUNK_BYTES + 13] if large else [1001]

@@ -101,16 +101,28 @@ class ReceivedRound:
         return self._shards
 
 
-@dataclass(frozen=True)
 class LoadedRound:
     """One round written into the engine's tensors."""
 
-    version: int
-    round: int
-    final: bool
-    transport: str
-    nbytes: int
-    names: tuple[tuple[str, ...], ...]  # per engine rank, the tensors written
+    def __init__(
+        self,
+        version: int,
+        round_index: int,
+        final: bool,
+        transport: str,
+        manifests: list[list[BucketManifest]],
+    ) -> None:
+        self.version = version
+        self.round = round_index
+        self.final = final
+        self.transport = transport
+        self.nbytes = sum(m.nbytes for per_rank in manifests for m in per_rank)
+        self._manifests = manifests
+
+    @property
+    def names(self) -> tuple[tuple[str, ...], ...]:
+        """Per engine rank, the tensors written (made on first access)."""
+        return tuple(tuple(n for m in per_rank for n in m.names) for per_rank in self._manifests)
 
 
 @dataclass
@@ -220,18 +232,10 @@ class WeightReceiver:
                 if device.type == "cuda":
                     torch.cuda.current_stream(device).synchronize()
             timings["copy_ms"] = _ms(t2)
-            names = tuple(
-                tuple(n for b in buckets if b.rank_index == i for n in b.manifest.names)
-                for i in range(len(payloads))
-            )
-            return LoadedRound(
-                first.version,
-                first.round,
-                first.final,
-                first.transport,
-                sum(b.manifest.nbytes for b in buckets),
-                names,
-            )
+            manifests: list[list[BucketManifest]] = [[] for _ in payloads]
+            for b in buckets:
+                manifests[b.rank_index].append(b.manifest)
+            return LoadedRound(first.version, first.round, first.final, first.transport, manifests)
         finally:
             for b in buckets:
                 b.region = b.work = None

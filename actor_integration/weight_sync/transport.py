@@ -72,6 +72,7 @@ class SenderTransport(abc.ABC):
         self.version: int | None = None
         self.round_index = 0
         self.checksums = True  # False: manifests carry no checksum (WeightSender(checksums=False))
+        self.pipelined = False  # True: round r + 1 is exported before round r is acknowledged
 
     @property
     def gpu(self) -> int | None:

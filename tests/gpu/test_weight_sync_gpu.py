@@ -531,17 +531,17 @@ def test_streamed_rounds_arena_and_shm_from_gpu_arrive_bit_exact():
         sender.close()
 
         arena_sender = single_sender(rollout, CudaIpcSender(device=0))
-        model = trained_model("cuda:0", 3)
+        model = trained_model("cuda:0", 30)
         arena = arena_sender.arena(model.named_weights())
         for name, tensor in model.named_weights().items():
             arena[name].copy_(tensor)
-        arena_sender.send(3, arena)
+        arena_sender.send(30, arena)
         assert rollout.call("weights_checksum") == weights_checksum(model.named_weights())
         arena_sender.close()
 
         shm = ShmSender()
         shm_sender = single_sender(rollout, shm)
-        model = trained_model("cuda:0", 4)
+        model = trained_model("cuda:0", 40)
         seen = []
 
         def call(version, payloads):
@@ -549,7 +549,7 @@ def test_streamed_rounds_arena_and_shm_from_gpu_arrive_bit_exact():
             return rollout(version, payloads)
 
         shm_sender.engine_call = call
-        shm_sender.send(4, model.named_weights())
+        shm_sender.send(40, model.named_weights())
         assert rollout.call("weights_checksum") == weights_checksum(model.named_weights())
         assert set(seen) == {WSUM64} and shm._files[0].pinned
         result["shm"] = {"buckets": len(seen), "pinned": shm._files[0].pinned}
