@@ -91,14 +91,6 @@ class RolloutActor:
         self._loaded_bytes = 0
         self._unopened = False
         self._stages = bool(getattr(built, "stages_weights", False))
-        # How rounds reach the engine: written into its tensors by the receiver (no intermediate
-        # tensor), handed over as whole buckets, or as views it copies itself.
-        self._in_place = isinstance(built, LoadsInPlace)
-        self._buckets = (
-            not self._in_place
-            and isinstance(built, LoadsBuckets)
-            and bool(getattr(built, "accepts_buckets", True))
-        )
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -172,8 +164,13 @@ class RolloutActor:
                     reason=f"loading version {version}: weights being overwritten",
                 )
 
+        # How the round reaches the engine: written into its tensors by the receiver (no
+        # intermediate tensor), handed over as whole buckets, or as views it copies itself.
+        in_place = isinstance(self.engine, LoadsInPlace)
+        whole_buckets = not in_place and isinstance(self.engine, LoadsBuckets)
+        whole_buckets = whole_buckets and bool(getattr(self.engine, "accepts_buckets", True))
         try:
-            if self._in_place:
+            if in_place:
                 targets = self.engine.weight_targets(version, round_index=round_index, final=final)  # type: ignore[attr-defined]
                 self._unopened = False  # from here on the receiver accounts for every bucket
                 loaded = self.receiver.load_into(payloads, targets, before_write=before_write)
@@ -185,7 +182,7 @@ class RolloutActor:
                 self._unopened = False  # from here on the receiver accounts for every bucket
                 with self.receiver.open(payloads) as received:
                     before_write()
-                    if self._buckets:
+                    if whole_buckets:
                         self.engine.load_buckets(  # type: ignore[attr-defined]
                             version, received.buckets, round_index=received.round, final=received.final
                         )
