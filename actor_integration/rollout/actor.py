@@ -21,6 +21,8 @@ from actor_integration.release_audit import AuditedMemory
 from actor_integration.rollout.engine import (
     EngineGeneration,
     EngineMemory,
+    LoadsBuckets,
+    LoadsInPlace,
     QueryableEngineMemory,
     RolloutEngine,
 )
@@ -155,22 +157,46 @@ class RolloutActor:
         self.gate.admit(version, round_index)
         if round_index == 0:
             self._loaded_bytes = 0
-        self._unopened = False  # from here on the receiver accounts for every bucket
-        try:
-            with self.receiver.open(payloads) as received:
-                if received.final if self._stages else round_index == 0:
-                    # From the first write into the served weights on, a failure leaves them part
-                    # old, part new. An engine that stages rounds writes them at the final one.
-                    self.lifecycle.note_weights(
-                        Contents.UNKNOWN,
-                        version,
-                        reason=f"loading version {version}: weights being overwritten",
-                    )
-                self.engine.load_weights(
-                    version, received.shards, round_index=received.round, final=received.final
+        final = payloads[0].final
+
+        def before_write() -> None:
+            if final if self._stages else round_index == 0:
+                # From the first write into the served weights on, a failure leaves them part
+                # old, part new. An engine that stages rounds writes them at the final one.
+                self.lifecycle.note_weights(
+                    Contents.UNKNOWN,
+                    version,
+                    reason=f"loading version {version}: weights being overwritten",
                 )
-                self._loaded_bytes += received.nbytes
-                final, transport = received.final, received.transport
+
+        # How the round reaches the engine: written into its tensors by the receiver (no
+        # intermediate tensor), handed over as whole buckets, or as views it copies itself.
+        in_place = isinstance(self.engine, LoadsInPlace)
+        whole_buckets = not in_place and isinstance(self.engine, LoadsBuckets)
+        whole_buckets = whole_buckets and bool(getattr(self.engine, "accepts_buckets", True))
+        try:
+            if in_place:
+                targets = self.engine.weight_targets(version, round_index=round_index, final=final)  # type: ignore[attr-defined]
+                self._unopened = False  # from here on the receiver accounts for every bucket
+                loaded = self.receiver.load_into(payloads, targets, before_write=before_write)
+                self.engine.weights_written(  # type: ignore[attr-defined]
+                    version, loaded.names, round_index=round_index, final=final
+                )
+                nbytes, transport = loaded.nbytes, loaded.transport
+            else:
+                self._unopened = False  # from here on the receiver accounts for every bucket
+                with self.receiver.open(payloads) as received:
+                    before_write()
+                    if whole_buckets:
+                        self.engine.load_buckets(  # type: ignore[attr-defined]
+                            version, received.buckets, round_index=received.round, final=received.final
+                        )
+                    else:
+                        self.engine.load_weights(
+                            version, received.shards, round_index=received.round, final=received.final
+                        )
+                    nbytes, transport = received.nbytes, received.transport
+            self._loaded_bytes += nbytes
         except CorruptBucketError:
             elapsed = time.perf_counter() - self.gate.started
             self.gate.abort()

@@ -9,6 +9,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from actor_integration.weight_sync.buckets import BucketManifest
+from actor_integration.weight_sync.receiver import WeightTargets
 from lifecycle.errors import EngineNotIdleError
 
 GENERATION_MODES = ("abort", "retract", "in_place")  # SGLang's pause_generation modes
@@ -52,6 +54,43 @@ class RolloutEngine(Protocol):
     ) -> None: ...
 
     def weights_checksum(self) -> str: ...
+
+
+@runtime_checkable
+class LoadsInPlace(Protocol):
+    """An engine whose weights the receiver writes directly, with no intermediate tensor: it hands
+    out its parameter tensors (or its own staging tensors) per round, and is told when they are
+    written. The receiver checks every bucket and every name, shape and dtype before it writes.
+
+    `weight_targets` returns, per engine rank, the tensors round `round_index` goes into: the
+    served weights when the version comes in one round (round 0 and final), with
+    `complete=True` so a version missing a tensor is refused before anything is written; staging
+    tensors otherwise, if the engine keeps its previous weights until the final round (then
+    `stages_weights` is true). `weights_written` follows every written round (the names per rank);
+    at the final round the engine serves the new version. Only an engine whose parameters live in
+    this process can opt in: SGLang's live in its scheduler processes (see `LoadsBuckets`)."""
+
+    def weight_targets(self, version: int, *, round_index: int, final: bool) -> WeightTargets: ...
+
+    def weights_written(
+        self, version: int, names: Sequence[Sequence[str]], *, round_index: int, final: bool
+    ) -> None: ...
+
+
+@runtime_checkable
+class LoadsBuckets(Protocol):
+    """An engine that takes verified buckets whole: per engine rank, (uint8 region, manifest) pairs,
+    valid during the call. SGLang's `update_weights_from_tensor(load_format="flattened_bucket")`
+    takes exactly that shape, so the adapter passes a bucket without re-flattening its tensors."""
+
+    def load_buckets(
+        self,
+        version: int,
+        buckets: Sequence[Sequence[tuple[torch.Tensor, BucketManifest]]],
+        *,
+        round_index: int,
+        final: bool,
+    ) -> None: ...
 
 
 @runtime_checkable

@@ -4,7 +4,10 @@ The engine behaves like SGLang where the lifecycle cares: `weights` and `kv_cach
 released and resumed per tag (released weights lose their contents unless `weights_backup`;
 resuming a resident tag raises KeyError as SGLang does), generation can be paused and the
 cache flushed, and weight updates are versioned and staged: the previous weights stay loaded
-until the final round of a new version has arrived complete. One engine rank per GPU of its
+until the final round of a new version has arrived complete. It loads in place
+(`LoadsInPlace`): a version that comes in one round is written by the receiver straight into the
+served parameters, after every bucket was verified; a version in several rounds goes into staging
+tensors first and into the parameters at the final round. One engine rank per GPU of its
 slot; each rank holds a full replica (as each SGLang TP rank receives the full tensors from the
 trainer rank on its GPU, minus the sharding).
 """
@@ -18,6 +21,7 @@ import torch
 
 from actor_integration.rollout.engine import ENGINE_TAGS, GENERATION_MODES, NamedTensors
 from actor_integration.tiny_model import TinyLM, TinyLMConfig, weights_checksum
+from actor_integration.weight_sync.receiver import WeightTargets
 
 
 class ReferenceEngine:
@@ -50,6 +54,9 @@ class ReferenceEngine:
         self._running_lock = threading.Lock()
         self._staged: list[dict[str, torch.Tensor]] | None = None
         self._staged_version: int | None = None
+        self._live: WeightTargets | None = None  # the parameters as load targets (until reallocated)
+        self._staging: WeightTargets | None = None  # staging tensors for versions in several rounds
+        self._staged_names: list[set[str]] = []
         self.weight_version = 0
         self.stages_weights = True  # rounds are staged; the served weights change at the final one
         self.calls: list[str] = []  # engine calls in order, for tests and the demo's log
@@ -79,6 +86,7 @@ class ReferenceEngine:
                     for p in model.parameters():
                         p.data = torch.empty(0, dtype=p.dtype, device=device)
                 self._staged = None
+                self._live = self._staging = None
                 self._weights_valid = False
             else:
                 self._kv = [None] * self.num_ranks
@@ -105,6 +113,7 @@ class ReferenceEngine:
                             p.data.copy_(self._backup[rank][name])
                 self._weights_valid = self._backup is not None
                 self._backup = None
+                self._live = None
             else:
                 self._kv = [m.new_cache(self.kv_cache_tokens) for m in self.models]
             self._resident[tag] = True
@@ -239,6 +248,65 @@ class ReferenceEngine:
             for model, staged in zip(self.models, staged_all, strict=True):
                 for name, p in model.named_parameters():
                     p.copy_(staged[name])
+        self._weights_valid = True
+        self.weight_version = version
+
+    def weight_targets(self, version: int, *, round_index: int, final: bool) -> WeightTargets:
+        """The parameters for a version in one round; staging tensors for a round of several."""
+        if not self._resident["weights"]:
+            raise RuntimeError(
+                "ReferenceEngine: weights are released; resume_memory_occupation(['weights']) first"
+            )
+        if round_index == 0:
+            self._staged_version = version
+            self._staged_names = [set() for _ in self.models]
+        elif self._staged_version != version:
+            raise RuntimeError(
+                f"ReferenceEngine: round {round_index} of version {version} without its round 0; resend the version"
+            )
+        if round_index == 0 and final:
+            if self._live is None:
+                self._live = WeightTargets(
+                    [{n: p.data for n, p in m.named_parameters()} for m in self.models], complete=True
+                )
+            return self._live
+        if self._staging is None:
+            self._staging = WeightTargets(
+                [
+                    {
+                        n: torch.empty(shape, dtype=dtype, device=d)
+                        for n, (shape, dtype) in self._shapes.items()
+                    }
+                    for d in self.devices
+                ]
+            )
+        return self._staging
+
+    def weights_written(
+        self, version: int, names: Sequence[Sequence[str]], *, round_index: int, final: bool
+    ) -> None:
+        self.calls.append(f"load_weights(v{version}, round {round_index}{', final' if final else ''})")
+        if round_index == 0 and final:
+            self._weights_valid = True
+            self.weight_version = version
+            return
+        if self._staged_version != version or self._staging is None:
+            raise RuntimeError(f"ReferenceEngine: round {round_index} of version {version} was not staged")
+        for staged, written in zip(self._staged_names, names, strict=True):
+            staged.update(written)
+        if not final:
+            return
+        for rank, staged in enumerate(self._staged_names):
+            missing = sorted(set(self._shapes) - staged)
+            if missing:
+                raise ValueError(
+                    f"ReferenceEngine: version {version} is incomplete on rank {rank}: missing {missing[:6]}; "
+                    "the previous weights stay loaded"
+                )
+        with torch.no_grad():
+            for model, staging in zip(self.models, self._staging.tensors, strict=True):
+                for name, p in model.named_parameters():
+                    p.copy_(staging[name])
         self._weights_valid = True
         self.weight_version = version
 

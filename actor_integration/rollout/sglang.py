@@ -1,11 +1,16 @@
 """`RolloutEngine` over a real `sglang.Engine` (imported lazily: sglang is an optional extra).
 
 Weights reach SGLang through its own `update_weights_from_tensor(load_format="flattened_bucket")`:
-per engine TP rank, the tensors that arrived for that rank are flattened with SGLang's
-`FlattenedTensorBucket` and serialized with its `MultiprocessingSerializer`, so each TP rank
-loads what the trainer rank on its GPU sent. That costs one device copy per bucket on top of the
-transport (SGLang's schedulers run in their own processes and cannot use our cached handles).
-SGLang loads each call in place, so a round that fails after an earlier round of the same
+per engine TP rank, one call per verified bucket, serialized with its `MultiprocessingSerializer`,
+so each TP rank loads what the trainer rank on its GPU sent. What SGLang's API allows: it takes
+tensors, which its scheduler processes open (a fresh CUDA IPC handle per call) and copy into
+their parameters through the model's weight loaders (name mapping, QKV fusion, TP sharding), so
+no process outside SGLang can write its parameters directly (`LoadsInPlace` is for engines whose
+parameters live in the rollout's process). Our bucket already has the flattened-bucket layout, so
+the adapter hands it over as it is (`LoadsBuckets`): SGLang's metadata points into the bucket's
+bytes, and the only copy on our side is one flat copy of the whole bucket (torch refuses to
+re-export a CUDA tensor it received from another process) instead of re-flattening tensor by
+tensor. SGLang loads each call in place, so a round that fails after an earlier call of the same
 version leaves mixed weights: the adapter then refuses to generate until a version loads whole.
 
 Written against the SGLang pinned in pyproject's `sglang` extra; CI checks every call this module
@@ -21,8 +26,10 @@ from typing import Any
 import torch
 
 from actor_integration.rollout.engine import ENGINE_TAGS, GENERATION_MODES, NamedTensors
+from actor_integration.weight_sync.buckets import BucketManifest, dtype_from_name
 
 Codec = Callable[[NamedTensors], Any]
+BucketCodec = Callable[[torch.Tensor, BucketManifest], Any]
 
 
 def _import_sglang() -> Any:
@@ -50,18 +57,92 @@ def sglang_codec() -> tuple[Codec, bool]:
     return encode, bool(getattr(FlattenedTensorBucket, "supports_multi_dtypes", False))
 
 
+def sglang_bucket_codec() -> BucketCodec:
+    """One verified bucket as SGLang's flattened bucket: its bytes (one flat copy: torch cannot
+    re-export a CUDA buffer received from another process, nor share a mapped file) and metadata
+    that points at each tensor's place in them."""
+    _import_sglang()
+    from sglang.srt.utils import MultiprocessingSerializer
+    from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket, FlattenedTensorMetadata
+
+    def encode(region: torch.Tensor, manifest: BucketManifest) -> Any:
+        flat = region[: manifest.nbytes].clone()  # a buffer this process owns, so it can be shared
+        metadata = [
+            FlattenedTensorMetadata(
+                name=e.name,
+                shape=torch.Size(e.shape),
+                dtype=dtype_from_name(e.dtype),
+                start_idx=e.offset,
+                end_idx=e.offset + e.nbytes,
+                numel=e.nbytes,
+            )
+            for e in manifest.entries
+        ]
+        bucket = FlattenedTensorBucket(flattened_tensor=flat, metadata=metadata)
+        data = {"flattened_tensor": bucket.get_flattened_tensor(), "metadata": bucket.get_metadata()}
+        return MultiprocessingSerializer.serialize(data, output_str=True)
+
+    return encode
+
+
 class SGLangWeights:
     """Versioned weight loading in SGLang's flattened-bucket format, shared by the offline and the
-    HTTP adapters: each subclass sends one call with `_update`."""
+    HTTP adapters: each subclass sends one call with `_update`. With SGLang's own codec (no
+    `codec` given) and multi-dtype buckets, whole verified buckets go over (`load_buckets`)."""
 
-    def __init__(self, codec: Codec | None, multi_dtype_buckets: bool | None) -> None:
+    def __init__(
+        self, codec: Codec | None, multi_dtype_buckets: bool | None, bucket_codec: BucketCodec | None = None
+    ) -> None:
         if codec is None:
             codec, multi = sglang_codec()
             multi_dtype_buckets = multi if multi_dtype_buckets is None else multi_dtype_buckets
+            if bucket_codec is None and multi_dtype_buckets:
+                bucket_codec = sglang_bucket_codec()
         self._encode = codec
         self._multi_dtype = bool(multi_dtype_buckets)
+        # Mixed-dtype buckets are the only kind our senders make: without them, per-dtype calls.
+        self._encode_bucket = bucket_codec if self._multi_dtype else None
         self.weight_version = 0
         self._mixed: int | None = None  # version whose rounds were partly applied
+
+    @property
+    def accepts_buckets(self) -> bool:
+        """Whether `load_buckets` may be used (the rollout actor asks)."""
+        return self._encode_bucket is not None
+
+    def load_buckets(
+        self,
+        version: int,
+        buckets: Sequence[Sequence[tuple[torch.Tensor, BucketManifest]]],
+        *,
+        round_index: int,
+        final: bool,
+    ) -> None:
+        """One call per bucket position, with that bucket of every TP rank."""
+        if self._encode_bucket is None:
+            raise RuntimeError(
+                "SGLang adapter: whole buckets need SGLang's multi-dtype flattened buckets; use load_weights"
+            )
+        counts = sorted({len(per_rank) for per_rank in buckets})
+        if len(counts) != 1:
+            raise ValueError(
+                f"SGLang adapter: the TP ranks received different numbers of buckets {counts}; every trainer "
+                "rank of a slot must send the same tensors"
+            )
+        if round_index == 0:
+            self._mixed = None
+        for k in range(counts[0]):
+            last = final and k == counts[0] - 1
+            try:
+                payloads = [self._encode_bucket(*per_rank[k]) for per_rank in buckets]
+                self._update(payloads, version=version, last=last)
+            except BaseException:
+                if round_index > 0 or k > 0:
+                    self._mixed = version
+                raise
+        if final:
+            self.weight_version = version
+            self._mixed = None
 
     def _update(self, payloads: list[Any], *, version: int, last: bool) -> None:
         """Send one update_weights_from_tensor call (one payload per TP rank); raise if refused.
@@ -119,6 +200,7 @@ class SGLangEngine(SGLangWeights):
         *,
         codec: Codec | None = None,
         multi_dtype_buckets: bool | None = None,
+        bucket_codec: BucketCodec | None = None,
         **engine_kwargs: Any,
     ) -> None:
         if engine is None:
@@ -127,7 +209,7 @@ class SGLangEngine(SGLangWeights):
             raise ValueError(
                 f"SGLangEngine: got an engine and engine arguments {sorted(engine_kwargs)}; give one"
             )
-        super().__init__(codec, multi_dtype_buckets)
+        super().__init__(codec, multi_dtype_buckets, bucket_codec)
         self.engine = engine
         self._takes_version = (
             "weight_version" in inspect.signature(engine.update_weights_from_tensor).parameters
@@ -202,4 +284,4 @@ def _check(result: Any, version: int) -> None:
         raise RuntimeError(f"SGLang refused weight version {version}: {message}")
 
 
-__all__ = ["ENGINE_TAGS", "SGLangEngine", "SGLangWeights", "sglang_codec"]
+__all__ = ["ENGINE_TAGS", "SGLangEngine", "SGLangWeights", "sglang_bucket_codec", "sglang_codec"]

@@ -11,23 +11,34 @@
     lifecycle.run("sync", sender.send, version, named_tensors)
 
 One file per side: `wire.py` (the payload one slot rank hands the engine per round, and the errors),
-`sender.py` (`WeightSender`, the slot coordinator), `receiver.py` (`WeightReceiver`, `VersionGate`:
-what the rollout imports); the mechanisms are `buckets.py`, `topology.py`, `transport.py` and one
-file per transport.
+`sender.py` (`WeightSender`, the slot coordinator, `StagingArena`), `receiver.py` (`WeightReceiver`,
+`WeightTargets`, `VersionGate`: what the rollout imports); the mechanisms are `buckets.py`
+(layouts, manifests, checksums), `kernels.py` (the batched device copies with checksums in the
+same pass, `_triton.py` their Triton kernel), `topology.py`, `transport.py` and one file per
+transport.
 """
 
 from actor_integration.weight_sync.buckets import (
     CRC32,
     SUM32,
+    WSUM64,
     Bucket,
     BucketManifest,
+    LayoutCache,
+    PackedEntries,
     TensorEntry,
     iter_buckets,
     pack_into,
     unpack,
 )
-from actor_integration.weight_sync.receiver import ReceivedRound, VersionGate, WeightReceiver
-from actor_integration.weight_sync.sender import SyncReport, WeightSender
+from actor_integration.weight_sync.receiver import (
+    LoadedRound,
+    ReceivedRound,
+    VersionGate,
+    WeightReceiver,
+    WeightTargets,
+)
+from actor_integration.weight_sync.sender import StagingArena, SyncReport, WeightSender
 from actor_integration.weight_sync.topology import RankSlot, SlotTopology, local_device_index, physical_gpu_id
 from actor_integration.weight_sync.transport import (
     REQUESTABLE,
@@ -54,15 +65,20 @@ __all__ = [
     "REQUESTABLE",
     "SUM32",
     "TRANSPORTS",
+    "WSUM64",
     "Bucket",
     "BucketManifest",
     "CorruptBucketError",
+    "LayoutCache",
+    "LoadedRound",
+    "PackedEntries",
     "RankPayload",
     "RankSlot",
     "ReceivedRound",
     "ReceiverTransport",
     "SenderTransport",
     "SlotTopology",
+    "StagingArena",
     "StaleVersionError",
     "SyncReport",
     "TensorEntry",
@@ -71,6 +87,7 @@ __all__ = [
     "WeightSender",
     "WeightSyncError",
     "WeightSyncTimeout",
+    "WeightTargets",
     "configure_sender",
     "iter_buckets",
     "local_device_index",

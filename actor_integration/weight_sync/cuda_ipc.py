@@ -2,7 +2,8 @@
 
 Measured on an H200 (FACTS.md): a handle opened once moves 8 GiB at ~1.9 TB/s; a fresh handle
 per 512 MiB bucket ~341 GB/s, per 64 MiB ~60 GB/s. So the sender keeps one staging buffer per
-bucket position across updates, and the receiver caches the opened handle per buffer identity.
+bucket position (and round parity) across updates, and the receiver caches the opened handle per
+buffer identity. Packing is one fused kernel per bucket (kernels.py) and one host wait per round.
 Staging buffers are allocated inside the memory backend's `disable()` and in a private pool:
 torch_memory_saver memory is cuMem virtual memory and cannot be exported (slime #2188), and the
 private pool keeps the caching allocator from handing back a block carved under the saver.
@@ -20,14 +21,25 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 
-from actor_integration.weight_sync.buckets import SUM32, Bucket, BucketManifest, checksum, pack_into, padded
+from actor_integration.weight_sync.buckets import (
+    ALIGN,
+    NONE,
+    WSUM64,
+    ArenaBucket,
+    Bucket,
+    BucketManifest,
+    padded,
+)
+from actor_integration.weight_sync.kernels import DevicePacker
 from actor_integration.weight_sync.topology import local_device_index, physical_gpu_id
 from actor_integration.weight_sync.transport import ReceiverTransport, SenderTransport
+from lifecycle.errors import CorruptBucketError
 from lifecycle.hooks import MemoryDisable
 
 _CAPACITY_STEP = 2 << 20  # round capacities up so small growth does not reallocate every update
@@ -37,7 +49,7 @@ _CAPACITY_STEP = 2 << 20  # round capacities up so small growth does not realloc
 class IpcBuffer:
     """Descriptor of one exported staging buffer: its identity and this export's grant."""
 
-    buffer_id: str  # "<sender>:<position>:<generation>": a new id means a new allocation
+    buffer_id: str  # "<sender>:<slot>:<generation>": a new id means a new allocation
     share: tuple[Any, ...]  # `UntypedStorage._share_cuda_()` of the buffer for this export
     capacity: int
 
@@ -60,8 +72,13 @@ class _Staging:
 
 
 class CudaIpcSender(SenderTransport):
+    """Packs with the fused gather kernel (checksum in the same pass, no host sync per bucket) into
+    staging buffers kept per position, and per round parity when pipelined (round r + 1 packs
+    while round r loads)."""
+
     name: ClassVar[str] = "cuda_ipc"
     default_round_buckets: ClassVar[int | None] = None
+    double_buffered: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -81,8 +98,10 @@ class CudaIpcSender(SenderTransport):
             self.device = torch.device("cuda", torch.cuda.current_device())
         self._memory = memory
         self._pool: Any = None
-        self._staging: list[_Staging | None] = []
+        self._staging: dict[str, _Staging] = {}
         self._generation = 0
+        self._packer = DevicePacker(self.device)
+        self._exports: list[Bucket] = []
         self.allocations = 0  # staging buffers allocated so far (tests check reuse)
         self._gpu = physical_gpu_id(os.environ.get("CUDA_VISIBLE_DEVICES"), self.device.index or 0)
 
@@ -92,20 +111,30 @@ class CudaIpcSender(SenderTransport):
 
     @property
     def staging_bytes(self) -> int:
-        """Device memory held by the staging buffers now."""
-        return sum(s.capacity for s in self._staging if s is not None)
+        """Device memory held by the staging buffers now (arenas included)."""
+        return sum(s.capacity for s in self._staging.values())
 
-    def export(self, position: int, bucket: Bucket) -> tuple[BucketManifest, IpcBuffer]:
-        staging = self._buffer(position, padded(bucket.nbytes))
-        region = staging.tensor
-        pack_into(region, bucket)
-        end = padded(bucket.nbytes)
-        if end > bucket.nbytes:
-            region[bucket.nbytes : end].zero_()
-        # .item() inside checksum() waits for the packing copies on this stream.
-        value = checksum(region, bucket.nbytes, SUM32)
+    def begin_round(self, version: int, round_index: int) -> None:
+        super().begin_round(version, round_index)
+        self._exports.clear()
+        self._packer.discard()
+
+    def export(self, position: int, bucket: Bucket) -> IpcBuffer:
+        if isinstance(bucket, ArenaBucket):
+            staging = self._staging.get(bucket.slot)
+            if staging is None or staging.tensor is not bucket.region:
+                raise ValueError(
+                    "cuda_ipc: this arena's buffers were released (sender.release() or a new arena); "
+                    "make a new arena with sender.arena(...)"
+                )
+            if self.checksums:
+                self._packer.checksum(staging.tensor, bucket.nbytes)
+        else:
+            key = f"r{self.round_index % 2 if self.pipelined else 0}p{position}"
+            staging = self._buffer(key, padded(bucket.nbytes, ALIGN))
+            self._packer.pack(key, staging.tensor, bucket)
         try:
-            share = region.untyped_storage()._share_cuda_()  # type: ignore[no-untyped-call]
+            share = staging.tensor.untyped_storage()._share_cuda_()  # type: ignore[no-untyped-call]
         except RuntimeError as exc:
             raise RuntimeError(
                 f"cuda_ipc: the staging buffer on {self.device} cannot be exported ({exc}). Under "
@@ -113,18 +142,34 @@ class CudaIpcSender(SenderTransport):
                 "disable(): pass memory=<the torch_memory_saver singleton> to the sender, or use "
                 "transport 'shm'."
             ) from exc
-        return bucket.manifest(value, SUM32), IpcBuffer(staging.buffer_id, tuple(share), staging.capacity)
+        self._exports.append(bucket)
+        return IpcBuffer(staging.buffer_id, tuple(share), staging.capacity)
 
-    def ready(self) -> None:
-        torch.cuda.synchronize(self.device)
+    def ready(self) -> list[BucketManifest]:
+        values = self._packer.seal()  # the one wait of the round: every pack and checksum done
+        if not values:
+            torch.cuda.current_stream(self.device).synchronize()
+        buckets, self._exports = self._exports, []
+        if not self.checksums:
+            return [b.manifest(0, NONE) for b in buckets]
+        return [b.manifest(v, WSUM64) for b, v in zip(buckets, values, strict=True)]
 
-    def _buffer(self, position: int, need: int) -> _Staging:
-        while len(self._staging) <= position:
-            self._staging.append(None)
-        current = self._staging[position]
+    def abandon(self, descriptors: Sequence[Any]) -> None:
+        for descriptor in descriptors:
+            if isinstance(descriptor, IpcBuffer):
+                descriptor.release_grant()
+
+    def arena_regions(self, sizes: Sequence[int]) -> list[torch.Tensor]:
+        """Staging buffers for an arena: bucket i of the arena lives in region i."""
+        for key in [k for k in self._staging if k.startswith("a")]:
+            del self._staging[key]
+        return [self._buffer(f"a{i}", padded(n, ALIGN)).tensor for i, n in enumerate(sizes)]
+
+    def _buffer(self, key: str, need: int) -> _Staging:
+        current = self._staging.get(key)
         if current is not None and current.capacity >= need:
             return current
-        self._staging[position] = None  # free the old buffer before allocating a larger one
+        self._staging.pop(key, None)  # free the old buffer before allocating a larger one
         torch.cuda.ipc_collect()  # type: ignore[no-untyped-call]
         capacity = max(_CAPACITY_STEP, -(-need // _CAPACITY_STEP) * _CAPACITY_STEP)
         context = self._memory.disable() if self._memory is not None else contextlib.nullcontext()
@@ -137,8 +182,8 @@ class CudaIpcSender(SenderTransport):
             with pool_context:
                 tensor = torch.empty(capacity, dtype=torch.uint8, device=self.device)
         self.allocations += 1
-        staging = _Staging(tensor, f"{self.sender_id}:{position}:{self._generation}", capacity)
-        self._staging[position] = staging
+        staging = _Staging(tensor, f"{self.sender_id}:{key}:{self._generation}", capacity)
+        self._staging[key] = staging
         self._generation += 1
         return staging
 
@@ -147,10 +192,16 @@ class CudaIpcSender(SenderTransport):
             return
         torch.cuda.synchronize(self.device)
         self._staging.clear()
+        self._packer.clear()
         self._pool = None
         # Blocks a receiver still maps stay in torch's IPC limbo until it lets go; collect the rest.
         torch.cuda.ipc_collect()  # type: ignore[no-untyped-call]
         torch.cuda.empty_cache()
+
+
+def _release_grants(descriptors: list[IpcBuffer]) -> None:
+    for descriptor in descriptors:
+        descriptor.release_grant()
 
 
 @dataclass
@@ -168,9 +219,11 @@ class CudaIpcReceiver(ReceiverTransport):
         self._opened: dict[str, _Opened] = {}
         self._devices: set[int] = set()
         self.handles_opened = 0  # IPC opens so far (tests check reuse)
-        # Releasing a grant maps torch's counter file (tens of µs); off the copy's critical path.
+        # Releasing a grant maps torch's counter file (tens of µs, holding the GIL): done in a
+        # thread once the round's copies are finished, off the copy's critical path.
         self._grants = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="cuda-ipc-grants")
         self._pending: list[concurrent.futures.Future[None]] = []
+        self._unneeded: list[IpcBuffer] = []  # grants of exports whose buffer was already mapped
 
     @property
     def open_handles(self) -> int:
@@ -181,15 +234,14 @@ class CudaIpcReceiver(ReceiverTransport):
             raise TypeError(f"cuda_ipc receiver got a {type(descriptor).__name__} descriptor")
         opened = self._opened.get(descriptor.buffer_id)
         if opened is not None:
-            # Already mapped: this export's grant is not needed.
-            self._pending.append(self._grants.submit(descriptor.release_grant))
+            self._unneeded.append(descriptor)  # already mapped: this export's grant is not needed
         else:
             opened = self._open(descriptor, gpu)
         self._devices.add(opened.tensor.device.index or 0)
-        if opened.tensor.numel() < padded(manifest.nbytes):
-            raise ValueError(
+        if opened.tensor.numel() < padded(manifest.nbytes) or descriptor.capacity < manifest.nbytes:
+            raise CorruptBucketError(
                 f"cuda_ipc: buffer {descriptor.buffer_id} holds {opened.tensor.numel()} bytes but bucket "
-                f"{manifest.index} needs {manifest.nbytes}"
+                f"{manifest.index} needs {manifest.nbytes}: truncated"
             )
         return opened.tensor
 
@@ -220,11 +272,18 @@ class CudaIpcReceiver(ReceiverTransport):
         # The sender may overwrite its buffers once we acknowledge: finish our copies first.
         for device in self._devices:
             torch.cuda.synchronize(device)
+        self._submit_releases()
         for future in [f for f in self._pending if f.done()]:
             self._pending.remove(future)
             future.result()  # surface a failed release
 
+    def _submit_releases(self) -> None:
+        if self._unneeded:
+            batch, self._unneeded = self._unneeded, []
+            self._pending.append(self._grants.submit(_release_grants, batch))
+
     def flush_grants(self) -> None:
+        self._submit_releases()
         pending, self._pending = self._pending, []
         for future in pending:
             future.result()

@@ -23,6 +23,7 @@ import torch
 
 from actor_integration.weight_sync.buckets import (
     CRC32,
+    NONE,
     SAFETENSORS_DTYPES,
     Bucket,
     BucketManifest,
@@ -63,6 +64,7 @@ def safetensors_header(bucket: Bucket, metadata: dict[str, str]) -> bytes:
 class DiskSender(SenderTransport):
     name: ClassVar[str] = "disk"
     default_round_buckets: ClassVar[int | None] = None
+    align: ClassVar[int] = 1  # safetensors allows no holes
 
     def __init__(self, directory: str | os.PathLike[str], *, keep_files: bool = False) -> None:
         super().__init__()
@@ -70,8 +72,17 @@ class DiskSender(SenderTransport):
         self.keep_files = keep_files
         self._buffer: torch.Tensor | None = None
         self._written: list[Path] = []
+        self._manifests: list[BucketManifest] = []
 
-    def export(self, position: int, bucket: Bucket) -> tuple[BucketManifest, DiskFile]:
+    def begin_round(self, version: int, round_index: int) -> None:
+        super().begin_round(version, round_index)
+        self._manifests.clear()
+
+    def ready(self) -> list[BucketManifest]:
+        manifests, self._manifests = self._manifests, []
+        return manifests
+
+    def export(self, position: int, bucket: Bucket) -> DiskFile:
         if self._buffer is None or self._buffer.numel() < bucket.nbytes:
             self._buffer = None
             self._buffer = torch.empty(max(bucket.nbytes, 1), dtype=torch.uint8)
@@ -91,7 +102,8 @@ class DiskSender(SenderTransport):
             f.write(region[: bucket.nbytes].numpy().data)
         os.replace(partial, path)
         self._written.append(path)
-        return bucket.manifest(value, CRC32), DiskFile(str(path), bucket.nbytes)
+        self._manifests.append(bucket.manifest(value, CRC32) if self.checksums else bucket.manifest(0, NONE))
+        return DiskFile(str(path), bucket.nbytes)
 
     def end_round(self) -> None:
         if not self.keep_files:

@@ -16,14 +16,17 @@ import torch
 import torch.distributed as dist
 
 from actor_integration.weight_sync.buckets import (
+    ALIGN,
     CRC32,
-    SUM32,
+    NONE,
+    WSUM64,
     Bucket,
     BucketManifest,
     checksum,
     pack_into,
     padded,
 )
+from actor_integration.weight_sync.kernels import DevicePacker
 from actor_integration.weight_sync.transport import ReceiverTransport, SenderTransport
 
 
@@ -75,27 +78,41 @@ class NcclSender(SenderTransport):
         self._group = group
         self._src = src
         self.device = _device(device)
-        self._kind = SUM32 if self.device.type == "cuda" else CRC32
+        self._packer = DevicePacker(self.device) if self.device.type == "cuda" else None
         self._buffers = _Buffers(self.device)
         self._round: list[tuple[torch.Tensor, int]] = []
+        self._exports: list[tuple[Bucket, int | None]] = []  # host CRC32, or None: on the device
 
     def begin_round(self, version: int, round_index: int) -> None:
         super().begin_round(version, round_index)
         self._round.clear()
+        self._exports.clear()
+        if self._packer is not None:
+            self._packer.discard()
 
-    def export(self, position: int, bucket: Bucket) -> tuple[BucketManifest, Broadcast]:
-        length = padded(bucket.nbytes)
+    def export(self, position: int, bucket: Bucket) -> Broadcast:
+        length = padded(bucket.nbytes, ALIGN)
         region = self._buffers.get(position, length)
-        pack_into(region, bucket)
-        if length > bucket.nbytes:
+        if self._packer is not None:
+            self._packer.pack(position, region, bucket)
+            self._exports.append((bucket, None))
+        else:
+            pack_into(region, bucket)
             region[bucket.nbytes : length].zero_()
-        value = checksum(region, bucket.nbytes, self._kind)
+            self._exports.append((bucket, checksum(region, bucket.nbytes, CRC32)))
         self._round.append((region, length))
-        return bucket.manifest(value, self._kind), Broadcast(position, length)
+        return Broadcast(position, length)
 
-    def ready(self) -> None:
+    def ready(self) -> list[BucketManifest]:
+        device_values = iter(self._packer.seal() if self._packer is not None else [])
         if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+            torch.cuda.current_stream(self.device).synchronize()
+        exports, self._exports = self._exports, []
+        manifests = []
+        for bucket, host_value in exports:
+            kind, value = (WSUM64, next(device_values)) if host_value is None else (CRC32, host_value)
+            manifests.append(bucket.manifest(value, kind) if self.checksums else bucket.manifest(0, NONE))
+        return manifests
 
     def push(self) -> None:
         for region, length in self._round:
@@ -107,6 +124,8 @@ class NcclSender(SenderTransport):
     def release(self) -> None:
         self._round.clear()
         self._buffers.clear()
+        if self._packer is not None:
+            self._packer.clear()
 
 
 class NcclReceiver(ReceiverTransport):

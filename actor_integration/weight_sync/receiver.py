@@ -1,38 +1,134 @@
 """The receiving side of a weight sync: `WeightReceiver` opens and verifies a round, `VersionGate` orders versions.
 
-`WeightReceiver` opens every bucket of a round through its transport and checks its checksum
-before the engine sees any of it; `VersionGate` refuses stale, repeated and out-of-order updates.
-The rollout (`actor_integration.rollout`) imports this side only.
+`WeightReceiver` opens every bucket of a round through its transport and checks every checksum
+before anything is written: in one launch and one host wait for the buckets on a GPU. Then
+either `load_into` copies the round straight into the engine's tensors (one batched kernel per
+GPU, no intermediate tensor; an engine opts in with `weight_targets`, see
+`actor_integration.rollout.engine.LoadsInPlace`), or `open` hands out views of the buckets for an
+engine that copies them itself (`load_weights`). `VersionGate` refuses stale, repeated and
+out-of-order updates. The rollout (`actor_integration.rollout`) imports this side only.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from actor_integration.weight_sync.buckets import BucketManifest, checksum, unpack
+from actor_integration.weight_sync import kernels
+from actor_integration.weight_sync.buckets import (
+    ALIGN,
+    NONE,
+    WSUM64,
+    BucketManifest,
+    PackedEntries,
+    checksum,
+    dtype_from_name,
+    padded,
+    unpack,
+    wsum64_value,
+)
 from actor_integration.weight_sync.transport import ReceiverTransport, receiver_class
 from actor_integration.weight_sync.wire import RankPayload, payload_mismatch
 from lifecycle.errors import CorruptBucketError, StaleVersionError, WeightSyncError
 
-__all__ = ["ReceivedRound", "VersionGate", "WeightReceiver"]
+__all__ = ["LoadedRound", "ReceivedRound", "VersionGate", "WeightReceiver", "WeightTargets"]
+
+
+@dataclass(frozen=True)
+class WeightTargets:
+    """Where a round goes: per engine rank (slot rank order), the tensors to write, by name.
+
+    The receiver writes the tensors in place, so they must stay allocated where they are while
+    this object is in use: an engine that reallocates its weights (a release and resume) returns a
+    new `WeightTargets`. The receiver caches its copy plan per targets object. `complete`: the
+    round must carry every tensor of every rank (a version in one round written into the served
+    weights); a round that does not is refused before anything is written."""
+
+    tensors: Sequence[Mapping[str, torch.Tensor]]
+    complete: bool = False
 
 
 @dataclass
-class ReceivedRound:
-    """One verified round: per engine rank (slot rank order), the named tensors to load."""
+class _Bucket:
+    payload: RankPayload
+    rank_index: int  # position of the payload in the round (the engine rank)
+    position: int  # position of the bucket in its payload
+    manifest: BucketManifest
+    descriptor: Any
+    region: torch.Tensor | None = None  # as opened by the transport
+    work: torch.Tensor | None = None  # what is verified and copied (a device copy of a host region)
 
-    version: int
-    round: int
-    final: bool
-    transport: str
-    nbytes: int
-    shards: list[list[tuple[str, torch.Tensor]]]
+
+class ReceivedRound:
+    """One verified round: per engine rank (slot rank order), the named tensors to load (views of
+    the buckets, made on first access) or the buckets themselves (`buckets`)."""
+
+    def __init__(
+        self, version: int, round_index: int, final: bool, transport: str, buckets: list[_Bucket], ranks: int
+    ) -> None:
+        self.version = version
+        self.round = round_index
+        self.final = final
+        self.transport = transport
+        self.nbytes = sum(b.manifest.nbytes for b in buckets)
+        self._buckets = buckets
+        self._ranks = ranks
+        self._shards: list[list[tuple[str, torch.Tensor]]] | None = None
+
+    @property
+    def buckets(self) -> list[list[tuple[torch.Tensor, BucketManifest]]]:
+        """Per engine rank, its verified buckets: (uint8 region, manifest)."""
+        out: list[list[tuple[torch.Tensor, BucketManifest]]] = [[] for _ in range(self._ranks)]
+        for b in self._buckets:
+            assert b.work is not None
+            out[b.rank_index].append((b.work, b.manifest))
+        return out
+
+    @property
+    def shards(self) -> list[list[tuple[str, torch.Tensor]]]:
+        if self._shards is None:
+            shards: list[list[tuple[str, torch.Tensor]]] = [[] for _ in range(self._ranks)]
+            for b in self._buckets:
+                assert b.work is not None
+                shards[b.rank_index].extend(unpack(b.work, b.manifest))
+            self._shards = shards
+        return self._shards
+
+
+class LoadedRound:
+    """One round written into the engine's tensors."""
+
+    def __init__(
+        self,
+        version: int,
+        round_index: int,
+        final: bool,
+        transport: str,
+        manifests: list[list[BucketManifest]],
+    ) -> None:
+        self.version = version
+        self.round = round_index
+        self.final = final
+        self.transport = transport
+        self.nbytes = sum(m.nbytes for per_rank in manifests for m in per_rank)
+        self._manifests = manifests
+
+    @property
+    def names(self) -> tuple[tuple[str, ...], ...]:
+        """Per engine rank, the tensors written (made on first access)."""
+        return tuple(tuple(n for m in per_rank for n in m.names) for per_rank in self._manifests)
+
+
+@dataclass
+class _Plan:
+    targets: WeightTargets  # held so its id stays unique while the plan is cached
+    by_device: dict[torch.device, tuple[kernels.ScatterPlan, list[int]]]  # plan, bucket indices
 
 
 class WeightReceiver:
@@ -40,7 +136,8 @@ class WeightReceiver:
 
     Transport receivers are created on first use; give `transports={"nccl": NcclReceiver(...)}`
     for the broadcast transport, which needs its process group. `release()` drops every cached
-    handle and mapping: the rollout calls it when it sleeps.
+    handle, mapping, upload buffer and copy plan: the rollout calls it when it sleeps.
+    `last_timings` holds the phases of the last round in milliseconds (open, verify, copy).
     """
 
     def __init__(
@@ -48,6 +145,10 @@ class WeightReceiver:
     ) -> None:
         self.verify = verify
         self._transports: dict[str, ReceiverTransport] = dict(transports or {})
+        self._uploads: dict[tuple[torch.device, int, int], torch.Tensor] = {}  # device copies of host buckets
+        self._plans: OrderedDict[Any, _Plan] = OrderedDict()
+        self.plans_built = 0  # copy plans built so far (tests check reuse)
+        self.last_timings: dict[str, float] = {}
 
     def transport(self, name: str) -> ReceiverTransport:
         found = self._transports.get(name)
@@ -61,6 +162,8 @@ class WeightReceiver:
             found = self._transports[name] = receiver_class(name)()
         return found
 
+    # ------------------------------------------------------------------ the two ways to receive
+
     @contextlib.contextmanager
     def open(self, payloads: Sequence[RankPayload]) -> Iterator[ReceivedRound]:
         """Open, check and unpack one round; the views are valid inside the block only.
@@ -68,6 +171,80 @@ class WeightReceiver:
         Every bucket's transport resources are accounted for whether this succeeds or raises:
         opened, or discarded (a cuda_ipc grant released, a broadcast drained).
         """
+        first, transport, buckets = self._begin(payloads)
+        try:
+            self._open_all(transport, buckets)
+            for b in buckets:
+                b.work = b.region
+            self._verify(buckets)
+            yield ReceivedRound(
+                first.version, first.round, first.final, first.transport, buckets, len(payloads)
+            )
+        finally:
+            for b in buckets:
+                b.region = b.work = None
+            transport.close_round()
+
+    def load_into(
+        self,
+        payloads: Sequence[RankPayload],
+        targets: WeightTargets,
+        *,
+        before_write: Callable[[], Any] | None = None,
+    ) -> LoadedRound:
+        """Verify one round, then copy it into `targets` (no intermediate tensor).
+
+        Nothing in `targets` is written unless every bucket of the round passed its checksum and
+        every tensor matched a target (name, shape, dtype; all of them if `targets.complete`).
+        `before_write` runs between the checks and the first write."""
+        if not isinstance(targets, WeightTargets):
+            if isinstance(payloads, (list, tuple)):
+                self.discard(payloads)
+            raise TypeError(
+                f"WeightReceiver.load_into: targets must be WeightTargets, got {type(targets).__name__}"
+            )
+        first, transport, buckets = self._begin(payloads)
+        if len(targets.tensors) != len(payloads):
+            self.discard(payloads)
+            raise ValueError(
+                f"WeightReceiver.load_into: the engine has {len(targets.tensors)} ranks but the round carries "
+                f"{len(payloads)} payloads: the trainer's slot and the engine disagree on the number of GPUs"
+            )
+        timings: dict[str, float] = {}
+        t0 = time.perf_counter()
+        try:
+            self._open_all(transport, buckets)
+            devices = [_device_of(t) for t in targets.tensors]
+            for b in buckets:
+                b.work = self._upload(b, devices[b.rank_index])
+            timings["open_ms"] = _ms(t0)
+            t1 = time.perf_counter()
+            pending = self._launch_verify(buckets)
+            plan = self._plan(buckets, targets)  # host work, while the device verifies
+            self._check(buckets, pending)
+            timings["verify_ms"] = _ms(t1)
+            if before_write is not None:
+                before_write()
+            t2 = time.perf_counter()
+            for device, (scatter_plan, indices) in plan.by_device.items():
+                kernels.scatter(scatter_plan, [buckets[i].work for i in indices], device)  # type: ignore[misc]
+            for device in plan.by_device:
+                if device.type == "cuda":
+                    torch.cuda.current_stream(device).synchronize()
+            timings["copy_ms"] = _ms(t2)
+            manifests: list[list[BucketManifest]] = [[] for _ in payloads]
+            for b in buckets:
+                manifests[b.rank_index].append(b.manifest)
+            return LoadedRound(first.version, first.round, first.final, first.transport, manifests)
+        finally:
+            for b in buckets:
+                b.region = b.work = None
+            transport.close_round()
+            self.last_timings = timings
+
+    # ------------------------------------------------------------------ steps
+
+    def _begin(self, payloads: Sequence[RankPayload]) -> tuple[RankPayload, ReceiverTransport, list[_Bucket]]:
         if not isinstance(payloads, (list, tuple)) or not payloads:
             raise ValueError("WeightReceiver.open: payloads must be a non-empty list, one per slot rank")
         for p in payloads:
@@ -80,44 +257,141 @@ class WeightReceiver:
             raise WeightSyncError(f"inconsistent payloads: {mismatch}", version=payloads[0].version)
         first = payloads[0]
         transport = self.transport(first.transport)
-        pending = [(p, m, d) for p in payloads for m, d in zip(p.buckets, p.descriptors, strict=True)]
+        buckets = [
+            _Bucket(p, i, k, m, d)
+            for i, p in enumerate(payloads)
+            for k, (m, d) in enumerate(zip(p.buckets, p.descriptors, strict=True))
+        ]
+        if self.verify:
+            unchecked = next((b for b in buckets if b.manifest.checksum_kind == NONE), None)
+            if unchecked is not None:
+                self.discard(payloads)
+                raise WeightSyncError(
+                    f"bucket {unchecked.manifest.index} of version {first.version} from rank "
+                    f"{unchecked.payload.rank} carries no checksum, and this receiver verifies: build the "
+                    "WeightSender with checksums=True, or the WeightReceiver with verify=False",
+                    version=first.version,
+                )
+        return first, transport, buckets
+
+    def _open_all(self, transport: ReceiverTransport, buckets: list[_Bucket]) -> None:
+        opened = 0
         try:
-            opened: list[torch.Tensor] = []
-            try:
-                for p, m, d in pending:
-                    opened.append(self._open(transport, p, m, d))
-            except BaseException:
-                for _p, _m, d in pending[len(opened) + 1 :]:
-                    transport.discard(d)
-                raise
-            if self.verify:
-                for (p, manifest, _d), region in zip(pending, opened, strict=True):
-                    actual = checksum(region, manifest.nbytes, manifest.checksum_kind)
-                    if actual != manifest.checksum:
-                        raise CorruptBucketError(
-                            f"bucket {manifest.index} of version {p.version} from rank {p.rank} (slot {p.slot}, "
-                            f"transport {p.transport}) fails its {manifest.checksum_kind} checksum: expected "
-                            f"{manifest.checksum:#x}, got {actual:#x}; it was corrupted or truncated in transit",
-                            version=p.version,
-                            rank=p.rank,
-                            bucket=manifest.index,
-                        )
-            shards: list[list[tuple[str, torch.Tensor]]] = [[] for _ in payloads]
-            index = {id(p): i for i, p in enumerate(payloads)}
-            for (p, manifest, _d), region in zip(pending, opened, strict=True):
-                shards[index[id(p)]].extend(unpack(region, manifest))
-            del opened
-            yield ReceivedRound(
-                version=first.version,
-                round=first.round,
-                final=first.final,
-                transport=first.transport,
-                nbytes=sum(p.nbytes for p in payloads),
-                shards=shards,
+            for b in buckets:
+                b.region = self._open(transport, b.payload, b.manifest, b.descriptor)
+                opened += 1
+        except BaseException:
+            for b in buckets[opened + 1 :]:
+                transport.discard(b.descriptor)
+            raise
+
+    def _upload(self, b: _Bucket, device: torch.device | None) -> torch.Tensor:
+        """The region to verify and copy from: a host bucket bound for a GPU is copied there
+        first (one DMA into a reused buffer), so the check covers the bytes that are written."""
+        region = b.region
+        assert region is not None
+        if device is None or device.type != "cuda" or region.device.type != "cpu":
+            return region
+        if b.manifest.checksum_kind not in (WSUM64, NONE) and self.verify:
+            return region  # a host checksum (CRC32): checked on the host, copied tensor by tensor
+        end = padded(b.manifest.nbytes, ALIGN)
+        slot = (device, b.rank_index, b.position)
+        buffer = self._uploads.get(slot)
+        if buffer is None or buffer.numel() < end:
+            self._uploads.pop(slot, None)
+            buffer = self._uploads[slot] = torch.empty(max(end, 1 << 20), dtype=torch.uint8, device=device)
+        take = min(end, region.numel())
+        buffer[:take].copy_(region[:take], non_blocking=region.is_pinned())
+        if take < end:
+            buffer[take:end].zero_()
+        return buffer
+
+    def _launch_verify(
+        self, buckets: list[_Bucket]
+    ) -> dict[torch.device, tuple[list[int], list[torch.Tensor]]]:
+        """Start the device checksums (no wait); host checksums are checked at once."""
+        pending: dict[torch.device, tuple[list[int], list[torch.Tensor]]] = {}
+        if not self.verify:
+            return pending
+        groups: dict[torch.device, list[int]] = {}
+        for i, b in enumerate(buckets):
+            assert b.work is not None
+            if b.manifest.checksum_kind == WSUM64 and kernels.fused(b.work.device):
+                groups.setdefault(b.work.device, []).append(i)
+            else:
+                actual = checksum(b.work, b.manifest.nbytes, b.manifest.checksum_kind)
+                self._compare(b, actual)
+        for device, indices in groups.items():
+            regions = [buckets[i].work for i in indices]
+            sums = kernels.region_sums(regions, [buckets[i].manifest.nbytes for i in indices], device)  # type: ignore[arg-type]
+            pending[device] = (indices, sums)
+        return pending
+
+    def _check(
+        self, buckets: list[_Bucket], pending: dict[torch.device, tuple[list[int], list[torch.Tensor]]]
+    ) -> None:
+        for indices, sums in pending.values():
+            values = [wsum64_value(v) for v in torch.stack(sums).tolist()]
+            for i, actual in zip(indices, values, strict=True):
+                self._compare(buckets[i], actual)
+
+    def _verify(self, buckets: list[_Bucket]) -> None:
+        self._check(buckets, self._launch_verify(buckets))
+
+    @staticmethod
+    def _compare(b: _Bucket, actual: int) -> None:
+        manifest, p = b.manifest, b.payload
+        if actual != manifest.checksum:
+            raise CorruptBucketError(
+                f"bucket {manifest.index} of version {p.version} from rank {p.rank} (slot {p.slot}, "
+                f"transport {p.transport}) fails its {manifest.checksum_kind} checksum: expected "
+                f"{manifest.checksum:#x}, got {actual:#x}; it was corrupted or truncated in transit",
+                version=p.version,
+                rank=p.rank,
+                bucket=manifest.index,
             )
-            del shards
-        finally:
-            transport.close_round()
+
+    def _plan(self, buckets: list[_Bucket], targets: WeightTargets) -> _Plan:
+        works = [_work(b) for b in buckets]
+        key = (
+            id(targets),
+            tuple(
+                (b.rank_index, w.data_ptr(), w.device, _entries_key(b.manifest))
+                for b, w in zip(buckets, works, strict=True)
+            ),
+        )
+        found = self._plans.get(key)
+        if found is not None and found.targets is targets:
+            self._plans.move_to_end(key)
+            return found
+        per_device: dict[torch.device, list[int]] = {}
+        resolved: list[list[torch.Tensor]] = []
+        for i, b in enumerate(buckets):
+            resolved.append(_resolve(b, targets.tensors[b.rank_index]))
+            assert b.work is not None
+            per_device.setdefault(_device_of_list(resolved[-1]) or b.work.device, []).append(i)
+        if targets.complete:
+            for rank, mapping in enumerate(targets.tensors):
+                got = {n for b in buckets if b.rank_index == rank for n in b.manifest.names}
+                missing = sorted(set(mapping) - got)
+                if missing:
+                    raise ValueError(
+                        f"weight version {buckets[0].payload.version} is incomplete for engine rank {rank}: "
+                        f"missing {missing[:6]}{'...' if len(missing) > 6 else ''} ({len(missing)} tensors); "
+                        "the previous weights stay loaded"
+                    )
+        by_device = {}
+        for device, indices in per_device.items():
+            pieces = [(buckets[i].work, _packed(buckets[i].manifest), resolved[i]) for i in indices]
+            by_device[device] = (kernels.plan_scatter(pieces, device), indices)  # type: ignore[arg-type]
+        plan = _Plan(targets, by_device)
+        self._plans[key] = plan
+        while len(self._plans) > 8:
+            self._plans.popitem(last=False)
+        self.plans_built += 1
+        return plan
+
+    # ------------------------------------------------------------------ accounting
 
     def discard(self, payloads: Sequence[Any]) -> None:
         """Release what the senders hold for payloads the engine refused before opening them."""
@@ -147,10 +421,71 @@ class WeightReceiver:
     def release(self) -> None:
         for transport in self._transports.values():
             transport.release()
+        self._uploads.clear()
+        self._plans.clear()
 
     def open_handles(self) -> int:
         """Cached IPC handles and shared-memory mappings held now (0 after `release()`)."""
         return sum(int(getattr(t, "open_handles", 0)) for t in self._transports.values())
+
+
+def _work(b: _Bucket) -> torch.Tensor:
+    assert b.work is not None
+    return b.work
+
+
+def _ms(start: float) -> float:
+    return round((time.perf_counter() - start) * 1e3, 3)
+
+
+def _device_of(mapping: Mapping[str, torch.Tensor]) -> torch.device | None:
+    for tensor in mapping.values():
+        return tensor.device
+    return None
+
+
+def _device_of_list(tensors: list[torch.Tensor]) -> torch.device | None:
+    return tensors[0].device if tensors else None
+
+
+def _entries_key(manifest: BucketManifest) -> Any:
+    entries = manifest.entries
+    return entries.key if isinstance(entries, PackedEntries) else tuple(entries)
+
+
+def _packed(manifest: BucketManifest) -> PackedEntries:
+    entries = manifest.entries
+    if isinstance(entries, PackedEntries):
+        return entries
+    items = list(entries)
+    return PackedEntries.build(
+        [e.name for e in items],
+        [e.shape for e in items],
+        [dtype_from_name(e.dtype) for e in items],
+        [e.offset for e in items],
+        [e.nbytes for e in items],
+    )
+
+
+def _resolve(b: _Bucket, mapping: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
+    """The target of every entry of a bucket, checked against the entry (before any write)."""
+    out = []
+    for entry in b.manifest.entries:
+        target = mapping.get(entry.name)
+        if target is None:
+            known = sorted(mapping)
+            raise ValueError(
+                f"weight version {b.payload.version}: the engine has no tensor {entry.name!r} (from rank "
+                f"{b.payload.rank}); it has {known[:6]}{'...' if len(known) > 6 else ''}"
+            )
+        dtype = dtype_from_name(entry.dtype)
+        if tuple(target.shape) != tuple(entry.shape) or target.dtype != dtype:
+            raise ValueError(
+                f"weight version {b.payload.version}: {entry.name!r} arrived as {tuple(entry.shape)} {dtype}, "
+                f"the engine has {tuple(target.shape)} {target.dtype}"
+            )
+        out.append(target)
+    return out
 
 
 @dataclass

@@ -12,6 +12,8 @@ cause. A rank outside every slot does nothing.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import dataclasses
 import datetime
 import itertools
 import math
@@ -25,7 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from actor_integration.weight_sync.buckets import Bucket, BucketManifest, iter_buckets
+from actor_integration.weight_sync.buckets import ArenaBucket, Bucket, LayoutCache, iter_buckets
 from actor_integration.weight_sync.topology import RankSlot
 from actor_integration.weight_sync.transport import SenderTransport, emit
 from actor_integration.weight_sync.wire import RankPayload, payload_mismatch
@@ -33,7 +35,7 @@ from lifecycle.errors import WeightSyncError, WeightSyncTimeout
 from lifecycle.hooks import EventSink
 from lifecycle.logs import Event
 
-__all__ = ["SyncReport", "WeightSender"]
+__all__ = ["StagingArena", "SyncReport", "WeightSender"]
 
 
 @dataclass(frozen=True)
@@ -50,10 +52,50 @@ class SyncReport:
     rounds: int
     duration_s: float
     engine_results: tuple[Any, ...] = ()  # the coordinator's engine_call results, one per round
+    phases_ms: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    # pack_ms: exporting (layout, launching the packing copies); ready_ms: waiting for the packing
+    # and checksums; engine_ms: waiting for acknowledgements (overlaps packing when pipelined)
 
     @property
     def gbps(self) -> float:
         return self.nbytes / self.duration_s / 1e9 if self.duration_s > 0 else 0.0
+
+
+class StagingArena:
+    """Views into a sender's staging buffers, one per tensor (`tensors`): write the weights there,
+    then `sender.send(version, arena)`; end to end is then the engine's copy alone."""
+
+    def __init__(
+        self, sender: WeightSender, tensors: dict[str, torch.Tensor], buckets: tuple[ArenaBucket, ...]
+    ) -> None:
+        self.sender = sender
+        self.tensors = tensors
+        self.buckets = buckets
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.nbytes for b in self.buckets)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self.tensors[name]
+
+    def items(self) -> Iterable[tuple[str, torch.Tensor]]:
+        return self.tensors.items()
+
+
+@dataclasses.dataclass
+class _Round:
+    """A round handed over and not yet acknowledged."""
+
+    payload: RankPayload
+    started: float  # time.monotonic() when handed over (followers: when they arrived)
+    board: _Board | None
+    others: list[int]
+    future: concurrent.futures.Future[Any] | None  # the engine call (coordinator only)
+
+
+def _add(phases: dict[str, float], key: str, seconds: float) -> None:
+    phases[key] = phases.get(key, 0.0) + seconds
 
 
 class _Peekable:
@@ -87,6 +129,12 @@ class WeightSender:
     the engine's acknowledgement. `round_buckets` is how many buckets one round carries (default:
     the transport's: all for cuda_ipc and disk, one for shm and nccl). `store` is the c10d store
     for check-ins (default: the job's default store; only multi-rank slots use it).
+
+    `checksums=False`: manifests carry no checksum (receivers must not verify). `pipelined=True`
+    (cuda_ipc, with rounds of fewer buckets than the update): round r + 1 is packed into a second
+    set of staging buffers while the engine loads round r. Off by default: a colocated trainer and
+    engine time-slice one GPU (no MPS), so their kernels do not overlap, and on the H200 the
+    switching cost more than the overlap hid.
     """
 
     def __init__(
@@ -103,6 +151,8 @@ class WeightSender:
         round_buckets: int | None = -1,
         lifecycle: EventSink | None = None,
         store: Any = None,
+        checksums: bool = True,
+        pipelined: bool = False,
     ) -> None:
         if not isinstance(topology_slot, RankSlot):
             raise TypeError(
@@ -159,13 +209,26 @@ class WeightSender:
         self.last_version: int | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._broken: str | None = None
+        if pipelined and not transport.double_buffered:
+            raise ValueError(
+                f"WeightSender: pipelined=True needs a double-buffered transport; {transport.name!r} reuses "
+                "one buffer per position (use 'cuda_ipc')"
+            )
+        transport.checksums = bool(checksums)
+        transport.pipelined = bool(pipelined)
+        self.pipelined = bool(pipelined)
+        self.layouts = LayoutCache()  # the previous update's layouts, reused while shapes repeat
 
     # ------------------------------------------------------------------ public
 
     def send(
-        self, version: int, named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
+        self,
+        version: int,
+        named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]] | StagingArena,
     ) -> SyncReport:
-        """Send one version of the weights; returns when the engine acknowledged every round."""
+        """Send one version of the weights; returns when the engine acknowledged every round.
+
+        `named_tensors` may be an arena (`arena()`) the trainer wrote in place: nothing is packed."""
         if not isinstance(version, int) or isinstance(version, bool) or version < 0:
             raise ValueError(f"WeightSender.send: version must be a non-negative int, got {version!r}")
         if self.last_version is not None and version <= self.last_version:
@@ -183,10 +246,11 @@ class WeightSender:
         start = time.perf_counter()
         nbytes = buckets = rounds = 0
         results: list[Any] = []
+        phases: dict[str, float] = {}
         error: BaseException | None = None
         try:
             if self.slot.slot is not None:
-                nbytes, buckets, rounds = self._send_rounds(version, named_tensors, results)
+                nbytes, buckets, rounds = self._send_rounds(version, named_tensors, results, phases)
             self.last_version = version
             return SyncReport(
                 version=version,
@@ -199,6 +263,7 @@ class WeightSender:
                 rounds=rounds,
                 duration_s=time.perf_counter() - start,
                 engine_results=tuple(results),
+                phases_ms={k: round(v * 1e3, 3) for k, v in phases.items()},
             )
         except BaseException as exc:
             error = exc
@@ -224,6 +289,35 @@ class WeightSender:
                 fields["error"] = repr(error)
             emit(self.lifecycle, Event.SYNC_UPDATE, "info" if error is None else "error", **fields)
 
+    def arena(
+        self, named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
+    ) -> StagingArena:
+        """Staging buffers laid out for these names, shapes and dtypes (the tensors' data is not
+        read; meta tensors do), for the trainer to write its converted weights into directly;
+        `send(version, arena)` then packs nothing. Valid until `release()` or the next `arena()`."""
+        regions_for = getattr(self.transport, "arena_regions", None)
+        if regions_for is None:
+            raise ValueError(
+                f"WeightSender.arena: transport {self.transport.name!r} has no staging arena; use 'cuda_ipc'"
+            )
+        planned = list(
+            iter_buckets(named_tensors, self.bucket_bytes, align=self.transport.align, layout_only=True)
+        )
+        regions: list[torch.Tensor] = regions_for([b.nbytes for b in planned])
+        buckets: list[ArenaBucket] = []
+        views: dict[str, torch.Tensor] = {}
+        for bucket, region in zip(planned, regions, strict=True):
+            region.zero_()
+            tensors = tuple(
+                region[e.offset : e.offset + e.nbytes].view(t.dtype).view(t.shape)
+                for e, t in zip(bucket.entries, bucket.tensors, strict=True)
+            )
+            buckets.append(
+                ArenaBucket(bucket.index, tensors, bucket.entries, bucket.nbytes, region, f"a{bucket.index}")
+            )
+            views.update(zip(bucket.entries.names, tensors, strict=True))
+        return StagingArena(self, views, tuple(buckets))
+
     def release(self) -> None:
         """Free the transport's staging buffers (call when the trainer sleeps, if configured)."""
         self.transport.release()
@@ -239,54 +333,85 @@ class WeightSender:
     def _send_rounds(
         self,
         version: int,
-        named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
+        named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]] | StagingArena,
         results: list[Any],
+        phases: dict[str, float],
     ) -> tuple[int, int, int]:
-        planned = _Peekable(iter_buckets(named_tensors, self.bucket_bytes))
+        planned = _Peekable(self._plan(named_tensors))
         if planned.exhausted:
             raise ValueError(f"WeightSender.send(version={version}): no tensors given")
+        # Pipelined: round r + 1 is packed (into the other buffers) while the engine loads round r.
+        pipelined = self.pipelined
+        limit = self.round_buckets if self.round_buckets is not None else math.inf
         nbytes = buckets = 0
-        for round_index in itertools.count():
-            self.transport.begin_round(version, round_index)
-            manifests: list[BucketManifest] = []
-            descriptors: list[Any] = []
-            limit = self.round_buckets if self.round_buckets is not None else math.inf
-            while len(manifests) < limit:
-                bucket = planned.take()
-                if bucket is None:
-                    break
-                manifest, descriptor = self.transport.export(len(manifests), bucket)
-                manifests.append(manifest)
-                descriptors.append(descriptor)
-            self.transport.ready()
-            payload = RankPayload(
-                version=version,
-                round=round_index,
-                final=planned.exhausted,
-                slot=self.slot.slot,
-                rank=self.rank,
-                transport=self.transport.name,
-                sender=self.transport.sender_id,
-                gpu=self.transport.gpu,
-                buckets=tuple(manifests),
-                descriptors=tuple(descriptors),
-            )
-            if self.slot.is_coordinator:
-                results.append(self._coordinate(payload))
-            else:
-                self._follow(payload)
-            self.transport.end_round()
-            nbytes += payload.nbytes
-            buckets += len(manifests)
-            if payload.final:
-                return nbytes, buckets, round_index + 1
+        inflight: _Round | None = None
+        exported: list[Any] = []
+        try:
+            for round_index in itertools.count():
+                t0 = time.perf_counter()
+                self.transport.begin_round(version, round_index)
+                exported = []
+                while len(exported) < limit:
+                    bucket = planned.take()
+                    if bucket is None:
+                        break
+                    exported.append(self.transport.export(len(exported), bucket))
+                t1 = time.perf_counter()
+                manifests = self.transport.ready()
+                t2 = time.perf_counter()
+                _add(phases, "pack_ms", t1 - t0)
+                _add(phases, "ready_ms", t2 - t1)
+                payload = RankPayload(
+                    version=version,
+                    round=round_index,
+                    final=planned.exhausted,
+                    slot=self.slot.slot,
+                    rank=self.rank,
+                    transport=self.transport.name,
+                    sender=self.transport.sender_id,
+                    gpu=self.transport.gpu,
+                    buckets=tuple(manifests),
+                    descriptors=tuple(exported),
+                )
+                if inflight is not None:
+                    done, inflight = inflight, None
+                    self._finish(done, results, phases)
+                inflight = self._start(payload)
+                exported = []  # handed over: the engine accounts for them now
+                if not pipelined or payload.final:
+                    done, inflight = inflight, None
+                    self._finish(done, results, phases)
+                nbytes += payload.nbytes
+                buckets += len(manifests)
+                if payload.final:
+                    return nbytes, buckets, round_index + 1
+        except BaseException:
+            if inflight is not None:  # let the round the engine is loading finish first
+                with contextlib.suppress(BaseException):
+                    self._finish(inflight, results, phases)
+            if exported:
+                self.transport.abandon(exported)
+            raise
         raise AssertionError("unreachable")
 
-    def _coordinate(self, payload: RankPayload) -> Any:
-        others = [r for r in self.slot.ranks if r != self.rank]
+    def _plan(
+        self, named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]] | StagingArena
+    ) -> Iterator[Bucket]:
+        if isinstance(named_tensors, StagingArena):
+            if named_tensors.sender is not self:
+                raise ValueError("WeightSender.send: this arena belongs to another sender")
+            return iter(named_tensors.buckets)
+        return iter_buckets(named_tensors, self.bucket_bytes, align=self.transport.align, cache=self.layouts)
+
+    def _start(self, payload: RankPayload) -> _Round:
+        """Hand the round over: the coordinator has the engine call running when this returns;
+        a follower has delivered its payload to the coordinator."""
         t0 = time.monotonic()
-        if others:
-            board = self._board(payload)
+        if not self.slot.is_coordinator:
+            return self._follow_start(payload, t0)
+        others = [r for r in self.slot.ranks if r != self.rank]
+        board = self._board(payload) if others else None
+        if board is not None:
             missing = board.await_arrivals(others, t0 + self.deadline_s)
             if missing:
                 error = self._timeout(
@@ -305,56 +430,76 @@ class WeightSender:
             board.post("go", others, None)
         try:
             payloads = self._gather(payload, t0 + 2 * self.deadline_s) if others else [payload]
-            result = self._call_engine(payload, payloads)
+            mismatch = payload_mismatch(payloads)
+            if mismatch is not None:
+                raise WeightSyncError(
+                    f"weight sync of slot {self.slot.slot}, version {payload.version}, round {payload.round}: "
+                    f"{mismatch}",
+                    slot=self.slot.slot,
+                    version=payload.version,
+                )
         except WeightSyncError as error:
-            if others:
+            if board is not None:
                 board.post("status", others, error)
             raise
-        if others:
-            board.post("status", others, None)
-        return result
-
-    def _call_engine(self, payload: RankPayload, payloads: list[RankPayload]) -> Any:
-        mismatch = payload_mismatch(payloads)
-        if mismatch is not None:
-            raise WeightSyncError(
-                f"weight sync of slot {self.slot.slot}, version {payload.version}, round {payload.round}: {mismatch}",
-                slot=self.slot.slot,
-                version=payload.version,
-            )
         if self._executor is None:
             self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="weight-sync-engine")
         assert self.engine_call is not None
         future = self._executor.submit(self.engine_call, payload.version, payloads)
-        t1 = time.monotonic()
+        return _Round(payload, time.monotonic(), board, others, future)
+
+    def _finish(self, inflight: _Round, results: list[Any], phases: dict[str, float]) -> None:
+        """Wait for the engine's acknowledgement of a round (followers: the coordinator's report)."""
+        t0 = time.perf_counter()
+        try:
+            if inflight.future is None:
+                self._follow_finish(inflight)
+            else:
+                results.append(self._await_engine(inflight))
+        finally:
+            _add(phases, "engine_ms", time.perf_counter() - t0)
+        self.transport.end_round()
+
+    def _await_engine(self, inflight: _Round) -> Any:
+        payload, future, board = inflight.payload, inflight.future, inflight.board
+        assert future is not None
         try:
             self.transport.push()
-            return future.result(timeout=max(self.engine_deadline_s - (time.monotonic() - t1), 0.0))
-        except concurrent.futures.TimeoutError:
-            raise self._timeout(
-                payload,
-                awaited="the engine's acknowledgement",
-                missing=["engine"],
-                waited_s=time.monotonic() - t1,
-                cause=(
-                    "the rollout engine did not finish loading in time: it may still be generating (pause "
-                    "generation before syncing), have its weights released (wake_up(tags=['weights']) first), "
-                    "be blocked on another call, or be dead; or engine_deadline_s is too short for this model"
-                ),
-            ) from None
-        except Exception as exc:
-            raise WeightSyncError(
-                f"weight sync of slot {self.slot.slot}: the engine refused version {payload.version} "
-                f"(round {payload.round}): {exc}",
-                slot=self.slot.slot,
-                version=payload.version,
-            ) from exc
+            try:
+                remaining = max(self.engine_deadline_s - (time.monotonic() - inflight.started), 0.0)
+                result = future.result(timeout=remaining)
+            except concurrent.futures.TimeoutError:
+                raise self._timeout(
+                    payload,
+                    awaited="the engine's acknowledgement",
+                    missing=["engine"],
+                    waited_s=time.monotonic() - inflight.started,
+                    cause=(
+                        "the rollout engine did not finish loading in time: it may still be generating (pause "
+                        "generation before syncing), have its weights released (wake_up(tags=['weights']) "
+                        "first), be blocked on another call, or be dead; or engine_deadline_s is too short for "
+                        "this model"
+                    ),
+                ) from None
+            except Exception as exc:
+                raise WeightSyncError(
+                    f"weight sync of slot {self.slot.slot}: the engine refused version {payload.version} "
+                    f"(round {payload.round}): {exc}",
+                    slot=self.slot.slot,
+                    version=payload.version,
+                ) from exc
+        except WeightSyncError as error:
+            if board is not None:
+                board.post("status", inflight.others, error)
+            raise
+        if board is not None:
+            board.post("status", inflight.others, None)
+        return result
 
-    def _follow(self, payload: RankPayload) -> None:
+    def _follow_start(self, payload: RankPayload, t0: float) -> _Round:
         coordinator = self.slot.coordinator
         assert coordinator is not None
         board = self._board(payload)
-        t0 = time.monotonic()
         board.arrive(self.rank)
         # The coordinator may enter up to deadline_s after us and then wait deadline_s for others.
         go = board.await_message("go", self.rank, t0 + 2 * self.deadline_s)
@@ -369,12 +514,17 @@ class WeightSender:
         if go is not None:
             raise go
         self._gather(payload, t0 + 3 * self.deadline_s)
+        return _Round(payload, t0, board, [], None)
+
+    def _follow_finish(self, inflight: _Round) -> None:
+        payload, board, t0 = inflight.payload, inflight.board, inflight.started
+        assert board is not None and self.slot.coordinator is not None
         status = board.await_message("status", self.rank, t0 + 3 * self.deadline_s + self.engine_deadline_s)
         if status is _MISSING:
             raise self._timeout(
                 payload,
                 awaited="the coordinator's report",
-                missing=[coordinator],
+                missing=[self.slot.coordinator],
                 waited_s=time.monotonic() - t0,
                 cause="the coordinator died while calling the engine (its own engine deadline should have fired)",
             )

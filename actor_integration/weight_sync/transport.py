@@ -2,7 +2,7 @@
 
 A sender transport packs buckets into buffers another process can read and describes them with
 small picklable descriptors; the matching receiver transport turns a descriptor back into a
-uint8 region. The protocol (`sender.py`, `receiver.py`) moves only manifests and descriptors between
+uint8 region (on the device, or in host memory the receiver may upload). The protocol (`sender.py`, `receiver.py`) moves only manifests and descriptors between
 processes; the bytes go through the transport.
 """
 
@@ -14,12 +14,13 @@ import importlib
 import os
 import tempfile
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 
-from actor_integration.weight_sync.buckets import Bucket, BucketManifest
+from actor_integration.weight_sync.buckets import ALIGN, Bucket, BucketManifest
 from lifecycle import events
 from lifecycle.hooks import EventSink, MemoryDisable
 from lifecycle.logs import Event
@@ -53,17 +54,25 @@ class SenderTransport(abc.ABC):
     """Packs buckets where a receiver can read them.
 
     Per round: `begin_round`, `export` for each bucket (position counts from 0 inside the
-    round), `ready`, then the protocol hands the descriptors over, `push` runs while the engine
-    receives (nccl only), and `end_round` runs after the engine acknowledged.
+    round; the packing may still run on the device when it returns), `ready` (the round's
+    manifests, checksums included, after one wait for the packing), then the protocol hands the
+    descriptors over, `push` runs while the engine receives (nccl only), and `end_round` runs
+    after the engine acknowledged. A transport with `double_buffered` packs round r + 1 into
+    other buffers than round r, so the sender may pack the next round while the engine loads
+    this one; `abandon` gives back what a round exported but never handed over.
     """
 
     name: ClassVar[str]
     default_round_buckets: ClassVar[int | None]  # buckets per round; None: the whole update
+    align: ClassVar[int] = ALIGN  # bucket layout alignment (1: the safetensors layout)
+    double_buffered: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self.sender_id = uuid.uuid4().hex[:12]
         self.version: int | None = None
         self.round_index = 0
+        self.checksums = True  # False: manifests carry no checksum (WeightSender(checksums=False))
+        self.pipelined = False  # True: round r + 1 is exported before round r is acknowledged
 
     @property
     def gpu(self) -> int | None:
@@ -74,17 +83,21 @@ class SenderTransport(abc.ABC):
         self.version, self.round_index = version, round_index
 
     @abc.abstractmethod
-    def export(self, position: int, bucket: Bucket) -> tuple[BucketManifest, Any]:
-        """Pack `bucket` into the buffer for `position`; return its manifest and descriptor."""
+    def export(self, position: int, bucket: Bucket) -> Any:
+        """Pack `bucket` into the buffer for `position`; return its descriptor."""
 
-    def ready(self) -> None:  # noqa: B027 - optional step, a no-op unless a transport needs it
-        """Make everything exported this round visible to the receiver."""
+    @abc.abstractmethod
+    def ready(self) -> list[BucketManifest]:
+        """The manifests of the buckets exported this round, in order, once the receiver can read them."""
 
     def push(self) -> None:  # noqa: B027 - optional step, a no-op unless a transport needs it
         """Move the round's bytes while the engine receives (transports that push)."""
 
     def end_round(self) -> None:  # noqa: B027 - optional step, a no-op unless a transport needs it
         """The engine acknowledged the round; buffers may be reused."""
+
+    def abandon(self, descriptors: Sequence[Any]) -> None:  # noqa: B027 - optional step
+        """A round was exported but will not be handed over (an earlier round failed)."""
 
     def release(self) -> None:  # noqa: B027 - optional step, a no-op unless a transport needs it
         """Free the staging buffers; the next export uses new buffers (receivers reopen)."""

@@ -8,6 +8,11 @@
    trainer's staging memory comes back after `release()`.
 3. Two GPUs (only if present): TP=2 trainer ranks in one 2-GPU slot, real gloo slot group, the
    engine process started with CUDA_VISIBLE_DEVICES="1,0" so handles must be mapped by GPU id.
+4. The fused Triton kernel against torch, bit for bit, on awkward tensors; its bandwidth next to a
+   flat D2D copy; whether it compiled to 16-byte vector loads.
+5. Integrity: a staging buffer corrupted after packing, and a bucket truncated, are refused by the
+   rollout in another process and its previous weights stay loaded; streamed (pipelined) rounds,
+   the arena and the shm host path from GPU tensors arrive bit-exact.
 
 Measured figures are printed and, when LIFECYCLE_GPU_OUT is set, written there as JSON.
 """
@@ -111,12 +116,9 @@ def tms_producer_main(address: str) -> None:
     )
     sender = CudaIpcSender(memory=torch_memory_saver.torch_memory_saver)
     sender.begin_round(1, 0)
-    manifests, descriptors = [], []
-    for position, planned in enumerate(iter_buckets(weights, 32 << 20)):
-        manifest, descriptor = sender.export(position, planned)
-        manifests.append(manifest)
-        descriptors.append(descriptor)
-    sender.ready()
+    planned = iter_buckets(weights, 32 << 20, align=sender.align)
+    descriptors = [sender.export(position, bucket) for position, bucket in enumerate(planned)]
+    manifests = sender.ready()
     payload = RankPayload(
         1, 0, True, 0, 0, "cuda_ipc", sender.sender_id, sender.gpu, tuple(manifests), tuple(descriptors)
     )
@@ -329,3 +331,230 @@ def test_two_gpu_slot_with_remapped_devices(tmp_path):
     assert engine_visible == "1,0"
     assert ranks[0]["checksums"] == ranks[1]["checksums"]
     assert engine_checksum == ranks[0]["checksums"][-1]
+
+
+# ----------------------------------------------------------------------------------------------
+# 4. The fused kernel: bit-exact against torch, and its speed.
+
+
+def test_fused_kernels_agree_with_torch_on_awkward_tensors():
+    from actor_integration.weight_sync import kernels
+
+    assert kernels.fused(torch.device("cuda")), "Triton should be importable with the CUDA build of torch"
+    assert kernels.self_check("cuda", large=True) == []
+    assert kernels.self_check("cuda", large=False, seed=7) == []
+
+
+def _time(fn, repeat=5):
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
+def _flat_copy_gbps(total):
+    src = torch.empty(total, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    return total / _time(lambda: dst.copy_(src)) / 1e9
+
+
+def _kernel_gbps(total, tensor_mib):
+    from actor_integration.weight_sync import kernels
+    from actor_integration.weight_sync.buckets import ALIGN, iter_buckets, padded
+
+    device = torch.device("cuda")
+    count = total // (tensor_mib << 20)
+    named = {
+        f"w{i}": torch.empty(tensor_mib << 19, dtype=torch.bfloat16, device=device) for i in range(count)
+    }
+    buckets = list(iter_buckets(named, 512 << 20, align=ALIGN))
+    regions = [torch.empty(padded(b.nbytes, ALIGN), dtype=torch.uint8, device=device) for b in buckets]
+    sizes = [b.nbytes for b in buckets]
+    targets = [[torch.empty_like(t) for t in b.tensors] for b in buckets]
+    packer = kernels.DevicePacker(device)
+
+    def gather():
+        for k, (b, r) in enumerate(zip(buckets, regions, strict=True)):
+            packer.pack(k, r, b)
+        packer.seal()
+
+    def per_tensor():
+        for b, ts in zip(buckets, targets, strict=True):
+            for d, t in zip(ts, b.tensors, strict=True):
+                d.copy_(t)
+
+    plan = kernels.plan_scatter(
+        [(r, b.entries, ts) for b, r, ts in zip(buckets, regions, targets, strict=True)], device
+    )
+    row = {
+        "gather_gbps": total / _time(gather) / 1e9,
+        "verify_gbps": total / _time(lambda: kernels.verify(regions, sizes, device)) / 1e9,
+        "scatter_gbps": total / _time(lambda: kernels.scatter(plan, regions, device)) / 1e9,
+        "per_tensor_copy_gbps": total / _time(per_tensor) / 1e9,
+    }
+    return {k: round(v, 1) for k, v in row.items()}
+
+
+def test_fused_kernel_bandwidth_next_to_a_flat_copy():
+    from actor_integration.weight_sync import kernels
+
+    total = 4 << 30
+    result: dict = {"tuning": kernels.TUNING, "d2d_flat_gbps": round(_flat_copy_gbps(total), 1)}
+    torch.cuda.empty_cache()
+    for tensor_mib in (32, 1):
+        result[f"{tensor_mib}MiB"] = _kernel_gbps(total, tensor_mib)
+        torch.cuda.empty_cache()
+    device = torch.device("cuda")
+    module = kernels.triton_module(device)
+    compiled = module.segments_kernel.warmup(
+        torch.zeros(4, dtype=torch.int32, device=device),
+        torch.zeros((1, 4), dtype=torch.int64, device=device),
+        torch.zeros(2, dtype=torch.int64, device=device),
+        MODE=0,
+        BLOCK=kernels.TUNING["block"],
+        ITERS=kernels.TUNING["iters"],
+        num_warps=kernels.TUNING["warps"],
+        grid=(1,),
+    )
+    ptx = compiled.asm["ptx"]
+    result["ptx_v4_loads"] = ptx.count("ld.global.v4")
+    result["ptx_v4_stores"] = ptx.count("st.global.v4")
+    record("kernel_bandwidth", result)
+    assert result["32MiB"]["gather_gbps"] > 0
+
+
+# ----------------------------------------------------------------------------------------------
+# 5. Integrity and the other paths, into a RolloutActor in another process.
+
+
+def rollout_process():
+    import torch.multiprocessing as mp
+
+    spawn = mp.get_context("spawn")
+    ours, theirs = spawn.Pipe()
+    server = spawn.Process(target=serve_rollout, args=(theirs, CONFIG, ["cuda:0"]), daemon=True)
+    server.start()
+    return server, ours, EngineClient(ours)
+
+
+def single_sender(rollout, transport, **kwargs):
+    from actor_integration.weight_sync import RankSlot, WeightSender
+
+    options = {"bucket_bytes": 2 << 20, "deadline_s": 120.0}
+    options.update(kwargs)
+    return WeightSender(RankSlot.single(0), None, transport, rank=0, engine_call=rollout, **options)
+
+
+def test_a_corrupted_staging_buffer_or_a_truncated_bucket_leaves_the_previous_weights():
+    import dataclasses
+
+    from actor_integration.tiny_model import weights_checksum
+    from actor_integration.weight_sync import CorruptBucketError, WeightSyncError
+    from actor_integration.weight_sync.cuda_ipc import CudaIpcSender
+
+    server, conn, rollout = rollout_process()
+    result: dict = {}
+    try:
+        torch.cuda.set_device(0)
+        transport = CudaIpcSender(device=0)
+        sender = single_sender(rollout, transport)
+        good = trained_model("cuda:0", 1)
+        sender.send(1, good.named_weights())
+        loaded = rollout.call("weights_checksum")
+        assert loaded == weights_checksum(good.named_weights())
+
+        def corrupt(version, payloads):
+            staging = transport._staging["r0p1"].tensor  # bucket 1, packed and checksummed already
+            staging[17] ^= 0x40
+            torch.cuda.synchronize()
+            return rollout(version, payloads)
+
+        sender.engine_call = corrupt
+        with pytest.raises(WeightSyncError, match="checksum") as info:
+            sender.send(2, trained_model("cuda:0", 2).named_weights())
+        assert isinstance(info.value.__cause__, CorruptBucketError)
+        result["corrupt"] = str(info.value.__cause__).splitlines()[0]
+        assert rollout.call("weights_checksum") == loaded and rollout.call("weight_version") == 1
+        assert rollout.call("generate", [[1, 2]], 4) == good.generate([[1, 2]], max_new_tokens=4)
+
+        def truncate(version, payloads):
+            p = payloads[0]
+            longer = dataclasses.replace(p.buckets[0], nbytes=p.descriptors[0].capacity + 4096)
+            return rollout(version, [dataclasses.replace(p, buckets=(longer, *p.buckets[1:]))])
+
+        sender.engine_call = truncate
+        with pytest.raises(WeightSyncError, match="truncated") as info:
+            sender.send(3, trained_model("cuda:0", 3).named_weights())
+        assert isinstance(info.value.__cause__, CorruptBucketError)
+        result["truncated"] = str(info.value.__cause__).splitlines()[0]
+        assert rollout.call("weights_checksum") == loaded and rollout.call("weight_version") == 1
+
+        sender.engine_call = rollout
+        fresh = trained_model("cuda:0", 4)
+        sender.send(4, fresh.named_weights())
+        assert rollout.call("weights_checksum") == weights_checksum(fresh.named_weights())
+        sender.close()
+    finally:
+        conn.send(None)
+        server.join(60)
+    record("integrity", result)
+
+
+def test_streamed_rounds_arena_and_shm_from_gpu_arrive_bit_exact():
+    from actor_integration.tiny_model import weights_checksum
+    from actor_integration.weight_sync import WSUM64
+    from actor_integration.weight_sync.cuda_ipc import CudaIpcSender
+    from actor_integration.weight_sync.shm import ShmSender
+
+    server, conn, rollout = rollout_process()
+    result: dict = {}
+    try:
+        torch.cuda.set_device(0)
+        # One bucket per round, two staging buffers: round r + 1 packs while round r loads.
+        streamed = CudaIpcSender(device=0)
+        sender = single_sender(rollout, streamed, round_buckets=1)
+        for version in (1, 2):
+            model = trained_model("cuda:0", version)
+            report = sender.send(version, model.named_weights())
+            assert rollout.call("weights_checksum") == weights_checksum(model.named_weights())
+        result["streamed"] = {
+            "rounds": report.rounds,
+            "staging_buffers": streamed.allocations,
+            "phases": report.phases_ms,
+        }
+        assert report.rounds == report.buckets > 2 and streamed.allocations == 2
+        sender.close()
+
+        arena_sender = single_sender(rollout, CudaIpcSender(device=0))
+        model = trained_model("cuda:0", 30)
+        arena = arena_sender.arena(model.named_weights())
+        for name, tensor in model.named_weights().items():
+            arena[name].copy_(tensor)
+        arena_sender.send(30, arena)
+        assert rollout.call("weights_checksum") == weights_checksum(model.named_weights())
+        arena_sender.close()
+
+        shm = ShmSender()
+        shm_sender = single_sender(rollout, shm)
+        model = trained_model("cuda:0", 40)
+        seen = []
+
+        def call(version, payloads):
+            seen.extend(m.checksum_kind for p in payloads for m in p.buckets)
+            return rollout(version, payloads)
+
+        shm_sender.engine_call = call
+        shm_sender.send(40, model.named_weights())
+        assert rollout.call("weights_checksum") == weights_checksum(model.named_weights())
+        assert set(seen) == {WSUM64} and shm._files[0].pinned
+        result["shm"] = {"buckets": len(seen), "pinned": shm._files[0].pinned}
+        shm_sender.close()
+    finally:
+        conn.send(None)
+        server.join(60)
+    record("paths", result)

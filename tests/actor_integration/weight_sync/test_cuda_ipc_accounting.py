@@ -11,7 +11,7 @@ import contextlib
 import pytest
 import torch
 
-from actor_integration.weight_sync import BucketManifest, RankPayload, WeightReceiver
+from actor_integration.weight_sync import BucketManifest, CorruptBucketError, RankPayload, WeightReceiver
 from actor_integration.weight_sync.buckets import SUM32
 from actor_integration.weight_sync.cuda_ipc import CudaIpcReceiver, IpcBuffer
 
@@ -106,7 +106,7 @@ class TestGrants:
         assert ipc.opened[0][0] == 0  # GPU 3 is this process's cuda:0
 
     def test_a_bucket_larger_than_the_buffer_is_refused(self, ipc):
-        with pytest.raises(ValueError, match="needs 8192"):
+        with pytest.raises(CorruptBucketError, match="needs 8192"):
             CudaIpcReceiver().open(manifest(nbytes=8192), export("s:0:0", capacity=4096), gpu=0)
 
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from actor_integration.weight_sync import CRC32, SUM32, iter_buckets, pack_into, unpack
+from actor_integration.weight_sync import CRC32, SUM32, WSUM64, iter_buckets, pack_into, unpack
 from actor_integration.weight_sync.buckets import checksum, padded
 
 
@@ -89,15 +89,16 @@ class TestChecksums:
         region[17] ^= 1
         assert checksum(region, 64, CRC32) != before
 
-    def test_sum32_sees_a_flipped_bit_and_a_zeroed_tail(self):
+    @pytest.mark.parametrize("kind", [SUM32, WSUM64])
+    def test_word_sums_see_a_flipped_bit_and_a_zeroed_tail(self, kind):
         region = torch.arange(1, 65, dtype=torch.uint8)
-        before = checksum(region, 64, SUM32)
+        before = checksum(region, 64, kind)
         flipped = region.clone()
         flipped[3] ^= 4
-        assert checksum(flipped, 64, SUM32) != before
+        assert checksum(flipped, 64, kind) != before
         truncated = region.clone()
         truncated[48:] = 0
-        assert checksum(truncated, 64, SUM32) != before
+        assert checksum(truncated, 64, kind) != before
 
     def test_unknown_kind_is_refused(self):
         with pytest.raises(ValueError, match="unknown checksum kind"):

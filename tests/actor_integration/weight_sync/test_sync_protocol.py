@@ -8,6 +8,7 @@ import threading
 import time
 
 import pytest
+import torch
 
 from actor_integration.rollout import ReferenceEngine, RolloutActor
 from actor_integration.tiny_model import TinyLMConfig, weights_checksum
@@ -18,6 +19,7 @@ from actor_integration.weight_sync import (
     SlotTopology,
     StaleVersionError,
     VersionGate,
+    WeightReceiver,
     WeightSender,
     WeightSyncError,
     WeightSyncTimeout,
@@ -251,3 +253,132 @@ class TestSlots:
         with pytest.raises(ValueError, match="no tensors"):
             sender.send(1, {})
         sender.close()
+
+
+class TestLoadingInPlace:
+    """The reference engine loads in place: the receiver checks the round, then writes it into the
+    served parameters (one round) or the engine's staging tensors (several rounds)."""
+
+    def one_round_sender(self, actor, **kwargs):
+        return sender_for(actor, ShmSender(), round_buckets=None, **kwargs)
+
+    def test_a_version_in_one_round_is_written_into_the_served_weights_with_one_plan(self, actor):
+        sender = self.one_round_sender(actor)
+        params = {n: p.data_ptr() for n, p in actor.engine.models[0].named_parameters()}
+        for version in (1, 2, 3):
+            model = trained(version)
+            report = sender.send(version, model.named_weights())
+            assert report.rounds == 1 and report.buckets > 1
+            assert actor.weights_checksum() == weights_checksum(model.named_weights())
+        assert actor.receiver.plans_built == 1  # the copy plan was built once and reused
+        assert {n: p.data_ptr() for n, p in actor.engine.models[0].named_parameters()} == params
+        assert actor.engine.calls[-1] == "load_weights(v3, round 0, final)"
+        sender.close()
+
+    @pytest.mark.parametrize(
+        ("change", "message"),
+        [
+            (lambda named: named.pop("head.weight"), "incomplete"),
+            (lambda named: named.__setitem__("extra.weight", torch.zeros(3)), "no tensor 'extra.weight'"),
+            (lambda named: named.__setitem__("head.weight", torch.zeros(2, 2)), "arrived as"),
+        ],
+    )
+    def test_a_round_that_does_not_match_the_engine_is_refused_before_any_write(self, actor, change, message):
+        sender = self.one_round_sender(actor)
+        good = trained(1)
+        sender.send(1, good.named_weights())
+        named = dict(trained(2).named_weights())
+        change(named)
+        with pytest.raises(WeightSyncError, match=message):
+            sender.send(2, named)
+        assert actor.weights_checksum() == weights_checksum(good.named_weights())
+        assert actor.generate([[1, 2]], 4) == good.generate([[1, 2]], max_new_tokens=4)
+        sender.close()
+
+    def test_a_corrupted_bucket_of_a_one_round_version_leaves_the_previous_weights(self, actor):
+        sender = self.one_round_sender(actor)
+        good = trained(1)
+        sender.send(1, good.named_weights())
+
+        def tamper(version, payloads):
+            with open(payloads[0].descriptors[-1].path, "r+b") as f:
+                f.write(b"\x00\x01\x02")
+            return actor.update_weights(version, payloads)
+
+        sender.engine_call = tamper
+        with pytest.raises(WeightSyncError, match="checksum") as info:
+            sender.send(2, trained(2).named_weights())
+        assert isinstance(info.value.__cause__, CorruptBucketError)
+        assert actor.weights_checksum() == weights_checksum(good.named_weights())
+        assert actor.generate([[1, 2]], 4) == good.generate([[1, 2]], max_new_tokens=4)
+        sender.close()
+
+
+class TestChecksumsOff:
+    def test_a_verifying_receiver_refuses_buckets_without_checksums(self, actor):
+        sender = sender_for(actor, ShmSender(), checksums=False)
+        with pytest.raises(WeightSyncError, match="carries no checksum"):
+            sender.send(1, trained(1).named_weights())
+        assert actor.weight_version() == 0
+        sender.close()
+
+    def test_a_receiver_that_does_not_verify_loads_them(self):
+        actor = RolloutActor(ReferenceEngine(CONFIG), receiver=WeightReceiver(verify=False))
+        sender = sender_for(actor, ShmSender(), checksums=False)
+        model = trained(1)
+        sender.send(1, model.named_weights())
+        assert actor.weights_checksum() == weights_checksum(model.named_weights())
+        sender.close()
+
+
+class DoubleBufferedShm(ShmSender):
+    """shm with one file per (round parity, position), so a round can be packed while the previous
+    one loads: the pipelining of WeightSender on a host transport."""
+
+    double_buffered = True
+    exported: list
+
+    def export(self, position, bucket):
+        self.exported.append(self.round_index)
+        return super().export(2 * position + self.round_index % 2, bucket)
+
+
+class TestPipelinedRounds:
+    def test_round_r_plus_1_is_packed_while_the_engine_loads_round_r(self, actor):
+        transport = DoubleBufferedShm()
+        transport.exported = []
+        overlapped = []
+
+        def engine(version, payloads):
+            round_index = payloads[0].round
+            if not payloads[0].final:  # wait (inside this call) for the next round's export
+                deadline = time.monotonic() + 2
+                while round_index + 1 not in transport.exported and time.monotonic() < deadline:
+                    time.sleep(0.001)
+                overlapped.append(round_index + 1 in transport.exported)
+            return actor.update_weights(version, payloads)
+
+        sender = sender_for(actor, transport, engine_call=engine, pipelined=True)
+        model = trained(4)
+        report = sender.send(1, model.named_weights())
+        assert report.rounds == report.buckets > 2
+        assert overlapped == [True] * (report.rounds - 1)
+        assert actor.weights_checksum() == weights_checksum(model.named_weights())
+        sender.close()
+
+    def test_without_pipelining_the_next_round_waits_for_the_acknowledgement(self, actor):
+        transport = DoubleBufferedShm()
+        transport.exported = []
+        seen = []
+
+        def engine(version, payloads):
+            seen.append(payloads[0].round + 1 in transport.exported)
+            return actor.update_weights(version, payloads)
+
+        sender_for(actor, transport, engine_call=engine).send(1, trained(4).named_weights())
+        assert seen and not any(seen)
+        transport.close()
+
+    def test_pipelining_needs_a_double_buffered_transport(self, actor):
+        with pytest.raises(ValueError, match="double-buffered"):
+            sender_for(actor, ShmSender(), pipelined=True)

@@ -38,12 +38,9 @@ def tensors(seed=0, scale=1):
 
 def export_round(sender, named, *, version=1, bucket_bytes=1 << 20):
     sender.begin_round(version, 0)
-    manifests, descriptors = [], []
-    for position, bucket in enumerate(iter_buckets(named, bucket_bytes)):
-        manifest, descriptor = sender.export(position, bucket)
-        manifests.append(manifest)
-        descriptors.append(descriptor)
-    sender.ready()
+    buckets = iter_buckets(named, bucket_bytes, align=sender.align)
+    descriptors = [sender.export(position, bucket) for position, bucket in enumerate(buckets)]
+    manifests = sender.ready()
     return RankPayload(
         version=version,
         round=0,

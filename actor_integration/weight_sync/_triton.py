@@ -1,0 +1,67 @@
+# mypy: ignore-errors
+# (Triton's JIT language is not typeable: mypy sees `tl.constexpr` annotations and untyped decorators.)
+"""The one Triton kernel behind the device copies: copy and/or checksum a table of byte segments.
+
+Imported only where Triton is (the CUDA build of torch ships it); `kernels.py` is the front end.
+Every address is an int32-word offset from one `anchor` tensor, so a single launch reaches any
+number of tensors and buffers (trainer tensors, IPC-mapped staging, engine weights) and the
+compiler, told the offsets are multiples of 4 words, moves 16-byte vectors.
+"""
+
+import triton
+import triton.language as tl
+
+GATHER = 0  # tensors -> bucket: copy, zero the word padding, checksum what was written
+VERIFY = 1  # bucket: checksum only
+SCATTER = 2  # bucket -> tensors: copy byte-exact (no write past a tensor's end), no checksum
+COLUMNS = 4  # table row: src word offset, dst word offset, bytes, word index in the bucket
+
+
+@triton.jit
+def segments_kernel(anchor, table, partials, MODE: tl.constexpr, BLOCK: tl.constexpr, ITERS: tl.constexpr):
+    pid = tl.program_id(0).to(tl.int64)
+    row = table + pid * 4
+    src = tl.multiple_of(tl.load(row), 4)
+    dst = tl.multiple_of(tl.load(row + 1), 4)
+    nbytes = tl.load(row + 2).to(tl.int32)  # a chunk is far below 2 GiB
+    pos = tl.load(row + 3).to(tl.int32)  # word index in the bucket, wrapping like the checksum
+    nvec = (nbytes // 16) * 4 if MODE == 2 else ((nbytes + 15) // 16) * 4
+    nvec = tl.multiple_of(nvec, 4)
+    src_ptr = anchor + src
+    dst_ptr = anchor + dst
+    lane = tl.arange(0, BLOCK)
+    acc1 = tl.zeros([BLOCK], dtype=tl.int32)
+    acc2 = tl.zeros([BLOCK], dtype=tl.int32)
+    # A chunk is at most BLOCK * ITERS words; a static trip count with masks (no data-dependent
+    # loop bound) compiles to one loop and also runs under TRITON_INTERPRET on CPU tensors.
+    for it in range(ITERS):
+        offs = lane + it * BLOCK
+        mask = offs < nvec
+        w = tl.load(src_ptr + offs, mask=mask, other=0)
+        if MODE == 0:
+            # Bytes past the tensor's end (inside its last 16-byte word) are written as zeros.
+            valid = tl.minimum(tl.maximum(nbytes - offs * 4, 0), 4)
+            keep = tl.where(valid == 4, -1, (1 << (valid * 8)) - 1)
+            w = w & keep
+        if MODE != 1:
+            tl.store(dst_ptr + offs, w, mask=mask)
+        if MODE != 2:
+            acc1 += w
+            acc2 += w * (pos + offs + 1)
+    if MODE != 2:
+        # Words wrap mod 2**32 as int32; the per-chunk reduction is exact in int64.
+        tl.store(partials + pid * 2, tl.sum(acc1.to(tl.int64), axis=0))
+        tl.store(partials + pid * 2 + 1, tl.sum(acc2.to(tl.int64), axis=0))
+    if MODE == 2:
+        tail = nbytes - nvec * 4  # 0 to 15 bytes after the last whole 16-byte word
+        a8 = anchor.to(tl.pointer_type(tl.uint8))
+        b = tl.arange(0, 16)
+        keep8 = b < tail
+        x = tl.load(a8 + src * 4 + nvec * 4 + b, mask=keep8)
+        tl.store(a8 + dst * 4 + nvec * 4 + b, x, mask=keep8)
+
+
+def launch(anchor, table, partials, n_chunks, mode, block, iters, num_warps):
+    segments_kernel[(n_chunks,)](
+        anchor, table, partials, MODE=mode, BLOCK=block, ITERS=iters, num_warps=num_warps
+    )

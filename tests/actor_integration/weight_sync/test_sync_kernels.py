@@ -1,0 +1,178 @@
+"""The device copy path on a machine without a GPU: the WSUM64 checksum, the torch path of the
+kernels, the Triton kernel itself under TRITON_INTERPRET (where Triton is installed), packed
+manifests and the layout cache. The GPU tests run the compiled kernel against the same checks."""
+
+import importlib.util
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from actor_integration.weight_sync import LayoutCache, iter_buckets, kernels
+from actor_integration.weight_sync.buckets import (
+    ALIGN,
+    SUM32,
+    WSUM64,
+    BucketManifest,
+    TensorEntry,
+    checksum,
+    pack_into,
+    padded,
+    unpack,
+)
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def words(*values):
+    return torch.tensor(values, dtype=torch.int32).view(torch.uint8)
+
+
+class TestWsum64:
+    def test_it_sees_swapped_words_which_the_plain_sum_misses(self):
+        region = words(*range(1, 17))
+        before = checksum(region, 64, WSUM64)
+        swapped = words(2, 1, *range(3, 17))
+        assert checksum(swapped, 64, SUM32) == checksum(region, 64, SUM32)  # the plain sum misses it
+        assert checksum(swapped, 64, WSUM64) != before
+
+    def test_a_short_host_region_reads_as_zero_padded(self):
+        region = torch.arange(1, 22, dtype=torch.uint8)  # 21 bytes: padded to 32
+        padded_copy = torch.zeros(32, dtype=torch.uint8)
+        padded_copy[:21] = region
+        assert checksum(region, 21, WSUM64) == checksum(padded_copy, 21, WSUM64)
+
+    def test_the_pair_wraps_mod_2_32(self):
+        region = words(-1, -1, 2**31 - 1, 7)
+        value = checksum(region, 16, WSUM64)
+        s1 = (-1 - 1 + 2**31 - 1 + 7) % 2**32
+        s2 = (-1 * 1 - 1 * 2 + (2**31 - 1) * 3 + 7 * 4) % 2**32
+        assert value == (s2 << 32) | s1
+
+
+class TestTorchPath:
+    def test_awkward_tensors_pack_verify_and_unpack_like_torch(self):
+        """Every dtype, odd sizes, a strided and a misaligned tensor; targets with sentinels around."""
+        assert kernels.self_check("cpu", large=True) == []
+
+    def test_the_packer_reads_every_checksum_of_a_round_at_once(self):
+        named = {f"w{i}": torch.randn(100 + i) for i in range(5)}
+        packer = kernels.DevicePacker(torch.device("cpu"))
+        buckets = list(iter_buckets(named, 1024, align=ALIGN))
+        regions = [torch.empty(padded(b.nbytes, ALIGN), dtype=torch.uint8) for b in buckets]
+        for k, (b, r) in enumerate(zip(buckets, regions, strict=True)):
+            packer.pack(k, r, b)
+        values = packer.seal()
+        assert values == [checksum(r, b.nbytes, WSUM64) for b, r in zip(buckets, regions, strict=True)]
+        assert values == kernels.verify(regions, [b.nbytes for b in buckets], torch.device("cpu"))
+        assert packer.seal() == []
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None, reason="Triton is not installed (CUDA builds ship it)"
+)
+class TestTritonKernelInterpreted:
+    def test_the_kernel_agrees_with_torch_bit_for_bit(self):
+        """The Triton kernel itself, run by Triton's interpreter on CPU tensors (in a fresh process:
+        the interpreter is chosen when the kernel module is imported)."""
+        code = (
+            "from actor_integration.weight_sync import kernels\n"
+            "kernels.INTERPRET_ON_CPU = True\n"
+            "assert kernels.fused(__import__('torch').device('cpu'))\n"
+            "problems = kernels.self_check('cpu', large=False)\n"
+            "assert problems == [], problems\n"
+        )
+        env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([str(REPO), *sys.path]))
+        run = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600
+        )
+        assert run.returncode == 0, run.stderr[-3000:]
+
+
+class TestPackedEntries:
+    def layout(self, count=1000):
+        named = {
+            f"model.layers.{i}.mlp.weight": torch.zeros(3, i % 7 + 1, dtype=torch.bfloat16)
+            for i in range(count)
+        }
+        (bucket,) = iter_buckets(named, 1 << 30, align=ALIGN)
+        return named, bucket
+
+    def test_entries_round_trip_through_pickle_as_two_flat_fields(self):
+        """A thousand entries pickle as one string and one byte array, not a thousand objects."""
+        named, bucket = self.layout()
+        data = pickle.dumps(bucket.manifest(5, WSUM64))
+        manifest = pickle.loads(data)
+        assert manifest.entries == bucket.entries and manifest.entries.key == bucket.entries.key
+        assert manifest.names == tuple(named)
+        assert b"TensorEntry" not in data and b"TensorEntry" in pickle.dumps(tuple(bucket.entries))
+        assert manifest.entries == BucketManifest(0, bucket.nbytes, tuple(bucket.entries), 5, WSUM64).entries
+        first = manifest.entries[0]
+        assert first == TensorEntry("model.layers.0.mlp.weight", (3, 1), "bfloat16", 0, 6)
+        assert [e.offset % ALIGN for e in manifest.entries] == [0] * len(named)
+
+    def test_views_unpack_from_packed_entries(self):
+        named = {"a": torch.arange(5, dtype=torch.int16), "b": torch.ones(2, 2)}
+        (bucket,) = iter_buckets(named, 1 << 20, align=ALIGN)
+        region = torch.zeros(padded(bucket.nbytes, ALIGN), dtype=torch.uint8)
+        pack_into(region, bucket)
+        views = dict(unpack(region, bucket.manifest(0, WSUM64)))
+        assert torch.equal(views["a"], named["a"]) and torch.equal(views["b"], named["b"])
+
+
+class TestLayoutCache:
+    def named(self, seed=0, shape=(8, 8)):
+        g = torch.Generator().manual_seed(seed)
+        return {f"w{i}": torch.randn(*shape, generator=g) for i in range(10)}
+
+    def test_a_repeated_mapping_reuses_every_layout(self):
+        cache = LayoutCache()
+        first = list(iter_buckets(self.named(1), 600, align=ALIGN, cache=cache))
+        second = list(iter_buckets(self.named(2), 600, align=ALIGN, cache=cache))
+        assert len(first) == len(second) > 2
+        assert all(a.entries is b.entries for a, b in zip(first, second, strict=True))
+        assert cache.hits == len(second)
+
+    def test_a_repeated_generator_reuses_them_too_and_stays_lazy(self):
+        cache = LayoutCache()
+        list(iter_buckets(self.named(1).items(), 600, align=ALIGN, cache=cache))
+        pulled = []
+
+        def produce():
+            for name, tensor in self.named(2).items():
+                pulled.append(name)
+                yield name, tensor
+
+        buckets = iter_buckets(produce(), 600, align=ALIGN, cache=cache)
+        first = next(buckets)
+        assert len(pulled) == len(first.tensors)  # the bucket closed without pulling the next tensor
+        rest = list(buckets)
+        assert cache.hits == 1 + len(rest)
+
+    @pytest.mark.parametrize("how", ["mapping", "generator"])
+    def test_a_changed_update_is_laid_out_again_and_stays_bit_exact(self, how):
+        cache = LayoutCache()
+        list(iter_buckets(self.named(1), 600, align=ALIGN, cache=cache))
+        changed = self.named(3)
+        changed["w4"] = torch.randn(3, 5)  # a shape changes in the middle
+        changed["w9b"] = torch.randn(2)  # and a tensor is added at the end
+        source = changed if how == "mapping" else changed.items()
+        out = {}
+        for bucket in iter_buckets(source, 600, align=ALIGN, cache=cache):
+            region = torch.zeros(padded(bucket.nbytes, ALIGN), dtype=torch.uint8)
+            pack_into(region, bucket)
+            out.update((n, v.clone()) for n, v in unpack(region, bucket.manifest(0, WSUM64)))
+        assert list(out) == list(changed)
+        assert all(torch.equal(out[n], t) for n, t in changed.items())
+
+    def test_a_duplicate_name_after_the_cached_part_is_still_refused(self):
+        cache = LayoutCache()
+        named = self.named(1)
+        list(iter_buckets(named.items(), 600, align=ALIGN, cache=cache))
+        repeated = [*named.items(), ("w0", torch.zeros(1))]
+        with pytest.raises(ValueError, match="appears twice"):
+            list(iter_buckets(repeated, 600, align=ALIGN, cache=cache))
