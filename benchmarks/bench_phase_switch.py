@@ -813,13 +813,13 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
     steps: list[dict[str, float]] = result.get("steps") or []
     if not steps:
         return {}
+    # Each step's lifecycle first, then the medians: a median of steps minus a median of bodies
+    # can pair one step's wall with another's body.
+    steps = [{**s, "lifecycle": s["step"] - s.get("body", 0.0)} for s in steps]
     rest = steps[1:] or steps
     keys = {k for s in steps for k in s}
     steady = {k: statistics.median(s.get(k, 0.0) for s in rest) for k in keys}
-    first = dict(steps[0])
-    for rows in (steady, first):
-        rows["lifecycle"] = rows["step"] - rows.get("body", 0.0)
-    return {"first": first, "steady": steady}
+    return {"first": steps[0], "steady": steady}
 
 
 def print_report(report: dict[str, Any]) -> None:

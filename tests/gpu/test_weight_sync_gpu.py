@@ -515,7 +515,9 @@ def test_streamed_rounds_arena_and_shm_from_gpu_arrive_bit_exact():
     result: dict = {}
     try:
         torch.cuda.set_device(0)
-        # One bucket per round, two staging buffers: round r + 1 packs while round r loads.
+        # One bucket per round, sequential (the default): one staging buffer reused by every round.
+        # Pipelined rounds (pipelined=True, two buffers) lost on one GPU, where the two processes
+        # time-slice it (bench_sync: stream+v).
         streamed = CudaIpcSender(device=0)
         sender = single_sender(rollout, streamed, round_buckets=1)
         for version in (1, 2):
@@ -527,7 +529,7 @@ def test_streamed_rounds_arena_and_shm_from_gpu_arrive_bit_exact():
             "staging_buffers": streamed.allocations,
             "phases": report.phases_ms,
         }
-        assert report.rounds == report.buckets > 2 and streamed.allocations == 2
+        assert report.rounds == report.buckets > 2 and streamed.allocations == 1
         sender.close()
 
         arena_sender = single_sender(rollout, CudaIpcSender(device=0))
