@@ -774,16 +774,8 @@ class Lifecycle:
             f"if released, then update_weights(...) with the trainer's current version; {operation} is "
             "allowed once its final round is loaded."
         )
-        self._emit("warning", Event.REFUSED, {"operation": operation, "state": state, "reason": message})
-        return InvalidWeightsError(
-            message,
-            state=state,
-            operation=operation,
-            allowed=allowed_operations(state),
-            tags={t: c.value for t, c in invalid.items()},
-            weight_version=self._weight_version,
-            required_version=None,
-            fix="sync",
+        return self._weights_refusal(
+            operation, state, message, {t: c.value for t, c in invalid.items()}, None
         )
 
     def _stale(self, operation: str, state: State, required: int) -> InvalidWeightsError:
@@ -793,16 +785,21 @@ class Lifecycle:
             f"requires at least version {required} (a restarted or replaced engine serves its original "
             f"checkpoint, miles #1724). Sync version {required} or later first (update_weights)."
         )
+        return self._weights_refusal(operation, state, message, {}, required)
+
+    def _weights_refusal(
+        self, operation: str, state: State, message: str, tags: dict[str, str], required: int | None
+    ) -> InvalidWeightsError:
         self._emit("warning", Event.REFUSED, {"operation": operation, "state": state, "reason": message})
         return InvalidWeightsError(
             message,
             state=state,
             operation=operation,
             allowed=allowed_operations(state),
-            tags={},
+            tags=tags,
             weight_version=self._weight_version,
             required_version=required,
-            fix="sync",
+            fix="sync",  # both are fixed by a sync of a current version
         )
 
     def _targets(self, tags: Iterable[str] | None) -> tuple[str, ...]:
