@@ -183,9 +183,13 @@ def ours_producer(args: argparse.Namespace, path: str, conn: Any, results: Any) 
     conn.send(("shapes", {n: (tuple(t.shape), t.dtype) for n, t in weights.items()}))
     conn.recv()
 
+    calls: list[float] = []  # the engine call's round trip, as the sender's thread sees it
+
     def engine_call(version: int, payloads: Any) -> Any:
+        t0 = time.perf_counter()
         conn.send(("update_weights", (version, payloads)))
         status, value = conn.recv()
+        calls.append(time.perf_counter() - t0)
         if status == "error":
             raise value
         return value
@@ -229,7 +233,8 @@ def ours_producer(args: argparse.Namespace, path: str, conn: Any, results: Any) 
             continue
         end_to_end.append(report.duration_s)
         handoff.append(report.phases_ms.get("engine_ms", 0.0) / 1e3)
-        phases.append(dict(report.phases_ms))
+        phases.append({**report.phases_ms, "call_ms": sum(calls) * 1e3})
+        calls.clear()
         conn.send(("timings", None))
         receiver_phases.append(conn.recv()[1])
     conn.send(("done", word_sum(weights)))
@@ -268,9 +273,11 @@ def ours_consumer(args: argparse.Namespace, path: str, conn: Any) -> None:
         kind, value = conn.recv()
         if kind == "update_weights":
             context: Any = _profiler() if profile_next else _null()
+            t0 = time.perf_counter()
             try:
                 with context as prof:
                     result = actor.update_weights(*value)
+                summed["actor_ms"] = summed.get("actor_ms", 0.0) + (time.perf_counter() - t0) * 1e3
                 conn.send(("ok", result))
             except Exception as exc:
                 conn.send(("error", exc))
@@ -399,7 +406,16 @@ def slime_consumer(args: argparse.Namespace, conn: Any) -> None:
 # ------------------------------------------------------------------ kernel shapes
 
 
-SWEEP = ("1024,16,4", "2048,8,8", "4096,4,8", "2048,16,8")
+SWEEP = (
+    "1024,16,4",
+    "2048,16,8",
+    "2048,32,8",
+    "4096,16,8",
+    "1024,32,4",
+    "1024,64,4",
+    "4096,8,8",
+    "2048,64,8",
+)
 
 
 def _timed(fn: Any, repeat: int = 5) -> float:
@@ -612,15 +628,25 @@ def main(argv: list[str] | None = None) -> int:
                 f"{entry['vs_d2d'] or float('nan'):>7.2f} {entry['vs_slime'] or float('nan'):>8.2f}  {row.get('checksum_match', '-')}"
             )
     print(
-        "\nphases (ms, medians of warm syncs): sender pack / ready / engine wait; receiver open / verify / copy"
+        "\nphases (ms, medians of warm syncs). sender: pack (host), ready (waiting for the device), engine"
+        " wait = the engine call's round trip (call) + the rest; receiver: update_weights (actor) ="
+        " open + verify + copy + close + the rest"
+    )
+    print(
+        f"{'path':<11} {'pack':>7} {'ready':>7} {'engine':>7} {'call':>7}  | {'actor':>7} {'open':>7}"
+        f" {'verify':>7} {'copy':>7} {'close':>7}"
     )
     for row in rows:
         if "phases" in row:
             s, r = row["phases"], row["receiver_phases"]
+            sender_cols = ("pack_ms", "ready_ms", "engine_ms", "call_ms")
+            receiver_cols = ("actor_ms", "open_ms", "verify_ms", "copy_ms", "close_ms")
             print(
-                f"{row['path']:<11} {s.get('pack_ms', 0):>8.2f} {s.get('ready_ms', 0):>8.2f} {s.get('engine_ms', 0):>8.2f}"
-                f"   | {r.get('open_ms', 0):>7.2f} {r.get('verify_ms', 0):>7.2f} {r.get('copy_ms', 0):>7.2f}"
-                f"   cold e2e {row['cold_end_to_end'] * 1e3:.0f} ms, {row['buckets']} buckets in {row['rounds']} rounds"
+                f"{row['path']:<11} "
+                + " ".join(f"{s.get(k, 0):>7.2f}" for k in sender_cols)
+                + "  | "
+                + " ".join(f"{r.get(k, 0):>7.2f}" for k in receiver_cols)
+                + f"   cold e2e {row['cold_end_to_end'] * 1e3:.0f} ms, {row['buckets']} buckets in {row['rounds']} rounds"
             )
     checks = verdicts(by_path)
     print("\ntargets (issue 12):")

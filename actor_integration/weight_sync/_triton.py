@@ -5,7 +5,9 @@
 Imported only where Triton is (the CUDA build of torch ships it); `kernels.py` is the front end.
 Every address is an int32-word offset from one `anchor` tensor, so a single launch reaches any
 number of tensors and buffers (trainer tensors, IPC-mapped staging, engine weights) and the
-compiler, told the offsets are multiples of 4 words, moves 16-byte vectors.
+compiler, told the offsets are multiples of 4 words, moves 16-byte vectors. Checksummed modes add
+each chunk's (s1, s2) into `sums[group]` with integer atomics: exact, independent of the order the
+chunks run in, and no second kernel to reduce per-chunk partials.
 """
 
 import triton
@@ -14,17 +16,19 @@ import triton.language as tl
 GATHER = 0  # tensors -> bucket: copy, zero the word padding, checksum what was written
 VERIFY = 1  # bucket: checksum only
 SCATTER = 2  # bucket -> tensors: copy byte-exact (no write past a tensor's end), no checksum
-COLUMNS = 4  # table row: src word offset, dst word offset, bytes, word index in the bucket
+COLUMNS = 4  # table row: src word offset, dst word offset, bytes, group << 32 | word index in the bucket
 
 
 @triton.jit
-def segments_kernel(anchor, table, partials, MODE: tl.constexpr, BLOCK: tl.constexpr, ITERS: tl.constexpr):
+def segments_kernel(anchor, table, sums, MODE: tl.constexpr, BLOCK: tl.constexpr, ITERS: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
     row = table + pid * 4
     src = tl.multiple_of(tl.load(row), 4)
     dst = tl.multiple_of(tl.load(row + 1), 4)
     nbytes = tl.load(row + 2).to(tl.int32)  # a chunk is far below 2 GiB
-    pos = tl.load(row + 3).to(tl.int32)  # word index in the bucket, wrapping like the checksum
+    tag = tl.load(row + 3)
+    pos = tag.to(tl.int32)  # the low 32 bits: word index in the bucket, wrapping like the checksum
+    group = tag >> 32  # which (s1, s2) pair of `sums` this chunk adds to
     nvec = (nbytes // 16) * 4 if MODE == 2 else ((nbytes + 15) // 16) * 4
     nvec = tl.multiple_of(nvec, 4)
     src_ptr = anchor + src
@@ -49,9 +53,10 @@ def segments_kernel(anchor, table, partials, MODE: tl.constexpr, BLOCK: tl.const
             acc1 += w
             acc2 += w * (pos + offs + 1)
     if MODE != 2:
-        # Words wrap mod 2**32 as int32; the per-chunk reduction is exact in int64.
-        tl.store(partials + pid * 2, tl.sum(acc1.to(tl.int64), axis=0))
-        tl.store(partials + pid * 2 + 1, tl.sum(acc2.to(tl.int64), axis=0))
+        # Words wrap mod 2**32 as int32; the per-chunk reduction and the atomics are exact in
+        # int64 (which wraps mod 2**64, a multiple of the 2**32 the checksum keeps).
+        tl.atomic_add(sums + group * 2, tl.sum(acc1.to(tl.int64), axis=0), sem="relaxed")
+        tl.atomic_add(sums + group * 2 + 1, tl.sum(acc2.to(tl.int64), axis=0), sem="relaxed")
     if MODE == 2:
         tail = nbytes - nvec * 4  # 0 to 15 bytes after the last whole 16-byte word
         a8 = anchor.to(tl.pointer_type(tl.uint8))
@@ -61,7 +66,7 @@ def segments_kernel(anchor, table, partials, MODE: tl.constexpr, BLOCK: tl.const
         tl.store(a8 + dst * 4 + nvec * 4 + b, x, mask=keep8)
 
 
-def launch(anchor, table, partials, n_chunks, mode, block, iters, num_warps):
+def launch(anchor, table, sums, n_chunks, mode, block, iters, num_warps):
     segments_kernel[(n_chunks,)](
-        anchor, table, partials, MODE=mode, BLOCK=block, ITERS=iters, num_warps=num_warps
+        anchor, table, sums, MODE=mode, BLOCK=block, ITERS=iters, num_warps=num_warps
     )

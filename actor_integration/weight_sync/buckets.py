@@ -266,15 +266,15 @@ _is_meta = operator.attrgetter("is_meta")
 
 
 def _matches(tensors: list[Any], plan: _Planned) -> bool:
-    """Whether one bucket's tensors repeat the cached bucket (dtypes, shapes), at C speed."""
-    try:
-        if list(map(_dtype_of, tensors)) != plan.dtypes or list(map(_shape_of, tensors)) != plan.shapes:
-            return False
-        if any(map(_is_meta, tensors)):
-            return False
-    except AttributeError:  # not tensors: the checking path says what is wrong
-        return False
-    return all(isinstance(t, torch.Tensor) for t in tensors)
+    """Whether one bucket's tensors repeat the cached bucket (dtypes, shapes), at C speed: a few
+    hundred nanoseconds a tensor, the sender's whole host cost for a bucket of small tensors."""
+    if not all(issubclass(kind, torch.Tensor) for kind in set(map(type, tensors))):
+        return False  # not tensors: the checking path says what is wrong
+    return (
+        list(map(_dtype_of, tensors)) == plan.dtypes
+        and list(map(_shape_of, tensors)) == plan.shapes
+        and not any(map(_is_meta, tensors))
+    )
 
 
 def iter_buckets(

@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from actor_integration.weight_sync import kernels
 from actor_integration.weight_sync.buckets import (
     ALIGN,
     NONE,
@@ -104,6 +105,7 @@ class CudaIpcSender(SenderTransport):
         self._exports: list[Bucket] = []
         self.allocations = 0  # staging buffers allocated so far (tests check reuse)
         self._gpu = physical_gpu_id(os.environ.get("CUDA_VISIBLE_DEVICES"), self.device.index or 0)
+        kernels.warm_up(self.device)  # at configuration, not in the first sync
 
     @property
     def gpu(self) -> int:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -101,7 +102,10 @@ def normalized(device: torch.device | str) -> torch.device:
 
 
 _anchors: dict[torch.device, torch.Tensor] = {}
-_verify_tables: dict[Any, Table] = {}  # per (device, regions, sizes): receivers verify the same buffers
+# Verification tables per (device, region addresses, sizes): a receiver verifies the same mapped
+# staging buffers every update, so their chunk table is built once (bounded, oldest dropped).
+_verify_tables: OrderedDict[Any, Table] = OrderedDict()
+_VERIFY_TABLES_KEPT = 16
 
 
 def _anchor(device: torch.device) -> torch.Tensor:
@@ -117,11 +121,11 @@ def _kernel_ready(tensor: torch.Tensor, device: torch.device) -> bool:
 
 @dataclass
 class Table:
-    """Chunk rows on the device (int64: src word, dst word, bytes, word index in the bucket)."""
+    """Chunk rows on the device (int64: src word, dst word, bytes, group << 32 | word index in the
+    bucket). A checksummed launch adds each chunk's sums into `sums[group]`."""
 
     rows: torch.Tensor
     count: int
-    groups: torch.Tensor | None = None  # bucket of each row (verify over several buckets)
 
     @classmethod
     def build(
@@ -133,7 +137,8 @@ class Table:
         pos: torch.Tensor,
         groups: torch.Tensor | None = None,
     ) -> Table:
-        """Rows from per-segment int64 tensors on the host (absolute byte addresses)."""
+        """Rows from per-segment int64 tensors on the host (absolute byte addresses); `groups`:
+        the sums pair each segment adds to (default: all to pair 0)."""
         chunk = CHUNK_BYTES
         counts = (nbytes + chunk - 1) // chunk
         total = int(counts.sum())
@@ -145,30 +150,58 @@ class Table:
         host[:, 0] = (src[segment] + done - base) // 4
         host[:, 1] = (dst[segment] + done - base) // 4
         host[:, 2] = torch.clamp(nbytes[segment] - done, max=chunk)
-        host[:, 3] = (pos[segment] + done) // 4
-        rows = host.to(device, non_blocking=True)
-        row_groups = None
+        host[:, 3] = ((pos[segment] + done) // 4) & 0xFFFFFFFF
         if groups is not None:
-            pinned = torch.empty(total, dtype=torch.int64, pin_memory=device.type == "cuda")
-            pinned.copy_(groups[segment])
-            row_groups = pinned.to(device, non_blocking=True)
-        return cls(rows, total, row_groups)
+            host[:, 3] |= groups[segment] << 32
+        return cls(host.to(device, non_blocking=True), total)
 
-    def run(self, mode: int, device: torch.device) -> torch.Tensor | None:
-        """Launch the kernel over the rows; per-chunk (s1, s2) int64 pairs unless scattering."""
-        module = triton_module(device)
-        partials = None
-        if mode != SCATTER:
-            partials = torch.empty(max(self.count, 1) * 2, dtype=torch.int64, device=device)
-            if not self.count:
-                partials.zero_()
-        if self.count:
-            anchor = _anchor(device)
-            out = partials if partials is not None else anchor
-            module.launch(
-                anchor, self.rows, out, self.count, mode, TUNING["block"], TUNING["iters"], TUNING["warps"]
-            )
-        return partials
+    def run(self, mode: int, device: torch.device, sums: torch.Tensor | None = None) -> None:
+        """Launch the kernel over the rows (no host sync). Checksummed modes add into `sums`
+        (int64 pairs on the device, zeroed by the caller)."""
+        if not self.count:
+            return
+        anchor = _anchor(device)
+        if mode != SCATTER and sums is None:
+            raise ValueError("Table.run: a checksummed launch needs its sums buffer")
+        triton_module(device).launch(
+            anchor,
+            self.rows,
+            sums if sums is not None else anchor,
+            self.count,
+            mode,
+            TUNING["block"],
+            TUNING["iters"],
+            TUNING["warps"],
+        )
+
+
+_warmed: set[Any] = set()
+
+
+def warm_up(device: torch.device | str | int | None = None) -> bool:
+    """Compile the kernel's three modes for `device` (default: the current CUDA device) now, so
+    that the first weight sync does not pay Triton's JIT (seconds on a cold cache). Cheap once
+    compiled; a no-op where the torch path runs. Returns whether the kernel is ready."""
+    if device is None:
+        if not torch.cuda.is_available():
+            return False
+        device = torch.cuda.current_device()
+    device = normalized(torch.device("cuda", device) if isinstance(device, int) else device)
+    if not fused(device):
+        return False
+    key = (device, TUNING["block"], TUNING["iters"], TUNING["warps"])
+    if key not in _warmed:
+        scratch = torch.zeros(64, dtype=torch.uint8, device=device)
+        where = torch.tensor([scratch.data_ptr()], dtype=torch.int64)
+        one = torch.tensor([16], dtype=torch.int64)
+        table = Table.build(device, where, where + 32, one, torch.zeros(1, dtype=torch.int64))
+        sums = torch.zeros((1, 2), dtype=torch.int64, device=device)
+        for mode in (GATHER, VERIFY, SCATTER):
+            table.run(mode, device, sums)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        _warmed.add(key)
+    return True
 
 
 def _addresses(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -197,7 +230,9 @@ class DevicePacker:
     def __init__(self, device: torch.device) -> None:
         self.device = normalized(device)
         self._plans: dict[Any, _GatherPlan] = {}
-        self._pending: list[torch.Tensor] = []
+        self._pending: list[torch.Tensor] = []  # the torch path: one (s1, s2) tensor per bucket
+        self._sums: torch.Tensor | None = None  # the kernel path: (s1, s2) per bucket of the round
+        self._count = 0  # buckets packed since the last seal
         self.plans_built = 0  # tests check reuse
 
     def pack(self, key: Any, region: torch.Tensor, bucket: Bucket) -> None:
@@ -208,37 +243,57 @@ class DevicePacker:
             self._pending.append(wsum64_sums(region, bucket.nbytes))
             return
         plan = self._plan(key, region, bucket)
-        sums = torch.zeros(2, dtype=torch.int64, device=self.device)
+        sums = self._slot()
         if plan.fast is not None:
-            partials = plan.fast.run(GATHER, self.device)
-            assert partials is not None
-            sums += partials.view(-1, 2).sum(0)
+            plan.fast.run(GATHER, self.device, sums)
         if plan.slow:
             _copy_slow(region, bucket, plan.slow)
             assert plan.slow_extents is not None
-            partials = plan.slow_extents.run(VERIFY, self.device)
-            assert partials is not None
-            sums += partials.view(-1, 2).sum(0)
-        self._pending.append(sums)
+            plan.slow_extents.run(VERIFY, self.device, sums)
 
     def checksum(self, region: torch.Tensor, nbytes: int) -> None:
         """Enqueue the checksum of a region already filled (an arena the trainer wrote)."""
-        self._pending.append(region_sums([region], [nbytes], self.device)[0])
+        if not fused(self.device):
+            self._pending.append(wsum64_sums(region, nbytes))
+            return
+        _verify_table([region], [nbytes], self.device).run(VERIFY, self.device, self._slot())
 
     def seal(self) -> list[int]:
         """The WSUM64 of every bucket packed since the last seal, in order (one host sync)."""
-        pending, self._pending = self._pending, []
-        if not pending:
-            return []
-        values = torch.stack(pending).tolist()
+        if self._count:
+            assert self._sums is not None
+            values = self._sums[: self._count].tolist()
+            self._count = 0
+        else:
+            pending, self._pending = self._pending, []
+            if not pending:
+                return []
+            values = torch.stack(pending).tolist()
         return [wsum64_value(v) for v in values]
 
     def discard(self) -> None:
         self._pending.clear()
+        self._count = 0
 
     def clear(self) -> None:
-        self._pending.clear()
+        self.discard()
         self._plans.clear()
+        self._sums = None
+
+    def _slot(self) -> torch.Tensor:
+        """The zeroed (s1, s2) pair of the next bucket of the round, on the device."""
+        if self._count == 0:
+            if self._sums is None:
+                self._sums = torch.empty((64, 2), dtype=torch.int64, device=self.device)
+            self._sums.zero_()  # one memset per round
+        elif self._count == self._sums.shape[0]:  # type: ignore[union-attr]
+            assert self._sums is not None
+            grown = torch.zeros((2 * self._count, 2), dtype=torch.int64, device=self.device)
+            grown[: self._count] = self._sums
+            self._sums = grown
+        assert self._sums is not None
+        self._count += 1
+        return self._sums[self._count - 1]
 
     def _plan(self, key: Any, region: torch.Tensor, bucket: Bucket) -> _GatherPlan:
         # Checked on every update, at C speed: thousands of small tensors per bucket are common.
@@ -293,30 +348,46 @@ def _copy_slow(region: torch.Tensor, bucket: Bucket, indices: list[int]) -> None
 # ---------------------------------------------------------------------------------------------- verify
 
 
-def region_sums(
-    regions: Sequence[torch.Tensor], nbytes: Sequence[int], device: torch.device
-) -> list[torch.Tensor]:
-    """(s1, s2) per region, as device int64 pairs (no host sync)."""
+def _verify_table(regions: Sequence[torch.Tensor], nbytes: Sequence[int], device: torch.device) -> Table:
+    addresses = tuple(r.data_ptr() for r in regions)
+    sizes = tuple(padded(n, ALIGN) for n in nbytes)
+    key = (device, CHUNK_BYTES, addresses, sizes)
+    table = _verify_tables.get(key)
+    if table is None:
+        where = torch.tensor(addresses, dtype=torch.int64)
+        table = Table.build(
+            device,
+            where,
+            where,
+            torch.tensor(sizes, dtype=torch.int64),
+            torch.zeros(len(regions), dtype=torch.int64),
+            groups=torch.arange(len(regions)),
+        )
+        _verify_tables[key] = table
+        while len(_verify_tables) > _VERIFY_TABLES_KEPT:
+            _verify_tables.popitem(last=False)
+    else:
+        _verify_tables.move_to_end(key)
+    return table
+
+
+def region_sums(regions: Sequence[torch.Tensor], nbytes: Sequence[int], device: torch.device) -> torch.Tensor:
+    """(s1, s2) per region, as an int64 (regions, 2) tensor on the device (no host sync). The
+    chunk table is cached per (regions' addresses, sizes): receivers verify the same buffers."""
     if not fused(device):
-        return [wsum64_sums(r, n) for r, n in zip(regions, nbytes, strict=True)]
-    addresses = _addresses(regions)
-    sizes = torch.tensor([padded(n, ALIGN) for n in nbytes], dtype=torch.int64)
-    zeros = torch.zeros(len(regions), dtype=torch.int64)
-    table = Table.build(device, addresses, addresses, sizes, zeros, groups=torch.arange(len(regions)))
-    partials = table.run(VERIFY, device)
-    assert partials is not None and table.groups is not None
+        if not regions:
+            return torch.zeros((0, 2), dtype=torch.int64, device=device)
+        return torch.stack([wsum64_sums(r, n) for r, n in zip(regions, nbytes, strict=True)])
     sums = torch.zeros((len(regions), 2), dtype=torch.int64, device=device)
-    if table.count:
-        sums.index_add_(0, table.groups, partials.view(-1, 2))
-    return list(sums.unbind(0))
+    _verify_table(regions, nbytes, device).run(VERIFY, device, sums)
+    return sums
 
 
 def verify(regions: Sequence[torch.Tensor], nbytes: Sequence[int], device: torch.device) -> list[int]:
     """WSUM64 of each region (one launch and one host sync for all of them)."""
     if not regions:
         return []
-    sums = region_sums(regions, nbytes, device)
-    return [wsum64_value(v) for v in torch.stack(sums).tolist()]
+    return [wsum64_value(v) for v in region_sums(regions, nbytes, device).tolist()]
 
 
 # ---------------------------------------------------------------------------------------------- scatter
@@ -451,6 +522,24 @@ def self_check(device: torch.device | str, *, large: bool = True, seed: int = 0)
             problems.append(f"scatter: {name!r} ({entry.nbytes} bytes) differs from the source")
     if not bool((arena[untouched] == 0xC3).all()):
         problems.append("scatter: wrote outside its targets (sentinel bytes changed)")
+    # A round of several buckets: one sums pair each, sealed at once; verified in one launch.
+    several = list(iter_buckets(named, max(4096, bucket.nbytes // 5), align=ALIGN))
+    regions = [torch.zeros(padded(b.nbytes, ALIGN), dtype=torch.uint8, device=device) for b in several]
+    for k, (b, r) in enumerate(zip(several, regions, strict=True)):
+        packer.pack(("round", k), r, b)
+    sealed = packer.seal()
+    expected = []
+    for b in several:
+        reference = torch.zeros(padded(b.nbytes, ALIGN), dtype=torch.uint8, device=device)
+        pack_into(reference, b)
+        expected.append(wsum64_value(wsum64_sums(reference, b.nbytes)))
+    if sealed != expected:
+        problems.append(f"gather: a round of {len(several)} buckets sealed {sealed}, torch's {expected}")
+    verified_all = verify(regions, [b.nbytes for b in several], device)
+    if verified_all != expected:
+        problems.append(
+            f"verify: {len(several)} regions in one launch gave {verified_all}, torch's {expected}"
+        )
     return problems
 
 

@@ -98,20 +98,30 @@ def _add(phases: dict[str, float], key: str, seconds: float) -> None:
     phases[key] = phases.get(key, 0.0) + seconds
 
 
+_UNSET: Any = object()
+
+
 class _Peekable:
+    """The planned buckets, looked ahead only when asked (`exhausted`): the next bucket's tensors
+    are checked after this one's copy is launched, so the device starts at the first bucket."""
+
     def __init__(self, it: Iterator[Bucket]) -> None:
         self._it = it
-        self._next: Bucket | None = next(it, None)
+        self._next: Bucket | None = _UNSET
+
+    def _peek(self) -> Bucket | None:
+        if self._next is _UNSET:
+            self._next = next(self._it, None)
+        return self._next
 
     def take(self) -> Bucket | None:
-        current = self._next
-        if current is not None:
-            self._next = next(self._it, None)
+        current = self._peek()
+        self._next = _UNSET
         return current
 
     @property
     def exhausted(self) -> bool:
-        return self._next is None
+        return self._peek() is None
 
 
 class WeightSender:
