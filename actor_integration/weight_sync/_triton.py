@@ -20,12 +20,25 @@ COLUMNS = 4  # table row: src word offset, dst word offset, bytes, group << 32 |
 
 
 @triton.jit
-def segments_kernel(anchor, table, sums, MODE: tl.constexpr, BLOCK: tl.constexpr, ITERS: tl.constexpr):
+def segments_kernel(
+    anchor,
+    table,
+    sums,
+    gate,
+    MODE: tl.constexpr,
+    BLOCK: tl.constexpr,
+    ITERS: tl.constexpr,
+    GATED: tl.constexpr,
+):
     pid = tl.program_id(0).to(tl.int64)
     row = table + pid * 4
     src = tl.multiple_of(tl.load(row), 4)
     dst = tl.multiple_of(tl.load(row + 1), 4)
     nbytes = tl.load(row + 2).to(tl.int32)  # a chunk is far below 2 GiB
+    if GATED:
+        # `gate` is the receiver's verdict on the round, computed on the device just before: 0
+        # (a checksum failed) turns every chunk into zero bytes, so nothing is written.
+        nbytes = nbytes * tl.load(gate)
     tag = tl.load(row + 3)
     pos = tag.to(tl.int32)  # the low 32 bits: word index in the bucket, wrapping like the checksum
     group = tag >> 32  # which (s1, s2) pair of `sums` this chunk adds to
@@ -66,7 +79,15 @@ def segments_kernel(anchor, table, sums, MODE: tl.constexpr, BLOCK: tl.constexpr
         tl.store(a8 + dst * 4 + nvec * 4 + b, x, mask=keep8)
 
 
-def launch(anchor, table, sums, n_chunks, mode, block, iters, num_warps):
+def launch(anchor, table, sums, n_chunks, mode, block, iters, num_warps, gate=None):
     segments_kernel[(n_chunks,)](
-        anchor, table, sums, MODE=mode, BLOCK=block, ITERS=iters, num_warps=num_warps
+        anchor,
+        table,
+        sums,
+        gate if gate is not None else anchor,
+        MODE=mode,
+        BLOCK=block,
+        ITERS=iters,
+        GATED=gate is not None,
+        num_warps=num_warps,
     )

@@ -31,8 +31,13 @@ import torch
 CRC32 = "crc32"
 SUM32 = "sum32"
 WSUM64 = "wsum64"
+# WSUM64 left in device memory by the sender: the (s1, s2) int64 pair in the 16 bytes after the
+# bucket (at `padded(nbytes, 16)` in its region), written by the packing kernel and never read by
+# the sender's host, so handing a round over waits for no device work (cuda_ipc).
+WSUM64_DEVICE = "wsum64-device"
 NONE = "none"  # the sender computed no checksum (WeightSender(checksums=False))
-CHECKSUM_KINDS = (CRC32, SUM32, WSUM64, NONE)
+CHECKSUM_KINDS = (CRC32, SUM32, WSUM64, WSUM64_DEVICE, NONE)
+CHECKSUM_TRAILER = 16  # bytes after a bucket holding its WSUM64_DEVICE sums
 WORD = 4  # device checksums read int32 words
 ALIGN = 16  # aligned layouts start every tensor on this boundary
 _MASK32 = 0xFFFFFFFF
@@ -262,7 +267,6 @@ class LayoutCache:
 
 _dtype_of = operator.attrgetter("dtype")
 _shape_of = operator.attrgetter("shape")
-_is_meta = operator.attrgetter("is_meta")
 
 
 def _matches(tensors: list[Any], plan: _Planned) -> bool:
@@ -270,11 +274,9 @@ def _matches(tensors: list[Any], plan: _Planned) -> bool:
     hundred nanoseconds a tensor, the sender's whole host cost for a bucket of small tensors."""
     if not all(issubclass(kind, torch.Tensor) for kind in set(map(type, tensors))):
         return False  # not tensors: the checking path says what is wrong
-    return (
-        list(map(_dtype_of, tensors)) == plan.dtypes
-        and list(map(_shape_of, tensors)) == plan.shapes
-        and not any(map(_is_meta, tensors))
-    )
+    # A tensor moved to the meta device since is refused where its bytes are copied
+    # (`no_data_error`): checking it here would cost as much as the shapes.
+    return list(map(_dtype_of, tensors)) == plan.dtypes and list(map(_shape_of, tensors)) == plan.shapes
 
 
 def iter_buckets(
@@ -416,7 +418,7 @@ def _check_item(item: object, seen: set[str], layout_only: bool = False) -> tupl
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{name!r} is a {type(tensor).__name__}, not a torch.Tensor")
     if tensor.is_meta and not layout_only:
-        raise ValueError(f"{name!r} is on the meta device: it has no data to send")
+        raise no_data_error(name)
     if tensor.dtype not in SAFETENSORS_DTYPES:
         raise ValueError(
             f"{name!r} has dtype {tensor.dtype}, which the weight transports do not carry; "
@@ -463,10 +465,16 @@ def padded(nbytes: int, to: int = WORD) -> int:
     return -(-nbytes // to) * to
 
 
+def no_data_error(name: str) -> ValueError:
+    return ValueError(f"{name!r} is on the meta device: it has no data to send")
+
+
 def pack_into(region: torch.Tensor, bucket: Bucket) -> None:
     """Copy the bucket's tensors into `region` (a uint8 tensor of at least `bucket.nbytes`), one
     copy per tensor: the host path and the fallback of the device kernels."""
     for entry, tensor in zip(bucket.entries, bucket.tensors, strict=True):
+        if tensor.is_meta:
+            raise no_data_error(entry.name)
         if entry.nbytes:
             slot = region[entry.offset : entry.offset + entry.nbytes]
             slot.view(tensor.dtype).view(tensor.shape).copy_(tensor)

@@ -18,7 +18,6 @@ cache pins trainer memory (slime #1731).
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import os
 from collections.abc import Sequence
@@ -30,8 +29,9 @@ import torch
 from actor_integration.weight_sync import kernels
 from actor_integration.weight_sync.buckets import (
     ALIGN,
+    CHECKSUM_TRAILER,
     NONE,
-    WSUM64,
+    WSUM64_DEVICE,
     ArenaBucket,
     Bucket,
     BucketManifest,
@@ -53,6 +53,7 @@ class IpcBuffer:
     buffer_id: str  # "<sender>:<slot>:<generation>": a new id means a new allocation
     share: tuple[Any, ...]  # `UntypedStorage._share_cuda_()` of the buffer for this export
     capacity: int
+    ready: bytes | None = None  # IPC handle of the sender's event recorded after the packing
 
     @property
     def slot_key(self) -> str:
@@ -103,6 +104,7 @@ class CudaIpcSender(SenderTransport):
         self._generation = 0
         self._packer = DevicePacker(self.device)
         self._exports: list[Bucket] = []
+        self._events: dict[int, tuple[torch.cuda.Event, bytes]] = {}  # per round parity
         self.allocations = 0  # staging buffers allocated so far (tests check reuse)
         self._gpu = physical_gpu_id(os.environ.get("CUDA_VISIBLE_DEVICES"), self.device.index or 0)
         kernels.warm_up(self.device)  # at configuration, not in the first sync
@@ -122,6 +124,7 @@ class CudaIpcSender(SenderTransport):
         self._packer.discard()
 
     def export(self, position: int, bucket: Bucket) -> IpcBuffer:
+        end = padded(bucket.nbytes, ALIGN)
         if isinstance(bucket, ArenaBucket):
             staging = self._staging.get(bucket.slot)
             if staging is None or staging.tensor is not bucket.region:
@@ -130,11 +133,11 @@ class CudaIpcSender(SenderTransport):
                     "make a new arena with sender.arena(...)"
                 )
             if self.checksums:
-                self._packer.checksum(staging.tensor, bucket.nbytes)
+                self._packer.checksum(staging.tensor, bucket.nbytes, sums=_trailer(staging.tensor, end))
         else:
-            key = f"r{self.round_index % 2 if self.pipelined else 0}p{position}"
-            staging = self._buffer(key, padded(bucket.nbytes, ALIGN))
-            self._packer.pack(key, staging.tensor, bucket)
+            key = f"r{self._parity}p{position}"
+            staging = self._buffer(key, end + CHECKSUM_TRAILER)
+            self._packer.pack(key, staging.tensor, bucket, sums=_trailer(staging.tensor, end))
         try:
             share = staging.tensor.untyped_storage()._share_cuda_()  # type: ignore[no-untyped-call]
         except RuntimeError as exc:
@@ -145,16 +148,28 @@ class CudaIpcSender(SenderTransport):
                 "transport 'shm'."
             ) from exc
         self._exports.append(bucket)
-        return IpcBuffer(staging.buffer_id, tuple(share), staging.capacity)
+        return IpcBuffer(staging.buffer_id, tuple(share), staging.capacity, self._event()[1])
 
     def ready(self) -> list[BucketManifest]:
-        values = self._packer.seal()  # the one wait of the round: every pack and checksum done
-        if not values:
-            torch.cuda.current_stream(self.device).synchronize()
+        # No wait: the receiver's stream waits on this event, and the checksums stay in each
+        # buffer's trailer, so the hand-over overlaps the packing still running on the device.
+        self._event()[0].record(torch.cuda.current_stream(self.device))
         buckets, self._exports = self._exports, []
-        if not self.checksums:
-            return [b.manifest(0, NONE) for b in buckets]
-        return [b.manifest(v, WSUM64) for b, v in zip(buckets, values, strict=True)]
+        kind = WSUM64_DEVICE if self.checksums else NONE
+        return [b.manifest(0, kind) for b in buckets]
+
+    @property
+    def _parity(self) -> int:
+        return self.round_index % 2 if self.pipelined else 0
+
+    def _event(self) -> tuple[torch.cuda.Event, bytes]:
+        found = self._events.get(self._parity)
+        if found is None:
+            with torch.cuda.device(self.device):
+                event = torch.cuda.Event(interprocess=True)  # type: ignore[no-untyped-call]
+                event.record()  # an IPC handle needs a recorded event
+                found = self._events[self._parity] = (event, event.ipc_handle())  # type: ignore[no-untyped-call]
+        return found
 
     def abandon(self, descriptors: Sequence[Any]) -> None:
         for descriptor in descriptors:
@@ -165,7 +180,9 @@ class CudaIpcSender(SenderTransport):
         """Staging buffers for an arena: bucket i of the arena lives in region i."""
         for key in [k for k in self._staging if k.startswith("a")]:
             del self._staging[key]
-        return [self._buffer(f"a{i}", padded(n, ALIGN)).tensor for i, n in enumerate(sizes)]
+        return [
+            self._buffer(f"a{i}", padded(n, ALIGN) + CHECKSUM_TRAILER).tensor for i, n in enumerate(sizes)
+        ]
 
     def _buffer(self, key: str, need: int) -> _Staging:
         current = self._staging.get(key)
@@ -195,10 +212,16 @@ class CudaIpcSender(SenderTransport):
         torch.cuda.synchronize(self.device)
         self._staging.clear()
         self._packer.clear()
+        self._events.clear()
         self._pool = None
         # Blocks a receiver still maps stay in torch's IPC limbo until it lets go; collect the rest.
         torch.cuda.ipc_collect()  # type: ignore[no-untyped-call]
         torch.cuda.empty_cache()
+
+
+def _trailer(region: torch.Tensor, end: int) -> torch.Tensor:
+    """The (s1, s2) int64 pair in the 16 bytes after a bucket of `end` padded bytes."""
+    return region[end : end + CHECKSUM_TRAILER].view(torch.int64)
 
 
 def _release_grants(descriptors: list[IpcBuffer]) -> None:
@@ -213,7 +236,8 @@ class _Opened:
 
 
 class CudaIpcReceiver(ReceiverTransport):
-    """Opens each sender buffer once; `release()` closes them all."""
+    """Opens each sender buffer once; `release()` closes them all. A round's reads are ordered
+    after the sender's packing by waiting (on the device) for the event its descriptors name."""
 
     name: ClassVar[str] = "cuda_ipc"
 
@@ -221,11 +245,9 @@ class CudaIpcReceiver(ReceiverTransport):
         self._opened: dict[str, _Opened] = {}
         self._devices: set[int] = set()
         self.handles_opened = 0  # IPC opens so far (tests check reuse)
-        # Releasing a grant maps torch's counter file (tens of µs, holding the GIL): done in a
-        # thread once the round's copies are finished, off the copy's critical path.
-        self._grants = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="cuda-ipc-grants")
-        self._pending: list[concurrent.futures.Future[None]] = []
         self._unneeded: list[IpcBuffer] = []  # grants of exports whose buffer was already mapped
+        self._events: dict[bytes, torch.cuda.Event] = {}  # the senders' packing events, opened once
+        self._waited: set[tuple[bytes, int]] = set()  # (event, device) waited on this round
 
     @property
     def open_handles(self) -> int:
@@ -239,12 +261,24 @@ class CudaIpcReceiver(ReceiverTransport):
             self._unneeded.append(descriptor)  # already mapped: this export's grant is not needed
         else:
             opened = self._open(descriptor, gpu)
-        self._devices.add(opened.tensor.device.index or 0)
-        if opened.tensor.numel() < padded(manifest.nbytes) or descriptor.capacity < manifest.nbytes:
+        device = opened.tensor.device
+        self._devices.add(device.index or 0)
+        need = padded(manifest.nbytes, ALIGN) + (
+            CHECKSUM_TRAILER if manifest.checksum_kind == WSUM64_DEVICE else 0
+        )
+        if opened.tensor.numel() < need or descriptor.capacity < manifest.nbytes:
             raise CorruptBucketError(
                 f"cuda_ipc: buffer {descriptor.buffer_id} holds {opened.tensor.numel()} bytes but bucket "
-                f"{manifest.index} needs {manifest.nbytes}: truncated"
+                f"{manifest.index} needs {need}: truncated"
             )
+        if descriptor.ready is not None and (descriptor.ready, device.index or 0) not in self._waited:
+            event = self._events.get(descriptor.ready)
+            if event is None:
+                event = self._events[descriptor.ready] = torch.cuda.Event.from_ipc_handle(  # type: ignore[no-untyped-call]
+                    device, descriptor.ready
+                )
+            torch.cuda.current_stream(device).wait_event(event)  # no host wait
+            self._waited.add((descriptor.ready, device.index or 0))
         return opened.tensor
 
     def _open(self, descriptor: IpcBuffer, gpu: int | None) -> _Opened:
@@ -270,28 +304,22 @@ class CudaIpcReceiver(ReceiverTransport):
         if isinstance(descriptor, IpcBuffer):
             descriptor.release_grant()
 
+    def settle(self) -> None:
+        # Releasing a grant maps torch's counter file (~7 µs on the H200 host): done inline while
+        # the device copies. In a thread it cost more, by holding the GIL the reply needed.
+        if self._unneeded:
+            batch, self._unneeded = self._unneeded, []
+            _release_grants(batch)
+
     def close_round(self) -> None:
         # The sender may overwrite its buffers once we acknowledge: finish our copies first.
         for device in self._devices:
             torch.cuda.synchronize(device)
-        self._submit_releases()
-        for future in [f for f in self._pending if f.done()]:
-            self._pending.remove(future)
-            future.result()  # surface a failed release
-
-    def _submit_releases(self) -> None:
-        if self._unneeded:
-            batch, self._unneeded = self._unneeded, []
-            self._pending.append(self._grants.submit(_release_grants, batch))
-
-    def flush_grants(self) -> None:
-        self._submit_releases()
-        pending, self._pending = self._pending, []
-        for future in pending:
-            future.result()
+        self.settle()
+        self._waited.clear()
 
     def release(self) -> None:
         self.close_round()
-        self.flush_grants()
         self._opened.clear()
         self._devices.clear()
+        self._events.clear()

@@ -32,6 +32,7 @@ from actor_integration.weight_sync.buckets import (
     ALIGN,
     Bucket,
     PackedEntries,
+    no_data_error,
     pack_into,
     padded,
     wsum64_sums,
@@ -155,9 +156,16 @@ class Table:
             host[:, 3] |= groups[segment] << 32
         return cls(host.to(device, non_blocking=True), total)
 
-    def run(self, mode: int, device: torch.device, sums: torch.Tensor | None = None) -> None:
+    def run(
+        self,
+        mode: int,
+        device: torch.device,
+        sums: torch.Tensor | None = None,
+        gate: torch.Tensor | None = None,
+    ) -> None:
         """Launch the kernel over the rows (no host sync). Checksummed modes add into `sums`
-        (int64 pairs on the device, zeroed by the caller)."""
+        (int64 pairs on the device, zeroed by the caller); a scatter with `gate` (an int32 0 or 1
+        on the device) writes nothing when it is 0."""
         if not self.count:
             return
         anchor = _anchor(device)
@@ -172,6 +180,7 @@ class Table:
             TUNING["block"],
             TUNING["iters"],
             TUNING["warps"],
+            gate,
         )
 
 
@@ -235,15 +244,19 @@ class DevicePacker:
         self._count = 0  # buckets packed since the last seal
         self.plans_built = 0  # tests check reuse
 
-    def pack(self, key: Any, region: torch.Tensor, bucket: Bucket) -> None:
+    def pack(self, key: Any, region: torch.Tensor, bucket: Bucket, sums: torch.Tensor | None = None) -> None:
         """Enqueue the copy of `bucket` into `region` (a uint8 device tensor of at least
-        `padded(bucket.nbytes, 16)` bytes) and its checksum."""
+        `padded(bucket.nbytes, 16)` bytes) and its checksum: into `sums` (an int64 (2,) tensor on
+        the device, left there for the receiver) if given, else for `seal()`."""
         if not fused(self.device):
             _copy_slow(region, bucket, list(range(len(bucket.tensors))))
-            self._pending.append(wsum64_sums(region, bucket.nbytes))
+            self._keep(wsum64_sums(region, bucket.nbytes), sums)
             return
         plan = self._plan(key, region, bucket)
-        sums = self._slot()
+        if sums is None:
+            sums = self._slot()
+        else:
+            sums.zero_()
         if plan.fast is not None:
             plan.fast.run(GATHER, self.device, sums)
         if plan.slow:
@@ -251,12 +264,22 @@ class DevicePacker:
             assert plan.slow_extents is not None
             plan.slow_extents.run(VERIFY, self.device, sums)
 
-    def checksum(self, region: torch.Tensor, nbytes: int) -> None:
+    def checksum(self, region: torch.Tensor, nbytes: int, sums: torch.Tensor | None = None) -> None:
         """Enqueue the checksum of a region already filled (an arena the trainer wrote)."""
         if not fused(self.device):
-            self._pending.append(wsum64_sums(region, nbytes))
+            self._keep(wsum64_sums(region, nbytes), sums)
             return
-        _verify_table([region], [nbytes], self.device).run(VERIFY, self.device, self._slot())
+        if sums is None:
+            sums = self._slot()
+        else:
+            sums.zero_()
+        _verify_table([region], [nbytes], self.device).run(VERIFY, self.device, sums)
+
+    def _keep(self, computed: torch.Tensor, sums: torch.Tensor | None) -> None:
+        if sums is None:
+            self._pending.append(computed)
+        else:
+            sums.copy_(computed)
 
     def seal(self) -> list[int]:
         """The WSUM64 of every bucket packed since the last seal, in order (one host sync)."""
@@ -338,6 +361,8 @@ def _copy_slow(region: torch.Tensor, bucket: Bucket, indices: list[int]) -> None
     for i in indices:
         entry = entries[i] if entries is not None else bucket.entries[i]
         tensor = bucket.tensors[i]
+        if tensor.is_meta:
+            raise no_data_error(entry.name)
         if entry.nbytes:
             view = region[entry.offset : entry.offset + entry.nbytes].view(tensor.dtype).view(tensor.shape)
             view.copy_(tensor, non_blocking=True)
@@ -381,6 +406,13 @@ def region_sums(regions: Sequence[torch.Tensor], nbytes: Sequence[int], device: 
     sums = torch.zeros((len(regions), 2), dtype=torch.int64, device=device)
     _verify_table(regions, nbytes, device).run(VERIFY, device, sums)
     return sums
+
+
+def verdict(sums: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
+    """An int32 (1,) device tensor: 1 if every (s1, s2) of `sums` equals `expected` mod 2**32
+    (both (n, 2) int64 on one device), else 0. No host sync: it gates the scatter."""
+    same = ((sums - expected) & 0xFFFFFFFF).eq(0).all()
+    return same.to(torch.int32).reshape(1)
 
 
 def verify(regions: Sequence[torch.Tensor], nbytes: Sequence[int], device: torch.device) -> list[int]:
@@ -440,9 +472,23 @@ def plan_scatter(
 
 def scatter(plan: ScatterPlan, regions: Sequence[torch.Tensor], device: torch.device) -> None:
     """Enqueue the round's copies (no host sync)."""
+    scatter_fast(plan, device)
+    scatter_slow(plan, regions)
+
+
+def scatter_fast(plan: ScatterPlan, device: torch.device, gate: torch.Tensor | None = None) -> None:
+    """Enqueue the kernel's share of the copies; with `gate` (int32 0 or 1 on the device, from
+    `verdict`) they write nothing unless it is 1. No host sync."""
     device = normalized(device)
     if plan.fast is not None:
-        plan.fast.run(SCATTER, device)
+        if gate is not None and triton_module(device) is None:  # pragma: no cover - tables need the kernel
+            raise AssertionError("a scatter table without the kernel")
+        plan.fast.run(SCATTER, device, gate=gate)
+
+
+def scatter_slow(plan: ScatterPlan, regions: Sequence[torch.Tensor]) -> None:
+    """Enqueue the torch copies of the targets the kernel cannot reach (run after the checks:
+    they are not gated)."""
     for k, offset, nbytes, target in plan.slow:
         if nbytes:
             view = regions[k][offset : offset + nbytes].view(target.dtype).view(target.shape)
@@ -509,7 +555,13 @@ def self_check(device: torch.device | str, *, large: bool = True, seed: int = 0)
         offset = padded(offset, ALIGN) + (3 if entry.name == "misaligned" else 0)
         targets.append(arena[offset : offset + entry.nbytes].view(dtype).view(entry.shape))
         offset += entry.nbytes + 5
-    scatter(plan_scatter([(fused_region, bucket.entries, targets)], device), [fused_region], device)
+    plan = plan_scatter([(fused_region, bucket.entries, targets)], device)
+    before = arena.clone()
+    scatter_fast(plan, device, torch.zeros(1, dtype=torch.int32, device=device))  # a failed verdict
+    if not torch.equal(arena.cpu(), before.cpu()):
+        problems.append("scatter: a copy gated by a failed verdict wrote to its targets")
+    scatter_fast(plan, device, torch.ones(1, dtype=torch.int32, device=device))  # a passed verdict
+    scatter_slow(plan, [fused_region])
     untouched = torch.ones_like(arena, dtype=torch.bool)
     for entry, target, (name, source) in zip(bucket.entries, targets, named.items(), strict=True):
         if entry.name != name:

@@ -12,19 +12,22 @@ out-of-order updates. The rollout (`actor_integration.rollout`) imports this sid
 from __future__ import annotations
 
 import contextlib
+import itertools
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 import torch
 
 from actor_integration.weight_sync import kernels
 from actor_integration.weight_sync.buckets import (
     ALIGN,
+    CHECKSUM_TRAILER,
     NONE,
     WSUM64,
+    WSUM64_DEVICE,
     BucketManifest,
     PackedEntries,
     checksum,
@@ -120,9 +123,46 @@ class LoadedRound:
         self._manifests = manifests
 
     @property
-    def names(self) -> tuple[tuple[str, ...], ...]:
-        """Per engine rank, the tensors written (made on first access)."""
-        return tuple(tuple(n for m in per_rank for n in m.names) for per_rank in self._manifests)
+    def names(self) -> Sequence[tuple[str, ...]]:
+        """Per engine rank, the tensors written (each rank's tuple made on first access: an engine
+        that only needs to know the round arrived never pays for thousands of names)."""
+        return _Names(self._manifests)
+
+
+class _Names(Sequence[tuple[str, ...]]):
+    def __init__(self, manifests: list[list[BucketManifest]]) -> None:
+        self._manifests = manifests
+        self._made: dict[int, tuple[str, ...]] = {}
+
+    def __len__(self) -> int:
+        return len(self._manifests)
+
+    @overload
+    def __getitem__(self, index: int) -> tuple[str, ...]: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[tuple[str, ...]]: ...
+
+    def __getitem__(self, index: int | slice) -> tuple[str, ...] | Sequence[tuple[str, ...]]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(len(self))[index]]
+        rank = range(len(self))[index]
+        made = self._made.get(rank)
+        if made is None:
+            made = self._made[rank] = tuple(
+                itertools.chain.from_iterable(m.names for m in self._manifests[rank])
+            )
+        return made
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence) and not isinstance(other, str):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"_Names({[len(m.names) for per_rank in self._manifests for m in per_rank]} per bucket)"
 
 
 @dataclass
@@ -180,6 +220,7 @@ class WeightReceiver:
             for b in buckets:
                 b.work = b.region
             self._verify(buckets)
+            transport.settle()
             yield ReceivedRound(
                 first.version, first.round, first.final, first.transport, buckets, len(payloads)
             )
@@ -224,13 +265,20 @@ class WeightReceiver:
             t1 = time.perf_counter()
             pending = self._launch_verify(buckets)
             plan = self._plan(buckets, targets)  # host work, while the device verifies
-            self._check(buckets, pending)
+            gates = _gates(pending, plan)
+            for device, (scatter_plan, _indices) in plan.by_device.items():
+                if device in gates:  # queued behind the verification, writes only if it passed
+                    kernels.scatter_fast(scatter_plan, device, gates[device])
+            transport.settle()
+            self._check(buckets, pending)  # raises on a bad checksum: the gated copies wrote nothing
             timings["verify_ms"] = _ms(t1)
             if before_write is not None:
                 before_write()
             t2 = time.perf_counter()
             for device, (scatter_plan, indices) in plan.by_device.items():
-                kernels.scatter(scatter_plan, [buckets[i].work for i in indices], device)  # type: ignore[misc]
+                if device not in gates:
+                    kernels.scatter_fast(scatter_plan, device)
+                kernels.scatter_slow(scatter_plan, [buckets[i].work for i in indices])  # type: ignore[misc]
             for device in plan.by_device:
                 if device.type == "cuda":
                     torch.cuda.current_stream(device).synchronize()
@@ -297,7 +345,7 @@ class WeightReceiver:
         assert region is not None
         if device is None or device.type != "cuda" or region.device.type != "cpu":
             return region
-        if b.manifest.checksum_kind not in (WSUM64, NONE) and self.verify:
+        if b.manifest.checksum_kind not in (WSUM64, WSUM64_DEVICE, NONE) and self.verify:
             return region  # a host checksum (CRC32): checked on the host, copied tensor by tensor
         end = padded(b.manifest.nbytes, ALIGN)
         slot = (device, b.rank_index, b.position)
@@ -311,44 +359,57 @@ class WeightReceiver:
             buffer[take:end].zero_()
         return buffer
 
-    def _launch_verify(self, buckets: list[_Bucket]) -> dict[torch.device, tuple[list[int], torch.Tensor]]:
-        """Start the device checksums (no wait); host checksums are checked at once."""
-        pending: dict[torch.device, tuple[list[int], torch.Tensor]] = {}
+    def _launch_verify(self, buckets: list[_Bucket]) -> dict[torch.device, _Pending]:
+        """Start the device checksums and their comparison (no wait); host checksums (CRC32) are
+        checked at once."""
+        pending: dict[torch.device, _Pending] = {}
         if not self.verify:
             return pending
         groups: dict[torch.device, list[int]] = {}
         for i, b in enumerate(buckets):
             assert b.work is not None
-            if b.manifest.checksum_kind == WSUM64 and kernels.fused(b.work.device):
+            kind = b.manifest.checksum_kind
+            if kind in (WSUM64, WSUM64_DEVICE):
                 groups.setdefault(b.work.device, []).append(i)
             else:
-                actual = checksum(b.work, b.manifest.nbytes, b.manifest.checksum_kind)
-                self._compare(b, actual)
+                self._compare(b, checksum(b.work, b.manifest.nbytes, kind), b.manifest.checksum)
         for device, indices in groups.items():
-            regions = [buckets[i].work for i in indices]
-            sums = kernels.region_sums(regions, [buckets[i].manifest.nbytes for i in indices], device)  # type: ignore[arg-type]
-            pending[device] = (indices, sums)
+            chosen = [buckets[i] for i in indices]
+            sums = kernels.region_sums(
+                [_work(b) for b in chosen], [b.manifest.nbytes for b in chosen], device
+            )
+            expected = _expected(chosen, device)
+            gate = kernels.verdict(sums, expected)
+            cuda = device.type == "cuda"
+            host = torch.empty((2, len(indices), 2), dtype=torch.int64, pin_memory=cuda)
+            host[0].copy_(sums, non_blocking=cuda)
+            host[1].copy_(expected, non_blocking=cuda)
+            event = None
+            if cuda:
+                event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+                event.record(torch.cuda.current_stream(device))
+            pending[device] = _Pending(indices, host, event, gate)
         return pending
 
-    def _check(
-        self, buckets: list[_Bucket], pending: dict[torch.device, tuple[list[int], torch.Tensor]]
-    ) -> None:
-        for indices, sums in pending.values():
-            values = [wsum64_value(v) for v in sums.tolist()]
-            for i, actual in zip(indices, values, strict=True):
-                self._compare(buckets[i], actual)
+    def _check(self, buckets: list[_Bucket], pending: dict[torch.device, _Pending]) -> None:
+        for p in pending.values():
+            if p.event is not None:
+                p.event.synchronize()  # the checksums only; copies queued after them run on
+            got, want = p.host[0].tolist(), p.host[1].tolist()
+            for i, actual, expected in zip(p.indices, got, want, strict=True):
+                self._compare(buckets[i], wsum64_value(actual), wsum64_value(expected))
 
     def _verify(self, buckets: list[_Bucket]) -> None:
         self._check(buckets, self._launch_verify(buckets))
 
     @staticmethod
-    def _compare(b: _Bucket, actual: int) -> None:
+    def _compare(b: _Bucket, actual: int, expected: int) -> None:
         manifest, p = b.manifest, b.payload
-        if actual != manifest.checksum:
+        if actual != expected:
             raise CorruptBucketError(
                 f"bucket {manifest.index} of version {p.version} from rank {p.rank} (slot {p.slot}, "
                 f"transport {p.transport}) fails its {manifest.checksum_kind} checksum: expected "
-                f"{manifest.checksum:#x}, got {actual:#x}; it was corrupted or truncated in transit",
+                f"{expected:#x}, got {actual:#x}; it was corrupted or truncated in transit",
                 version=p.version,
                 rank=p.rank,
                 bucket=manifest.index,
@@ -389,7 +450,7 @@ class WeightReceiver:
             by_device[device] = (kernels.plan_scatter(pieces, device), indices)  # type: ignore[arg-type]
         plan = _Plan(targets, by_device)
         self._plans[key] = plan
-        while len(self._plans) > 8:
+        while len(self._plans) > 64:  # a streamed update has a plan per round
             self._plans.popitem(last=False)
         self.plans_built += 1
         return plan
@@ -430,6 +491,45 @@ class WeightReceiver:
     def open_handles(self) -> int:
         """Cached IPC handles and shared-memory mappings held now (0 after `release()`)."""
         return sum(int(getattr(t, "open_handles", 0)) for t in self._transports.values())
+
+
+@dataclass
+class _Pending:
+    """A device group's verification in flight: the buckets, pinned host copies of (sums,
+    expected), the event after those copies, and the on-device verdict that gates the copies."""
+
+    indices: list[int]
+    host: torch.Tensor
+    event: torch.cuda.Event | None
+    gate: torch.Tensor
+
+
+def _gates(pending: dict[torch.device, _Pending], plan: _Plan) -> dict[torch.device, torch.Tensor]:
+    """Verdicts that may gate the copies on the device: only when the round verifies and copies
+    on one device (a verdict cannot stop another device's copies, so those wait for the host)."""
+    if len(pending) != 1 or set(plan.by_device) != set(pending):
+        return {}
+    return {device: p.gate for device, p in pending.items()}
+
+
+def _expected(chosen: list[_Bucket], device: torch.device) -> torch.Tensor:
+    """The senders' (s1, s2) of each bucket as an (n, 2) int64 tensor on `device`: read from the
+    bucket's trailer (WSUM64_DEVICE) or made from the manifest's value (WSUM64)."""
+    if all(b.manifest.checksum_kind == WSUM64_DEVICE for b in chosen):
+        trailers = []
+        for b in chosen:
+            end = padded(b.manifest.nbytes, ALIGN)
+            trailers.append(_work(b)[end : end + CHECKSUM_TRAILER].view(torch.int64))
+        return torch.stack(trailers)
+    rows = []
+    for b in chosen:
+        if b.manifest.checksum_kind == WSUM64_DEVICE:
+            end = padded(b.manifest.nbytes, ALIGN)
+            rows.append(_work(b)[end : end + CHECKSUM_TRAILER].view(torch.int64))
+        else:
+            value = b.manifest.checksum
+            rows.append(torch.tensor([value & 0xFFFFFFFF, (value >> 32) & 0xFFFFFFFF], device=device))
+    return torch.stack(rows)
 
 
 def _work(b: _Bucket) -> torch.Tensor:

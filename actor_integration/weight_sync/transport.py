@@ -121,6 +121,10 @@ class ReceiverTransport(abc.ABC):
     def discard(self, descriptor: Any) -> None:  # noqa: B027 - optional step, a no-op unless a transport needs it
         """The engine refused a bucket without opening it: release what the sender holds for it."""
 
+    def settle(self) -> None:  # noqa: B027 - optional step, a no-op unless a transport needs it
+        """Host bookkeeping of the opened round (cuda_ipc: grants no longer needed), run while the
+        device copies; `close_round` settles whatever is left."""
+
     def release(self) -> None:  # noqa: B027 - optional step, a no-op unless a transport needs it
         """Drop every cached handle or mapping (called when the rollout sleeps)."""
 

@@ -415,9 +415,11 @@ def test_fused_kernel_bandwidth_next_to_a_flat_copy():
         torch.zeros(4, dtype=torch.int32, device=device),
         torch.zeros((1, 4), dtype=torch.int64, device=device),
         torch.zeros(2, dtype=torch.int64, device=device),
+        torch.ones(1, dtype=torch.int32, device=device),
         MODE=0,
         BLOCK=kernels.TUNING["block"],
         ITERS=kernels.TUNING["iters"],
+        GATED=False,
         num_warps=kernels.TUNING["warps"],
         grid=(1,),
     )

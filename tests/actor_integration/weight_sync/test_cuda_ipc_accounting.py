@@ -68,7 +68,7 @@ class TestGrants:
         second = [export("s:0:0"), export("s:1:1")]
         for d in second:
             receiver.open(manifest(), d, gpu=0)
-        receiver.flush_grants()
+        receiver.settle()
         assert [offset for _, offset in ipc.opened] == [d.share[5] for d in first]
         assert ipc.released == [d.share[5] for d in second]
         assert receiver.handles_opened == 2 and receiver.open_handles == 2
@@ -127,3 +127,66 @@ class TestWeightReceiverAccounting:
         # bucket 0 mapped (its grant goes with the mapping); 1 failed and gave its grant back;
         # 2 and 3 were never opened and were discarded.
         assert sorted(ipc.released) == sorted(d.share[5] for d in descriptors[1:])
+
+
+class TestChecksumsLeftOnTheDevice:
+    """`wsum64-device`: the sender leaves each bucket's (s1, s2) in the 16 bytes after it; the
+    receiver compares them with its own verification before any write (here the mapped
+    "device" buffers are host memory, so the torch path computes the sums)."""
+
+    def round(self, ipc, monkeypatch, corrupt=None):
+        from actor_integration.weight_sync import WeightTargets, iter_buckets
+        from actor_integration.weight_sync.buckets import (
+            ALIGN,
+            CHECKSUM_TRAILER,
+            WSUM64_DEVICE,
+            pack_into,
+            padded,
+            wsum64_sums,
+        )
+
+        named = {f"w{i}": torch.randn(50 + i) for i in range(6)}
+        buckets = list(iter_buckets(named, 512, align=ALIGN))
+        storages = {}
+        descriptors, manifests = [], []
+        for k, b in enumerate(buckets):
+            end = padded(b.nbytes, ALIGN)
+            region = torch.zeros(end + CHECKSUM_TRAILER, dtype=torch.uint8)
+            pack_into(region, b)
+            region[end:].view(torch.int64).copy_(wsum64_sums(region, b.nbytes))
+            if corrupt == k:
+                region[3] ^= 0x40  # after the checksum: corrupted in transit
+            handle = b"h%d" % k
+            storages[handle] = region.untyped_storage()
+            share = (0, handle, region.numel(), 0, b"/torch_rc", next(grant_counter), b"e" * 64, False)
+            descriptors.append(IpcBuffer(f"s:{k}:0", share, region.numel()))
+            manifests.append(b.manifest(0, WSUM64_DEVICE))
+        monkeypatch.setattr(
+            torch.UntypedStorage,
+            "_new_shared_cuda",
+            lambda device, handle, *rest: storages[handle],
+            raising=False,
+        )
+        payload = RankPayload(1, 0, True, 0, 0, "cuda_ipc", "s", 0, tuple(manifests), tuple(descriptors))
+        engine = {n: torch.zeros_like(t) for n, t in named.items()}
+        return named, engine, payload, WeightTargets([engine], complete=True)
+
+    def test_a_round_verified_against_the_trailers_is_written(self, ipc, monkeypatch):
+        named, engine, payload, targets = self.round(ipc, monkeypatch)
+        WeightReceiver(verify=True).load_into([payload], targets)
+        assert all(torch.equal(engine[n], named[n]) for n in named)
+
+    def test_a_bucket_corrupted_after_its_checksum_is_refused_and_nothing_is_written(self, ipc, monkeypatch):
+        _named, engine, payload, targets = self.round(ipc, monkeypatch, corrupt=1)
+        with pytest.raises(
+            CorruptBucketError, match=r"bucket 1 of version 1 .* fails its wsum64-device checksum"
+        ):
+            WeightReceiver(verify=True).load_into([payload], targets)
+        assert all(not t.any() for t in engine.values())
+
+    def test_a_buffer_without_room_for_the_trailer_is_refused_as_truncated(self, ipc):
+        from actor_integration.weight_sync.buckets import WSUM64_DEVICE
+
+        short = BucketManifest(0, 4096, (), 0, WSUM64_DEVICE)
+        with pytest.raises(CorruptBucketError, match="needs 4112: truncated"):
+            CudaIpcReceiver().open(short, export("s:0:0", capacity=4096), gpu=0)

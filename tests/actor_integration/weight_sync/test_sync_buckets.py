@@ -121,6 +121,23 @@ class TestRefusals:
         with pytest.raises(error, match=message):
             list(iter_buckets(named, 1 << 20))
 
+    def test_a_tensor_moved_to_meta_under_a_cached_layout_is_refused_where_it_is_copied(self):
+        """The cached layout compares dtypes and shapes only; the copy names the meta tensor."""
+        from actor_integration.weight_sync import kernels
+        from actor_integration.weight_sync.buckets import ALIGN, LayoutCache
+
+        cache = LayoutCache()
+        named = {"a": torch.zeros(4), "b": torch.ones(3)}
+        list(iter_buckets(named, 1 << 20, align=ALIGN, cache=cache))
+        moved = {"a": torch.zeros(4), "b": torch.empty(3, device="meta")}
+        (bucket,) = iter_buckets(moved, 1 << 20, align=ALIGN, cache=cache)
+        assert cache.hits == 1
+        region = torch.zeros(padded(bucket.nbytes, ALIGN), dtype=torch.uint8)
+        with pytest.raises(ValueError, match="'b' is on the meta device"):
+            pack_into(region, bucket)
+        with pytest.raises(ValueError, match="'b' is on the meta device"):
+            kernels.DevicePacker(torch.device("cpu")).pack("k", region, bucket)
+
     @pytest.mark.parametrize("bucket_bytes", [0, -1, 1.5, True])
     def test_bucket_bytes_must_be_a_positive_int(self, bucket_bytes):
         with pytest.raises(ValueError, match="bucket_bytes"):
