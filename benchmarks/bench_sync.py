@@ -8,9 +8,10 @@ no path inherits another's cached handles, compiled kernels in memory or warmed 
   d2d          one process copies tensor by tensor, device to device (launch-bound for small tensors).
   d2d_flat     one process copies the same bytes as one flat buffer: the bandwidth ceiling.
   cuda_ipc+v   ours, the default: `WeightSender` (one round, staging exported once, one fused
-               gather+checksum kernel per bucket, one host wait) -> `RolloutActor` whose engine
-               loads in place: every bucket verified in one launch, then one scatter kernel
-               straight into the engine's tensors.
+               gather+checksum kernel per bucket, the checksums left in the buffers, handed over
+               without waiting for the device) -> `RolloutActor` whose engine loads in place: its
+               stream waits on the sender's event, every bucket is verified in one launch and the
+               one scatter kernel straight into the engine's tensors is gated by the verdict.
   cuda_ipc     the same without verification on the receiver.
   stream+v     ours, memory-bounded: one bucket per round, one staging buffer (the engine's
                weights are unknown until the last round: a direct-writing engine that does not stage).
@@ -27,8 +28,9 @@ no path inherits another's cached handles, compiled kernels in memory or warmed 
 Two timed regions per path:
   end_to_end  `sender.send(version, weights)`: from "the trainer has new weights" to "the engine
               acknowledged them" (layout, packing, checksums, hand-off, verification, copy).
-  handoff     the part of it spent waiting for the engine: from handing the packed round over to
-              the acknowledgement (for slime: the same, buckets packed beforehand).
+  handoff     the part of it spent waiting for the engine: from handing the round over to the
+              acknowledgement (for slime: the same, buckets packed beforehand). Ours hands over
+              while the packing still runs on the device, so its handoff includes that remainder.
 Medians over warm iterations (the first, cold one compiles kernels and opens handles). GB/s are
 payload bytes per second (a D2D copy moves each byte twice: read and write). `phases` break the
 warm syncs down (sender: pack / ready / engine wait; receiver: open / verify / copy), and

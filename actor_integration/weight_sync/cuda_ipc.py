@@ -3,7 +3,10 @@
 Measured on an H200 (FACTS.md): a handle opened once moves 8 GiB at ~1.9 TB/s; a fresh handle
 per 512 MiB bucket ~341 GB/s, per 64 MiB ~60 GB/s. So the sender keeps one staging buffer per
 bucket position (and round parity) across updates, and the receiver caches the opened handle per
-buffer identity. Packing is one fused kernel per bucket (kernels.py) and one host wait per round.
+buffer identity. Packing is one fused kernel per bucket (kernels.py) that leaves the bucket's
+checksum in a 16-byte trailer after it (`WSUM64_DEVICE`); the sender then records an IPC event and
+hands the round over without waiting for the device: the receiver's stream waits on that event, so
+the hand-over, the engine call and the receiver's set-up overlap the packing.
 Staging buffers are allocated inside the memory backend's `disable()` and in a private pool:
 torch_memory_saver memory is cuMem virtual memory and cannot be exported (slime #2188), and the
 private pool keeps the caching allocator from handing back a block carved under the saver.

@@ -5,10 +5,13 @@ Three operations, each one launch of the Triton kernel in `_triton.py` over a ta
 
 - gather: tensors -> a bucket region, WSUM64 of what was written (the sender's pack);
 - verify: WSUM64 of bucket regions (the receiver's check, before anything is written);
-- scatter: a bucket region -> the engine's tensors, byte-exact (the receiver's copy).
+- scatter: a bucket region -> the engine's tensors, byte-exact (the receiver's copy), optionally
+  gated by a verdict on the device (`verdict`): 0 and it writes nothing.
 
-Nothing here synchronises with the host: checksums stay on the device until the caller reads
-them all at once (`DevicePacker.seal`, `verify`). Tensors the kernel cannot address in 16-byte
+Checksums are summed with integer atomics into one (s1, s2) pair per bucket. Nothing here
+synchronises with the host: checksums stay on the device until the caller reads them all at once
+(`DevicePacker.seal`, `verify`) or compares them there (`verdict`); verification tables are
+cached per set of buffers. Tensors the kernel cannot address in 16-byte
 words (not contiguous, not 16-byte aligned, on another device or the host) are copied by torch,
 one copy each, and checksummed by a verify pass over their extent. Without Triton (CPU builds)
 everything takes the torch path, which gives the same checksums.
@@ -207,6 +210,7 @@ def warm_up(device: torch.device | str | int | None = None) -> bool:
         sums = torch.zeros((1, 2), dtype=torch.int64, device=device)
         for mode in (GATHER, VERIFY, SCATTER):
             table.run(mode, device, sums)
+        table.run(SCATTER, device, gate=torch.ones(1, dtype=torch.int32, device=device))  # the gated copy
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         _warmed.add(key)

@@ -1,11 +1,13 @@
 """The receiving side of a weight sync: `WeightReceiver` opens and verifies a round, `VersionGate` orders versions.
 
 `WeightReceiver` opens every bucket of a round through its transport and checks every checksum
-before anything is written: in one launch and one host wait for the buckets on a GPU. Then
-either `load_into` copies the round straight into the engine's tensors (one batched kernel per
-GPU, no intermediate tensor; an engine opts in with `weight_targets`, see
-`actor_integration.rollout.engine.LoadsInPlace`), or `open` hands out views of the buckets for an
-engine that copies them itself (`load_weights`). `VersionGate` refuses stale, repeated and
+before anything is written: one verification launch for the buckets on a GPU, compared on the
+device with the senders' values. Then either `load_into` copies the round straight into the
+engine's tensors (one batched kernel per GPU, no intermediate tensor; an engine opts in with
+`weight_targets`, see `actor_integration.rollout.engine.LoadsInPlace`): on one GPU the copy is
+queued right behind the verification and gated by its verdict on the device (a failed checksum
+makes it write nothing), while the host reads the checksums and raises. Or `open` hands out views
+of the buckets for an engine that copies them itself (`load_weights`). `VersionGate` refuses stale, repeated and
 out-of-order updates. The rollout (`actor_integration.rollout`) imports this side only.
 """
 
