@@ -516,13 +516,7 @@ def _gates(pending: dict[torch.device, _Pending], plan: _Plan) -> dict[torch.dev
 
 def _expected(chosen: list[_Bucket], device: torch.device) -> torch.Tensor:
     """The senders' (s1, s2) of each bucket as an (n, 2) int64 tensor on `device`: read from the
-    bucket's trailer (WSUM64_DEVICE) or made from the manifest's value (WSUM64)."""
-    if all(b.manifest.checksum_kind == WSUM64_DEVICE for b in chosen):
-        trailers = []
-        for b in chosen:
-            end = padded(b.manifest.nbytes, ALIGN)
-            trailers.append(_work(b)[end : end + CHECKSUM_TRAILER].view(torch.int64))
-        return torch.stack(trailers)
+    bucket's trailer (WSUM64_DEVICE, no host round trip) or made from the manifest's value."""
     rows = []
     for b in chosen:
         if b.manifest.checksum_kind == WSUM64_DEVICE:
