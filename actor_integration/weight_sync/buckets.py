@@ -465,6 +465,13 @@ def padded(nbytes: int, to: int = WORD) -> int:
     return -(-nbytes // to) * to
 
 
+def checksum_trailer(region: torch.Tensor, nbytes: int) -> torch.Tensor:
+    """The WSUM64_DEVICE (s1, s2) int64 pair of a bucket of `nbytes` in `region`: a view of the
+    16 bytes at `padded(nbytes, 16)`, where the sender's packing kernel adds them."""
+    end = padded(nbytes, ALIGN)
+    return region[end : end + CHECKSUM_TRAILER].view(torch.int64)
+
+
 def no_data_error(name: str) -> ValueError:
     return ValueError(f"{name!r} is on the meta device: it has no data to send")
 

@@ -38,6 +38,7 @@ from actor_integration.weight_sync.buckets import (
     ArenaBucket,
     Bucket,
     BucketManifest,
+    checksum_trailer,
     padded,
 )
 from actor_integration.weight_sync.kernels import DevicePacker
@@ -127,7 +128,6 @@ class CudaIpcSender(SenderTransport):
         self._packer.discard()
 
     def export(self, position: int, bucket: Bucket) -> IpcBuffer:
-        end = padded(bucket.nbytes, ALIGN)
         if isinstance(bucket, ArenaBucket):
             staging = self._staging.get(bucket.slot)
             if staging is None or staging.tensor is not bucket.region:
@@ -136,11 +136,15 @@ class CudaIpcSender(SenderTransport):
                     "make a new arena with sender.arena(...)"
                 )
             if self.checksums:
-                self._packer.checksum(staging.tensor, bucket.nbytes, sums=_trailer(staging.tensor, end))
+                self._packer.checksum(
+                    staging.tensor, bucket.nbytes, sums=checksum_trailer(staging.tensor, bucket.nbytes)
+                )
         else:
             key = f"r{self._parity}p{position}"
-            staging = self._buffer(key, end + CHECKSUM_TRAILER)
-            self._packer.pack(key, staging.tensor, bucket, sums=_trailer(staging.tensor, end))
+            staging = self._buffer(key, padded(bucket.nbytes, ALIGN) + CHECKSUM_TRAILER)
+            self._packer.pack(
+                key, staging.tensor, bucket, sums=checksum_trailer(staging.tensor, bucket.nbytes)
+            )
         try:
             share = staging.tensor.untyped_storage()._share_cuda_()  # type: ignore[no-untyped-call]
         except RuntimeError as exc:
@@ -220,11 +224,6 @@ class CudaIpcSender(SenderTransport):
         # Blocks a receiver still maps stay in torch's IPC limbo until it lets go; collect the rest.
         torch.cuda.ipc_collect()  # type: ignore[no-untyped-call]
         torch.cuda.empty_cache()
-
-
-def _trailer(region: torch.Tensor, end: int) -> torch.Tensor:
-    """The (s1, s2) int64 pair in the 16 bytes after a bucket of `end` padded bytes."""
-    return region[end : end + CHECKSUM_TRAILER].view(torch.int64)
 
 
 def _release_grants(descriptors: list[IpcBuffer]) -> None:

@@ -26,13 +26,13 @@ import torch
 from actor_integration.weight_sync import kernels
 from actor_integration.weight_sync.buckets import (
     ALIGN,
-    CHECKSUM_TRAILER,
     NONE,
     WSUM64,
     WSUM64_DEVICE,
     BucketManifest,
     PackedEntries,
     checksum,
+    checksum_trailer,
     dtype_from_name,
     padded,
     unpack,
@@ -520,8 +520,7 @@ def _expected(chosen: list[_Bucket], device: torch.device) -> torch.Tensor:
     rows = []
     for b in chosen:
         if b.manifest.checksum_kind == WSUM64_DEVICE:
-            end = padded(b.manifest.nbytes, ALIGN)
-            rows.append(_work(b)[end : end + CHECKSUM_TRAILER].view(torch.int64))
+            rows.append(checksum_trailer(_work(b), b.manifest.nbytes))
         else:
             value = b.manifest.checksum
             rows.append(torch.tensor([value & 0xFFFFFFFF, (value >> 32) & 0xFFFFFFFF], device=device))
