@@ -257,10 +257,7 @@ class DevicePacker:
             self._keep(wsum64_sums(region, bucket.nbytes), sums)
             return
         plan = self._plan(key, region, bucket)
-        if sums is None:
-            sums = self._slot()
-        else:
-            sums.zero_()
+        sums = self._zeroed(sums)
         if plan.fast is not None:
             plan.fast.run(GATHER, self.device, sums)
         if plan.slow:
@@ -273,11 +270,14 @@ class DevicePacker:
         if not fused(self.device):
             self._keep(wsum64_sums(region, nbytes), sums)
             return
+        _verify_table([region], [nbytes], self.device).run(VERIFY, self.device, self._zeroed(sums))
+
+    def _zeroed(self, sums: torch.Tensor | None) -> torch.Tensor:
+        """Where the kernel adds this bucket's checksum: the caller's pair, zeroed, or the next
+        pair of the round (for `seal()`)."""
         if sums is None:
-            sums = self._slot()
-        else:
-            sums.zero_()
-        _verify_table([region], [nbytes], self.device).run(VERIFY, self.device, sums)
+            return self._slot()
+        return sums.zero_()
 
     def _keep(self, computed: torch.Tensor, sums: torch.Tensor | None) -> None:
         if sums is None:
@@ -484,9 +484,7 @@ def scatter_fast(plan: ScatterPlan, device: torch.device, gate: torch.Tensor | N
     """Enqueue the kernel's share of the copies; with `gate` (int32 0 or 1 on the device, from
     `verdict`) they write nothing unless it is 1. No host sync."""
     device = normalized(device)
-    if plan.fast is not None:
-        if gate is not None and triton_module(device) is None:  # pragma: no cover - tables need the kernel
-            raise AssertionError("a scatter table without the kernel")
+    if plan.fast is not None:  # built only where the kernel runs
         plan.fast.run(SCATTER, device, gate=gate)
 
 
