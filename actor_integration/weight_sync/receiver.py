@@ -271,7 +271,8 @@ class WeightReceiver:
             for device, (scatter_plan, _indices) in plan.by_device.items():
                 if device in gates:  # queued behind the verification, writes only if it passed
                     kernels.scatter_fast(scatter_plan, device, gates[device])
-            transport.settle()
+            if pending:
+                transport.settle()  # host bookkeeping while the device verifies
             self._check(buckets, pending)  # raises on a bad checksum: the gated copies wrote nothing
             timings["verify_ms"] = _ms(t1)
             if before_write is not None:
@@ -281,6 +282,7 @@ class WeightReceiver:
                 if device not in gates:
                     kernels.scatter_fast(scatter_plan, device)
                 kernels.scatter_slow(scatter_plan, [buckets[i].work for i in indices])  # type: ignore[misc]
+            transport.settle()  # (unless done above) while the device copies
             for device in plan.by_device:
                 if device.type == "cuda":
                     torch.cuda.current_stream(device).synchronize()
