@@ -15,10 +15,11 @@ sends the same shapes every update skip the layout work.
 from __future__ import annotations
 
 import array
+import importlib
 import operator
 import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, overload
 
 import torch
@@ -205,12 +206,17 @@ class BucketManifest:
 
 @dataclass(frozen=True)
 class Bucket:
-    """A planned bucket on the sending side: the tensors and their layout, not yet packed."""
+    """A planned bucket on the sending side: the tensors and their layout, not yet packed.
+
+    `token`, when set, vouches that the tensors have the dtypes, devices, shapes and strides
+    they had when `LayoutCache` issued it (a `metadata_guard` they passed): the device packer
+    then skips its own per-tensor contiguity check for a plan it built under the same token."""
 
     index: int
     tensors: tuple[torch.Tensor, ...]  # in entry order
     entries: PackedEntries
     nbytes: int
+    token: object | None = field(default=None, kw_only=True, compare=False)
 
     def manifest(self, checksum: int, checksum_kind: str) -> BucketManifest:
         return BucketManifest(self.index, self.nbytes, self.entries, checksum, checksum_kind)
@@ -236,6 +242,7 @@ class _Planned:
     entries: PackedEntries
     nbytes: int
     closed_by_overflow: bool  # the next tensor did not fit (not the end of the update)
+    guard: Any = None  # metadata_guard of the tensors last seen in this bucket (None: not available)
 
 
 class LayoutCache:
@@ -269,14 +276,53 @@ _dtype_of = operator.attrgetter("dtype")
 _shape_of = operator.attrgetter("shape")
 
 
+def _tensor_guards_class() -> Any:
+    try:
+        return importlib.import_module("torch._C._dynamo.guards").TensorGuards
+    except (ImportError, AttributeError):  # a torch without it: the Python checks alone
+        return None
+
+
+_TensorGuards = _tensor_guards_class()
+
+
+def metadata_guard(tensors: Sequence[torch.Tensor]) -> Any:
+    """A check, in torch's C++, that tensors keep the dtypes, devices, shapes and strides (and
+    autograd flags) these have now: `guard.check(*tensors)` is True only if they all do. torch's
+    own guard for compiled graphs (`torch._C._dynamo.guards.TensorGuards`); None where this torch
+    has none. A sender's cached layout checks thousands of small tensors with it in a fraction of
+    the time of reading their shapes; a False answer only sends the caller to the exact checks."""
+    if _TensorGuards is None:
+        return None
+    try:
+        return _TensorGuards(*tensors, dynamic_dims_sizes=None, dynamic_dims_strides=None)
+    except (TypeError, RuntimeError, ValueError):
+        return None
+
+
+def _guard_passes(guard: Any, tensors: Sequence[Any]) -> bool:
+    if guard is None:
+        return False
+    try:
+        return bool(guard.check(*tensors))
+    except (TypeError, RuntimeError, ValueError):  # not tensors, or another count: the exact checks decide
+        return False
+
+
 def _matches(tensors: list[Any], plan: _Planned) -> bool:
     """Whether one bucket's tensors repeat the cached bucket (dtypes, shapes), at C speed: with
-    the packer's address check, the sender's main host cost for a bucket of small tensors."""
+    the packer's address check, the sender's main host cost for a bucket of small tensors. A
+    pass of the bucket's metadata guard answers at once (and vouches for the strides too)."""
+    if _guard_passes(plan.guard, tensors):
+        return True
     if not all(issubclass(kind, torch.Tensor) for kind in set(map(type, tensors))):
         return False  # not tensors: the checking path says what is wrong
     # A tensor moved to the meta device since is refused where its bytes are copied
     # (`no_data_error`): checking it here would cost as much as the shapes.
-    return list(map(_dtype_of, tensors)) == plan.dtypes and list(map(_shape_of, tensors)) == plan.shapes
+    if list(map(_dtype_of, tensors)) == plan.dtypes and list(map(_shape_of, tensors)) == plan.shapes:
+        plan.guard = metadata_guard(tensors)  # these tensors' strides, for the next update
+        return True
+    return False
 
 
 def iter_buckets(
@@ -317,7 +363,7 @@ def iter_buckets(
                     yield from _buckets(rest, bucket_bytes, align, cache, previous, index, layout_only)
                     return
                 cache.hits += 1
-                yield _from_plan(index, plan, part)
+                yield _from_plan(index, plan, part, plan.guard)
                 start += len(plan.names)
             return
     items: Iterable[Any] = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
@@ -363,7 +409,7 @@ def _buckets(
         span = _span(tensor, align)
         if tensors and pending + span > bucket_bytes:
             planned = _plan(names, tensors, align, closed_by_overflow=True)
-            yield _from_plan(index, planned, tensors)
+            yield _from_plan(index, planned, tensors, planned.guard)
             made.append(planned)
             index, names, tensors, pending = index + 1, [], [], 0
         names.append(name)
@@ -371,12 +417,13 @@ def _buckets(
         pending += span
     if tensors:
         if follow and len(tensors) == len(previous[index].names):
-            planned = previous[index]
+            planned, token = previous[index], None  # checked one by one (`_same`), strides not
         else:
             if follow:
                 names = list(previous[index].names[: len(tensors)])
             planned = _plan(names, tensors, align, closed_by_overflow=False)
-        yield _from_plan(index, planned, tensors)
+            token = planned.guard
+        yield _from_plan(index, planned, tensors, token)
         made.append(planned)
     if cache is not None and not layout_only:
         cache.hits += sum(1 for p in made if any(p is q for q in previous))
@@ -402,9 +449,9 @@ def _span(tensor: torch.Tensor, align: int) -> int:
     return -(-nbytes // align) * align
 
 
-def _from_plan(index: int, plan: _Planned, tensors: list[torch.Tensor]) -> Bucket:
+def _from_plan(index: int, plan: _Planned, tensors: list[torch.Tensor], token: object = None) -> Bucket:
     ordered = tuple(tensors) if plan.order is None else tuple(tensors[i] for i in plan.order)
-    return Bucket(index, ordered, plan.entries, plan.nbytes)
+    return Bucket(index, ordered, plan.entries, plan.nbytes, token=token)
 
 
 def _check_item(item: object, seen: set[str], layout_only: bool = False) -> tuple[str, torch.Tensor]:
@@ -458,6 +505,7 @@ def _plan(names: list[str], tensors: list[torch.Tensor], align: int, *, closed_b
         entries=entries,
         nbytes=offset,
         closed_by_overflow=closed_by_overflow,
+        guard=metadata_guard(tensors),
     )
 
 

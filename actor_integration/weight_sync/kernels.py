@@ -233,6 +233,7 @@ class _GatherPlan:
     fast: Table | None
     slow: list[int]  # tensor indices copied by torch
     slow_extents: Table | None  # verify rows over the slow tensors' places in the bucket
+    token: object | None  # the bucket token (`Bucket.token`) the contiguity was last checked under
 
 
 class DevicePacker:
@@ -324,18 +325,26 @@ class DevicePacker:
 
     def _plan(self, key: Any, region: torch.Tensor, bucket: Bucket) -> _GatherPlan:
         # Checked on every update, at C speed: thousands of small tensors per bucket are common.
+        # The addresses always; the contiguity unless the bucket's token vouches that the strides
+        # are those the plan was checked with.
         pointers = list(map(torch.Tensor.data_ptr, bucket.tensors))
-        contiguous = list(map(torch.Tensor.is_contiguous, bucket.tensors))
         cached = self._plans.get(key)
         region_ptr = region.data_ptr()
+        contiguous: list[bool] | None = None
         if (
             cached is not None
             and cached.region_ptr == region_ptr
             and cached.pointers == pointers
-            and cached.contiguous == contiguous
             and (cached.entries is bucket.entries or cached.entries.key == bucket.entries.key)
         ):
-            return cached
+            if bucket.token is not None and bucket.token is cached.token:
+                return cached
+            contiguous = list(map(torch.Tensor.is_contiguous, bucket.tensors))
+            if cached.contiguous == contiguous:
+                cached.token = bucket.token
+                return cached
+        if contiguous is None:
+            contiguous = list(map(torch.Tensor.is_contiguous, bucket.tensors))
         device = self.device
         ready = [_kernel_ready(t, device) for t in bucket.tensors]
         offsets = bucket.entries.column(0)
@@ -354,7 +363,9 @@ class DevicePacker:
             slow_extents = Table.build(
                 device, region_ptr + o, region_ptr + o, (s + ALIGN - 1) // ALIGN * ALIGN, o
             )
-        plan = _GatherPlan(bucket.entries, region_ptr, pointers, contiguous, fast, slow, slow_extents)
+        plan = _GatherPlan(
+            bucket.entries, region_ptr, pointers, contiguous, fast, slow, slow_extents, bucket.token
+        )
         self._plans[key] = plan
         self.plans_built += 1
         return plan

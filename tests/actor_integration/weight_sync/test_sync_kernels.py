@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from actor_integration.weight_sync import LayoutCache, iter_buckets, kernels
+from actor_integration.weight_sync import buckets as buckets_module
 from actor_integration.weight_sync.buckets import (
     ALIGN,
     SUM32,
@@ -176,3 +177,97 @@ class TestLayoutCache:
         repeated = [*named.items(), ("w0", torch.zeros(1))]
         with pytest.raises(ValueError, match="appears twice"):
             list(iter_buckets(repeated, 600, align=ALIGN, cache=cache))
+
+
+class TestMetadataGuard:
+    """The C++ metadata guard lets a repeated layout skip the per-tensor shape and stride reads;
+    any change in dtype, shape or strides must still reach the exact checks."""
+
+    def named(self):
+        base = torch.arange(64, dtype=torch.float32).view(8, 8)
+        return {"square": base, **{f"w{i}": torch.randn(4, 4) for i in range(6)}}
+
+    def tokens(self, named, cache):
+        return [b.token for b in iter_buckets(named, 200, align=ALIGN, cache=cache)]
+
+    def test_an_unchanged_update_carries_the_same_tokens(self):
+        if buckets_module._TensorGuards is None:
+            pytest.skip("this torch has no TensorGuards")
+        cache, named = LayoutCache(), self.named()
+        first = self.tokens(named, cache)
+        assert all(t is not None for t in first) and len(first) > 2
+        assert [a is b for a, b in zip(first, self.tokens(dict(named), cache), strict=True)] == [True] * len(
+            first
+        )
+
+    @pytest.mark.parametrize(
+        "change",
+        ["transposed in place", "dtype", "requires_grad"],
+    )
+    def test_a_changed_tensor_gets_a_new_token_and_stays_bit_exact(self, change):
+        cache, named = LayoutCache(), self.named()
+        first = self.tokens(named, cache)
+        changed = dict(named)
+        name = "square" if change == "transposed in place" else "w0"
+        if change == "transposed in place":
+            changed[name] = named[name].t()  # same address, shape and dtype; other strides
+        elif change == "dtype":
+            changed[name] = named[name].to(torch.float64)
+        else:
+            changed[name] = named[name].clone().requires_grad_(True)
+        out = {}
+        buckets = list(iter_buckets(changed, 200, align=ALIGN, cache=cache))
+        k = next(i for i, b in enumerate(buckets) if any(t is changed[name] for t in b.tensors))
+        assert buckets[k].token is None or buckets[k].token is not first[k]
+        for bucket in buckets:
+            region = torch.zeros(padded(bucket.nbytes, ALIGN), dtype=torch.uint8)
+            pack_into(region, bucket)
+            out.update((n, v.clone()) for n, v in unpack(region, bucket.manifest(0, WSUM64)))
+        assert all(torch.equal(out[n], t.detach()) for n, t in changed.items())
+
+    def test_without_tensor_guards_the_exact_checks_alone_run(self, monkeypatch):
+        monkeypatch.setattr(buckets_module, "_TensorGuards", None)
+        cache, named = LayoutCache(), self.named()
+        assert self.tokens(named, cache) == [None] * len(self.tokens(named, cache))
+        assert cache.hits > 0
+
+
+class TestPackerPlans:
+    """The device packer's plan cache, with the kernel launch stubbed (the copy kernel itself is
+    tested under the interpreter and on the GPU): which tensors it sends to the kernel."""
+
+    @pytest.fixture
+    def packer(self, monkeypatch):
+        monkeypatch.setattr(
+            kernels, "_module", type("Launcher", (), {"launch": staticmethod(lambda *a: None)})
+        )
+        monkeypatch.setattr(kernels, "INTERPRET_ON_CPU", True)
+        return kernels.DevicePacker(torch.device("cpu"))
+
+    def pack(self, packer, named, cache):
+        for bucket in iter_buckets(named, 1 << 20, align=ALIGN, cache=cache):
+            region = torch.zeros(padded(bucket.nbytes, ALIGN) + 16, dtype=torch.uint8)
+            packer.pack(("p", bucket.index), region, bucket, sums=torch.zeros(2, dtype=torch.int64))
+        return packer._plans[("p", 0)]
+
+    def test_a_tensor_transposed_in_place_leaves_the_kernel_for_torch(self, packer):
+        base = torch.arange(64, dtype=torch.float32).view(8, 8)
+        named = {"square": base, "other": torch.ones(16)}
+        cache = LayoutCache()
+        plan = self.pack(packer, named, cache)
+        assert plan.slow == [] and packer.plans_built == 1
+        # The region of the cached plan is a new tensor each call here: keep it to test reuse.
+        region = torch.zeros(1024, dtype=torch.uint8)
+        (bucket,) = iter_buckets(named, 1 << 20, align=ALIGN, cache=cache)
+        packer.pack("kept", region, bucket, sums=torch.zeros(2, dtype=torch.int64))
+        (again,) = iter_buckets(dict(named), 1 << 20, align=ALIGN, cache=cache)
+        packer.pack("kept", region, again, sums=torch.zeros(2, dtype=torch.int64))
+        assert packer.plans_built == 2  # reused: same addresses, and the token vouches for the strides
+        (moved,) = iter_buckets(
+            {"square": base.t(), "other": named["other"]}, 1 << 20, align=ALIGN, cache=cache
+        )
+        assert moved.tensors[0].data_ptr() == base.data_ptr()
+        packer.pack("kept", region, moved, sums=torch.zeros(2, dtype=torch.int64))
+        assert packer.plans_built == 3
+        assert packer._plans["kept"].slow == [0]  # not contiguous: copied by torch, not the kernel
+        assert torch.equal(region[:256].view(torch.float32).view(8, 8), base.t())
