@@ -345,6 +345,36 @@ def test_fused_kernels_agree_with_torch_on_awkward_tensors():
     assert kernels.self_check("cuda", large=False, seed=7) == []
 
 
+def test_a_cached_layout_follows_a_tensor_transposed_in_place():
+    """The packer reuses its kernel plan while the layout cache's metadata guard vouches for the
+    strides; a tensor whose strides change under the same address and shape must leave the kernel
+    (which copies storage order) for torch's copy, and the packed bytes stay torch's."""
+    from actor_integration.weight_sync import LayoutCache, iter_buckets, kernels
+    from actor_integration.weight_sync.buckets import ALIGN, WSUM64, checksum, pack_into, padded
+
+    base = torch.arange(256 * 256, dtype=torch.float32, device="cuda").view(256, 256)
+    named = {"square": base, **{f"w{i}": torch.randn(1000 + i, device="cuda") for i in range(50)}}
+    cache, packer = LayoutCache(), kernels.DevicePacker(torch.device("cuda"))
+    region = torch.zeros(1 << 20, dtype=torch.uint8, device="cuda")
+
+    def packed(update):
+        (bucket,) = iter_buckets(update, 1 << 30, align=ALIGN, cache=cache)
+        packer.pack("kept", region, bucket)
+        (value,) = packer.seal()
+        reference = torch.zeros_like(region)
+        pack_into(reference, bucket)
+        end = padded(bucket.nbytes, ALIGN)
+        same = torch.equal(region[:end], reference[:end])
+        return same and value == checksum(reference, bucket.nbytes, WSUM64), bucket
+
+    assert packed(named)[0] and packed(dict(named))[0]
+    assert packer.plans_built == 1  # the second update reused the plan
+    ok, bucket = packed({**named, "square": base.t()})
+    assert bucket.tensors[0].data_ptr() == base.data_ptr()
+    assert ok, "a transposed tensor was packed in storage order"
+    assert packer.plans_built == 2 and packer._plans["kept"].slow == [0]
+
+
 def _time(fn, repeat=5):
     fn()
     torch.cuda.synchronize()
