@@ -274,13 +274,27 @@ class LayoutCache:
 
 _dtype_of = operator.attrgetter("dtype")
 _shape_of = operator.attrgetter("shape")
+_UNFOUND: Any = object()
 
 
-def _tensor_guards_class() -> Any:
+def _tensor_guards_class(found: Any = _UNFOUND) -> Any:
+    """torch's TensorGuards if it tells apart what the layout cache must (strides, dtypes, shapes),
+    else None: a torch without it, or one whose guard answers differently, gets the Python checks."""
+    if found is _UNFOUND:
+        try:
+            found = importlib.import_module("torch._C._dynamo.guards").TensorGuards
+        except (ImportError, AttributeError):
+            return None
     try:
-        return importlib.import_module("torch._C._dynamo.guards").TensorGuards
-    except (ImportError, AttributeError):  # a torch without it: the Python checks alone
+        square = torch.zeros(2, 2)
+        guard = found(square, dynamic_dims_sizes=None, dynamic_dims_strides=None)
+        same = guard.check(torch.ones(2, 2))
+        others = (square.t(), square.double(), torch.zeros(2, 3))  # strides, dtype, shape
+        if not same or any(guard.check(other) for other in others):
+            return None
+    except Exception:  # an unexpected signature: not ours to fix, the Python checks still work
         return None
+    return found
 
 
 _TensorGuards = _tensor_guards_class()

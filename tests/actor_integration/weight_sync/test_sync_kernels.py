@@ -225,6 +225,18 @@ class TestMetadataGuard:
             out.update((n, v.clone()) for n, v in unpack(region, bucket.manifest(0, WSUM64)))
         assert all(torch.equal(out[n], t.detach()) for n, t in changed.items())
 
+    def test_a_guard_that_does_not_tell_strides_apart_is_not_used(self):
+        class Lenient:  # a guard of another torch that ignores strides
+            def __init__(self, *tensors, **dims):
+                self.shapes = [t.shape for t in tensors]
+
+            def check(self, *tensors):
+                return [t.shape for t in tensors] == self.shapes
+
+        assert buckets_module._tensor_guards_class(Lenient) is None
+        if buckets_module._TensorGuards is not None:
+            assert buckets_module._tensor_guards_class(buckets_module._TensorGuards) is not None
+
     def test_without_tensor_guards_the_exact_checks_alone_run(self, monkeypatch):
         monkeypatch.setattr(buckets_module, "_TensorGuards", None)
         cache, named = LayoutCache(), self.named()
