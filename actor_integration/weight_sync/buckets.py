@@ -286,10 +286,11 @@ def _tensor_guards_class(found: Any = _UNFOUND) -> Any:
         except (ImportError, AttributeError):
             return None
     try:
-        square = torch.zeros(2, 2)
+        # Explicit device and dtype: never the user's defaults (no CUDA initialised at import).
+        square = torch.zeros(2, 2, dtype=torch.float32, device="cpu")
         guard = found(square, dynamic_dims_sizes=None, dynamic_dims_strides=None)
-        same = guard.check(torch.ones(2, 2))
-        others = (square.t(), square.double(), torch.zeros(2, 3))  # strides, dtype, shape
+        same = guard.check(torch.ones(2, 2, dtype=torch.float32, device="cpu"))
+        others = (square.t(), square.to(torch.float64), square.new_zeros(2, 3))  # strides, dtype, shape
         if not same or any(guard.check(other) for other in others):
             return None
     except Exception:  # an unexpected signature: not ours to fix, the Python checks still work
