@@ -330,21 +330,20 @@ class DevicePacker:
         pointers = list(map(torch.Tensor.data_ptr, bucket.tensors))
         cached = self._plans.get(key)
         region_ptr = region.data_ptr()
-        contiguous: list[bool] | None = None
-        if (
-            cached is not None
+        same = (
+            cached
+            if cached is not None
             and cached.region_ptr == region_ptr
             and cached.pointers == pointers
             and (cached.entries is bucket.entries or cached.entries.key == bucket.entries.key)
-        ):
-            if bucket.token is not None and bucket.token is cached.token:
-                return cached
-            contiguous = list(map(torch.Tensor.is_contiguous, bucket.tensors))
-            if cached.contiguous == contiguous:
-                cached.token = bucket.token
-                return cached
-        if contiguous is None:
-            contiguous = list(map(torch.Tensor.is_contiguous, bucket.tensors))
+            else None
+        )
+        if same is not None and bucket.token is not None and bucket.token is same.token:
+            return same
+        contiguous = list(map(torch.Tensor.is_contiguous, bucket.tensors))
+        if same is not None and same.contiguous == contiguous:
+            same.token = bucket.token
+            return same
         device = self.device
         ready = [_kernel_ready(t, device) for t in bucket.tensors]
         offsets = bucket.entries.column(0)
