@@ -11,7 +11,7 @@ operations train, save and sync. Bodies that call `self.wake_up()`/`self.sleep()
 working: those nested calls are absorbed. Bodies that call a resource directly (slime's
 `update_weights` reloads and destroys its groups and enters `torch_memory_saver.disable()`) get
 those names replaced while they run (`lifecycle_body_globals`), so the machine and the body
-never both own a resource; `actor_integration.slime` does that for slime.
+never both own a resource; `actor_integration.frameworks.slime` does that for slime.
 """
 
 from __future__ import annotations

@@ -293,7 +293,7 @@ class ReloadableProcessGroups:
                 f"({_describe_subgroups()}); destroy() would destroy them with WORLD and reload() could not "
                 "rebuild them. Create subgroups after adopt() with new_group(), or pass untracked_subgroups=True "
                 "if their owner rebuilds them (MegatronParallelState does for Megatron's). A slime actor has its "
-                "own reloadable groups: use actor_integration.slime.SlimeLifecycleMixin, which keeps them."
+                "own reloadable groups: use actor_integration.frameworks.slime.SlimeLifecycleMixin, which keeps them."
             )
         backend = str(dist.get_backend())
         _check_backend(backend)

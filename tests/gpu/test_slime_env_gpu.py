@@ -44,7 +44,7 @@ def free_gib():
 
 out = {"configured": torch_memory_saver._impl_ctor_kwargs.get("hook_mode")}
 if MODE == "adapter":
-    from actor_integration.slime import slime_memory_backend
+    from actor_integration.frameworks.slime import slime_memory_backend
     memory = slime_memory_backend()
     out["hook_mode"], out["notes"] = memory.hook_mode, memory.notes
 else:

@@ -1,7 +1,7 @@
 """slime's real trainer actor, executed from its source at a pinned commit, on CPU (tests only).
 
 `SlimeSource.find()` locates slime's source through `RL_LIFECYCLE_SLIME_SOURCE` (a slime checkout
-or git directory holding commit `RL_LIFECYCLE_SLIME_COMMIT`, default `actor_integration.slime.SLIME_COMMIT`);
+or git directory holding commit `RL_LIFECYCLE_SLIME_COMMIT`, default `actor_integration.frameworks.slime.SLIME_COMMIT`);
 nothing of slime is stored in this repository. `install(source)` runs, in the calling process,
 slime's own modules that decide the lifecycle (the actor, `TrainRayActor`, `RayTrainGroup`, the
 reloadable process groups, the gloo group, the tensor backuper, routing replay, timers) from that
@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from actor_integration.slime import SLIME_COMMIT
+from actor_integration.frameworks.slime import SLIME_COMMIT
 from lifecycle.testing import FakeMemorySaver, ProtocolViolation
 
 SOURCE_ENV = "RL_LIFECYCLE_SLIME_SOURCE"

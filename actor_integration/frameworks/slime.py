@@ -1,6 +1,6 @@
 """slime's `MegatronTrainRayActor` under the lifecycle, launched the way slime launches it.
 
-    from actor_integration.slime import SlimeLifecycleMixin
+    from actor_integration.frameworks.slime import SlimeLifecycleMixin
     from slime.backends.megatron_utils.actor import MegatronTrainRayActor
     from slime.ray.actor_group import RayTrainGroup
 
@@ -31,7 +31,6 @@ Who owns each resource (read from slime 624b824a, `slime/backends/megatron_utils
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import os
 import sys
@@ -42,15 +41,18 @@ from typing import Any
 import torch.distributed as dist
 
 from actor_integration.clear_memory import ClearMemory
+from actor_integration.frameworks.stand_ins import (
+    body_owner,
+    pipeline_parallel_size,
+    plan_owned_globals,
+    stand_in_calls,
+)
 from actor_integration.memory_saver import TorchMemorySaverBackend
 from actor_integration.mixin import LifecycleMixin
 from actor_integration.routing_replay import RoutingReplayClear
 from actor_integration.tms_env import is_true
 from lifecycle import Hooks, LifecyclePolicy
-from lifecycle.errors import IllegalTransitionError
 from lifecycle.hooks import MemoryBackend
-from lifecycle.machine import Lifecycle
-from lifecycle.table import Groups
 
 __all__ = [
     "SLIME_COMMIT",
@@ -110,7 +112,7 @@ class SlimeProcessGroups:
         self._reload()
         # slime #2208: after a reload with PP=4 only the first stages reach the first P2P op on
         # WORLD, and NCCL's lazy init needs every rank; slime primes WORLD here.
-        if _pipeline_parallel_size() > 2:
+        if pipeline_parallel_size() > 2:
             if dist.get_backend() == "nccl":
                 import torch
 
@@ -164,7 +166,7 @@ class SlimeLifecycleMixin(LifecycleMixin):
         return slime_memory_backend()
 
     def lifecycle_hooks(self) -> Hooks:
-        actor_module = sys.modules[_body_owner(self).__module__]
+        actor_module = sys.modules[body_owner(self).__module__]
         replay = getattr(actor_module, "RoutingReplay", None) if self.args.use_routing_replay else None
         return Hooks(
             memory=self.lifecycle_memory(),
@@ -175,95 +177,11 @@ class SlimeLifecycleMixin(LifecycleMixin):
         )
 
     def lifecycle_body_globals(self, operation: str) -> Mapping[str, Any]:
-        owner = _body_owner(self)
-        namespace = vars(sys.modules[owner.__module__])
-        saver = namespace.get("torch_memory_saver")
-        if isinstance(saver, _PlanOwnedMemorySaver):  # asked again from inside a body (a refused nested call)
-            saver = saver.saver
-        calls = self.__dict__.setdefault("_lifecycle_stand_in_calls", [])
-        lifecycle = self.lifecycle
-
-        def record(name: str) -> None:
-            calls.append((operation, name))
-
-        def reload_process_groups() -> None:
-            record("reload_process_groups")
-            if lifecycle.groups is not Groups.ALIVE:
-                raise IllegalTransitionError(
-                    f"{owner.__name__}'s {operation} body needs the process groups, but they are "
-                    f"{lifecycle.groups}: under the lifecycle the {operation} plan brings them up; this body's "
-                    "own reload_process_groups() is not run",
-                    state=lifecycle.state,
-                    operation=f"{operation}: reload_process_groups",
-                    allowed=(),
-                )
-
-        def destroy_process_groups() -> None:
-            record("destroy_process_groups")  # the exit plan destroys what the enter plan brought up
-
-        return {
-            "torch_memory_saver": _PlanOwnedMemorySaver(saver, lifecycle, operation, record),
-            "reload_process_groups": reload_process_groups,
-            "destroy_process_groups": destroy_process_groups,
-        }
+        return plan_owned_globals(self, operation)
 
     def lifecycle_stand_in_calls(self) -> list[tuple[str, str]]:
         """(operation, name) of every resource call a body made that the plans owned, oldest first."""
-        return list(self.__dict__.get("_lifecycle_stand_in_calls", []))
-
-
-class _PlanOwnedMemorySaver:
-    """`torch_memory_saver` as slime's bodies see it under the lifecycle; other attributes are the real one's."""
-
-    def __init__(
-        self, saver: Any, lifecycle: Lifecycle, operation: str, record: Callable[[str], None]
-    ) -> None:
-        self.saver = saver
-        self._lifecycle = lifecycle
-        self._operation = operation
-        self._record = record
-
-    def disable(self) -> contextlib.AbstractContextManager[Any]:
-        self._record("torch_memory_saver.disable")
-        if self._operation == "sync":
-            return contextlib.nullcontext()  # the sync plan runs the body under memory.disable() already
-        return self._lifecycle.hooks.memory.disable()
-
-    def pause(self, tag: str | None = None) -> None:
-        self._refuse("pause", tag)
-
-    def resume(self, tag: str | None = None) -> None:
-        self._refuse("resume", tag)
-
-    def _refuse(self, method: str, tag: str | None) -> None:
-        self._record(f"torch_memory_saver.{method}")
-        raise IllegalTransitionError(
-            f"the {self._operation} body called torch_memory_saver.{method}({'' if tag is None else repr(tag)}) in "
-            f"state {self._lifecycle.state}: under the lifecycle the sleep and wake plans own pause and resume, and "
-            "a second owner would pause a paused tag (torch_memory_saver exits). Call self.sleep()/self.wake_up() "
-            "instead.",
-            state=self._lifecycle.state,
-            operation=f"{self._operation}: torch_memory_saver.{method}",
-            allowed=(),
-        )
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.saver, name)
-
-
-def _body_owner(actor: LifecycleMixin) -> type:
-    """The class whose `update_weights` body runs under the sync operation (slime's actor class)."""
-    return actor._super_method("update_weights")[1]
-
-
-def _pipeline_parallel_size() -> int:
-    try:
-        from megatron.core import parallel_state
-    except ImportError:
-        return 1
-    if not parallel_state.model_parallel_is_initialized():
-        return 1
-    return int(parallel_state.get_pipeline_model_parallel_world_size())
+        return stand_in_calls(self)
 
 
 def _refuse_unsupported(args: Any) -> None:

@@ -117,7 +117,7 @@ def _launcher_env() -> dict[str, str]:
 
 
 def _classes(actor_module: Any) -> dict[str, type]:
-    from actor_integration.slime import SlimeLifecycleMixin, slime_memory_backend
+    from actor_integration.frameworks.slime import SlimeLifecycleMixin, slime_memory_backend
     from lifecycle.faults import FaultInjector, with_faults
 
     class LifecycleTrainer(SlimeLifecycleMixin, actor_module.MegatronTrainRayActor):

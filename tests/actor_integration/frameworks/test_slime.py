@@ -5,7 +5,7 @@ The same class against slime's real actor source runs in test_slime_source.py (o
 
 import pytest
 
-from actor_integration.slime import SlimeLifecycleMixin, SlimeProcessGroups, slime_memory_backend
+from actor_integration.frameworks.slime import SlimeLifecycleMixin, SlimeProcessGroups, slime_memory_backend
 from lifecycle import State
 from lifecycle.errors import IllegalTransitionError, InjectedFault
 from lifecycle.faults import FaultInjector, with_faults
@@ -166,7 +166,7 @@ class TestBackends:
         """slime's wake_up runs a WORLD barrier after the reload when PP > 2; the plan's reload does too."""
         import types
 
-        import actor_integration.slime as adapter
+        import actor_integration.frameworks.slime as adapter
 
         calls = []
         module = types.ModuleType("slime.utils.reloadable_process_group")
@@ -179,7 +179,7 @@ class TestBackends:
         monkeypatch.setattr(adapter.dist, "barrier", lambda **kw: calls.append("barrier"))
         for stages, expected in ((2, ["reload"]), (4, ["reload", "barrier"])):
             calls.clear()
-            monkeypatch.setattr(adapter, "_pipeline_parallel_size", lambda stages=stages: stages)
+            monkeypatch.setattr(adapter, "pipeline_parallel_size", lambda stages=stages: stages)
             groups.reload()
             assert calls == expected
         assert groups.is_alive()
