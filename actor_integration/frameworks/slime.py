@@ -35,12 +35,14 @@ import importlib
 import os
 import sys
 from collections.abc import Callable, Mapping
+from datetime import timedelta
 from types import ModuleType
 from typing import Any
 
 import torch.distributed as dist
 
 from actor_integration.clear_memory import ClearMemory
+from actor_integration.frameworks.registry_groups import RegistryProcessGroups, registry, require
 from actor_integration.frameworks.stand_ins import (
     body_owner,
     pipeline_parallel_size,
@@ -85,31 +87,60 @@ def slime_memory_backend(
     )
 
 
-class SlimeProcessGroups:
+class SlimeProcessGroups(RegistryProcessGroups):
     """destroy()/reload()/is_alive() over slime's own reloadable process groups (one owner: the plans).
 
-    `module` is slime's `slime.utils.reloadable_process_group` (imported when not given).
+    The sleep frees the same communicators slime's `destroy_process_groups()` does (every wrapped
+    subgroup and the accelerator WORLD, replaced by slime's temporary gloo WORLD), all at once on
+    every rank between two meetings instead of torch's one-after-another shutdown (see
+    `registry_groups`); the wake is slime's own `reload_process_groups()`, so the wrappers Megatron
+    cached stay valid and the group count stays plain slime's. `module` is slime's
+    `slime.utils.reloadable_process_group` (imported when not given).
     """
 
-    def __init__(self, module: ModuleType | None = None) -> None:
+    framework = "slime"
+
+    def __init__(self, module: ModuleType | None = None, *, timeout: timedelta | None = None) -> None:
         self.module = module if module is not None else importlib.import_module(GROUPS_MODULE)
-        required = ("destroy_process_groups", "reload_process_groups", "default_process_group_states")
-        missing = [name for name in (*required, "ReloadableProcessGroup") if not hasattr(self.module, name)]
-        if missing:
-            raise TypeError(
-                f"SlimeProcessGroups: {self.module.__name__} lacks {missing}; this adapter is written against "
-                f"slime {SLIME_COMMIT}"
-            )
-        self._destroy: Callable[[], None] = self.module.destroy_process_groups
-        self._reload: Callable[[], None] = self.module.reload_process_groups
+        require(self.module, _SLIME_GROUP_NAMES, "SlimeProcessGroups", f"slime {SLIME_COMMIT}")
+        state = self._world_state()
+        super().__init__(
+            store=None if state is None else state.store,
+            rank=None if state is None else state.rank,
+            world_size=None if state is None else state.world_size,
+            timeout=timeout or (None if state is None else state.timeout),
+        )
 
-    def destroy(self) -> None:
-        """slime's `destroy_process_groups()`: every wrapped subgroup, and an accelerator WORLD. Collective."""
-        self._destroy()
+    def wrappers(self) -> list[Any]:
+        """slime's registry of wrapped subgroups in this process (`ReloadableProcessGroup.GROUPS`)."""
+        return registry(self.module)
 
-    def reload(self) -> None:
-        """slime's `reload_process_groups()`, then the WORLD barrier slime's wake_up runs with PP > 2. Collective."""
-        self._reload()
+    groups = wrappers
+
+    def _world_state(self) -> Any:
+        return self.module.default_process_group_states.get(os.getpid())
+
+    def _tears_down_world(self) -> bool:
+        # slime's rule: a registered accelerator WORLD goes down with the subgroups.
+        state = self._world_state()
+        return bool(
+            state is not None
+            and not state.accelerator_world_destroyed
+            and self.module._uses_accelerator_backend(state.backend)
+        )
+
+    def _after_world_destroyed(self) -> None:
+        # What slime's own teardown does after destroying WORLD, through its own functions: a
+        # temporary gloo WORLD of the next generation, and slime's gloo group pointing at it.
+        module, state = self.module, self._world_state()
+        module.set_gloo_group(None)
+        module._new_default_process_group(state, backend="gloo")
+        module.set_gloo_group(dist.distributed_c10d._get_default_group())
+        state.accelerator_world_destroyed = True
+
+    def _reload(self) -> None:
+        """slime's `reload_process_groups()`, then the WORLD barrier slime's wake_up runs with PP > 2."""
+        self.module.reload_process_groups()
         # slime #2208: after a reload with PP=4 only the first stages reach the first P2P op on
         # WORLD, and NCCL's lazy init needs every rank; slime primes WORLD here.
         if pipeline_parallel_size() > 2:
@@ -122,18 +153,20 @@ class SlimeProcessGroups:
 
     def is_alive(self) -> bool:
         """Whether WORLD is the accelerator one and every wrapped subgroup has a live group."""
-        pid = os.getpid()
-        state = self.module.default_process_group_states.get(pid)
+        state = self._world_state()
         if state is not None and state.accelerator_world_destroyed:
             return False
-        return all(g.group is not None for g in self.groups())
+        return super().is_alive()
 
-    def groups(self) -> list[Any]:
-        """slime's registry of wrapped subgroups in this process (`ReloadableProcessGroup.GROUPS`)."""
-        return list(self.module.ReloadableProcessGroup.GROUPS.get(os.getpid(), []))
 
-    def __repr__(self) -> str:
-        return f"<SlimeProcessGroups alive={self.is_alive()} wrapped={len(self.groups())}>"
+_SLIME_GROUP_NAMES = (
+    "ReloadableProcessGroup",
+    "reload_process_groups",
+    "default_process_group_states",
+    "_uses_accelerator_backend",
+    "_new_default_process_group",
+    "set_gloo_group",
+)
 
 
 class SlimeLifecycleMixin(LifecycleMixin):

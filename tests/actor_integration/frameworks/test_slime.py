@@ -4,6 +4,7 @@ The same class against slime's real actor source runs in test_slime_source.py (o
 """
 
 import pytest
+import torch.distributed as dist
 
 from actor_integration.frameworks.slime import SlimeLifecycleMixin, SlimeProcessGroups, slime_memory_backend
 from lifecycle import State
@@ -20,6 +21,13 @@ BODY_RESOURCES = [
     ("sync", "torch_memory_saver.disable"),
     ("sync", "destroy_process_groups"),
 ]
+
+
+@pytest.fixture
+def one_rank_world():
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
 
 
 def started(cls=LifecycleSlimeActor, **kw):
@@ -162,7 +170,7 @@ class TestBackends:
         with pytest.raises(TypeError, match="lacks"):
             SlimeProcessGroups(types.ModuleType("slime.utils.reloadable_process_group"))
 
-    def test_reload_primes_world_with_more_than_two_pipeline_stages(self, monkeypatch):
+    def test_reload_primes_world_with_more_than_two_pipeline_stages(self, monkeypatch, one_rank_world):
         """slime's wake_up runs a WORLD barrier after the reload when PP > 2; the plan's reload does too."""
         import types
 
@@ -170,10 +178,12 @@ class TestBackends:
 
         calls = []
         module = types.ModuleType("slime.utils.reloadable_process_group")
-        module.destroy_process_groups = lambda: calls.append("destroy")
         module.reload_process_groups = lambda: calls.append("reload")
         module.default_process_group_states = {}
         module.ReloadableProcessGroup = type("ReloadableProcessGroup", (), {"GROUPS": {}})
+        module._uses_accelerator_backend = lambda backend: True
+        module._new_default_process_group = lambda state, backend: None
+        module.set_gloo_group = lambda group: None
         groups = SlimeProcessGroups(module)
         monkeypatch.setattr(adapter.dist, "get_backend", lambda: "gloo")
         monkeypatch.setattr(adapter.dist, "barrier", lambda **kw: calls.append("barrier"))

@@ -168,10 +168,13 @@ def _worker(
 
     actor_module = install(SlimeSource(Path(location), commit))
     os.environ.update(_launcher_env())
+    serial = _count_serial_teardowns()
     if variant == "ray_group":
         return _ray_group_run(actor_module, _classes(actor_module)["lifecycle"])
+    if variant == "pp4":
+        return _pp4_run(_classes(actor_module)["lifecycle"](world_size, rank, "127.0.0.1", port), serial)
     actor = _classes(actor_module)[variant](world_size, rank, "127.0.0.1", port)
-    out: dict[str, Any] = {"steps": []}
+    out: dict[str, Any] = {"steps": [], "serial_teardowns": serial}
 
     def step(name: str, call: Any = None) -> None:
         error = _error(call) if call is not None else None
@@ -215,6 +218,54 @@ def _worker(
     out.setdefault("groups_end", _groups())
     out["record"] = {k: v for k, v in RECORD.items() if k in ("trained", "saved", "engine")}
     out["pauses"], out["resumes"] = SAVER.pause_count, SAVER.resume_count
+    return out
+
+
+def _count_serial_teardowns() -> list[int]:
+    """Count slime's own WORLD teardowns (torch's serial shutdown of every group), in place."""
+    module = sys.modules["slime.utils.reloadable_process_group"]
+    serial_world = module._destroy_default_accelerator_process_group
+    count = [0]
+
+    def counted() -> None:
+        count[0] += 1
+        serial_world()
+
+    module._destroy_default_accelerator_process_group = counted
+    return count
+
+
+def _pp4_run(actor: Any, serial: list[int]) -> dict[str, Any]:
+    """Pure PP=4 (slime's deadlock case): overlapping embedding and pipeline groups, the last rank late."""
+    import time
+
+    import torch.distributed as dist
+
+    from tests.helpers.slime_source import RolloutManager
+
+    out: dict[str, Any] = {"states": []}
+    actor.init(_args(4), "actor")
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    actor.set_rollout_manager(RolloutManager())
+    out["groups_init"] = _groups()
+    mpu = sys.modules["megatron.core.parallel_state"]
+    for cycle in range(3):
+        if rank == world_size - 1:
+            time.sleep(0.3)  # the others reach the teardown first, as in slime's report
+        actor.wake_up()
+        out.setdefault("groups_awake", []).append(_groups())
+        if cycle == 0:  # the layout, read while the groups are up
+            in_embedding = mpu.is_rank_in_embedding_group()
+            out["layout"] = {
+                "pp": mpu.get_pipeline_model_parallel_world_size(),
+                "embedding_ranks": dist.get_process_group_ranks(mpu.get_embedding_group())
+                if in_embedding
+                else None,
+            }
+        actor.train(cycle, _rollout(cycle))  # collectives on every group, then the sleep
+        out["states"].append(actor.lifecycle_state()["state"])
+    out["groups_end"] = _groups()
+    out["serial_teardowns"] = serial[0]
     return out
 
 
@@ -341,6 +392,29 @@ class TestUnderTheAdapter:
                 f"{record['trained']} saved {record['saved']} synced {[e['checksum'] for e in record['engine']]} "
                 f"after wake {ours['weights_after_wake']}; pauses {ours['pauses']} resumes {ours['resumes']}"
             )
+
+
+class TestConcurrentTeardown:
+    def test_the_sleep_does_not_take_slimes_serial_teardown(
+        self, lifecycle_run: list[dict[str, Any]], slime_run: list[dict[str, Any]]
+    ) -> None:
+        """The adapter frees the same groups itself (all at once); plain slime destroys WORLD serially."""
+        for ours, theirs in zip(lifecycle_run, slime_run, strict=True):
+            assert ours["serial_teardowns"] == [0]
+            assert theirs["serial_teardowns"][0] >= 2
+
+    def test_pure_pp4_on_four_ranks_cycles_without_deadlock(self) -> None:
+        """slime's deadlock case (pure PP=4, overlapping groups, one rank late): three wake/train/sleep
+        cycles on four gloo ranks end PAUSED with the group count flat and equal on every cycle."""
+        results = _run("pp4", world_size=4)
+        for result in results:
+            assert result["layout"]["pp"] == 4
+            assert result["states"] == ["PAUSED", "PAUSED", "PAUSED"]
+            assert result["serial_teardowns"] == 0
+            assert result["groups_end"] == result["groups_init"]
+            assert len({tuple(sorted(g.items())) for g in result["groups_awake"]}) == 1
+        # The first and the last stage share the embedding group: groups overlap across ranks.
+        assert results[0]["layout"]["embedding_ranks"] == [0, 3]
 
 
 class TestWithoutTheAdapter:
