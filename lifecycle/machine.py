@@ -181,6 +181,7 @@ class Lifecycle:
                 "groups": self._groups,
                 "contents": self._contents_view(),
                 "weight_version": weight_version,
+                **_backend_descriptions(hooks),
             },
         )
 
@@ -874,6 +875,24 @@ def _hook_dicts(records: list[_Record]) -> list[dict[str, Any]]:
             entry["tag"] = call.tag
         out.append(entry)
     return out
+
+
+def _backend_descriptions(hooks: Hooks) -> dict[str, Any]:
+    """What the backends say of themselves (`describe()`, `notes`), for the configured event.
+
+    The choices a backend made from the environment (a retained CPU backup, the hook mode) are read
+    from the log of the run that made them, not from the code.
+    """
+    described: dict[str, Any] = {}
+    for slot in ("memory", "process_groups"):
+        backend = getattr(hooks, slot)
+        describe = getattr(backend, "describe", None)
+        if callable(describe):
+            described[slot] = str(describe())
+        notes = getattr(backend, "notes", None)
+        if isinstance(notes, list) and notes:
+            described[f"{slot}_notes"] = [str(note) for note in notes]
+    return described
 
 
 def _check_operation(operation: str) -> None:
