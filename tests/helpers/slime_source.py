@@ -14,6 +14,7 @@ asserts where the real one exits or asserts). `RECORD` holds what the stand-ins 
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import importlib.util
 import os
@@ -123,6 +124,56 @@ class SlimeSource:
             target.write_text(self.read(path))
         (destination / "COMMIT").write_text(self.resolved_commit() + "\n")
         return SlimeSource(destination, self.commit)
+
+
+def slime_args(world_size: int, **overrides: Any) -> argparse.Namespace:
+    """slime's parsed flags for a colocated, offloaded actor (only what the code paths read)."""
+    args = argparse.Namespace(
+        debug_rollout_only=False,
+        debug_train_only=False,
+        distributed_backend="nccl",
+        distributed_timeout_minutes=1,
+        num_gpus_per_node=world_size,
+        hf_checkpoint="unused",
+        offload_train=True,
+        colocate=True,
+        use_critic=False,
+        release_train=False,
+        keep_old_actor=False,
+        update_weights_interval=1,
+        vocab_size=None,
+        update_weight_mode="full",
+        update_weight_transport="cuda_ipc",
+        model_name=None,
+        update_weight_start_version=0,
+        rollout_data_postprocess_path=None,
+        use_routing_replay=True,
+        use_rollout_routing_replay=False,
+        compute_advantages_and_returns=True,
+        loss_type="policy_loss",
+        kl_coef=0.0,
+        use_rollout_logprobs=False,
+        get_mismatch_metrics=False,
+        use_opd=False,
+        advantage_estimator="grpo",
+        save_debug_train_data=None,
+        ref_update_interval=None,
+        async_save=False,
+        save_hf=None,
+        use_fault_tolerance=False,
+        tensor_model_parallel_size=1,
+        pipeline_model_parallel_size=world_size,
+        virtual_pipeline_model_parallel_size=None,
+        context_parallel_size=1,
+        expert_model_parallel_size=1,
+        expert_tensor_parallel_size=1,
+        seed=1234,
+        train_env_vars={},
+        train_backend="megatron",
+        ci_test=False,
+    )
+    vars(args).update(overrides)
+    return args
 
 
 # ---------------------------------------------------------------------------------------------- records
