@@ -120,6 +120,8 @@ class TestWithTheMixin:
             "contents": {"*": "valid"},
             "weight_version": None,
             "weights_valid": True,
+            "holds": 0,
+            "deferred": [],
             "rank": 5,
             "role": "actor",
             "step": None,
