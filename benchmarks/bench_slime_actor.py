@@ -179,7 +179,7 @@ def child_main(column: str, location: str, commit: str, cycles: int, cpu_smoke: 
             os.environ.update(
                 {"LD_PRELOAD": preload_library(13), "TMS_INIT_ENABLE": "1", "TMS_INIT_ENABLE_CPU_BACKUP": "1"}
             )
-        else:
+        elif column == "slime":  # the adapter does this itself (its memory backend), and says so
             from torch_memory_saver import torch_memory_saver
 
             pending = getattr(torch_memory_saver, "_impl_ctor_kwargs", None) or {}
@@ -273,7 +273,8 @@ def _free_bytes() -> int | None:
 
 
 def run_column(column: str, location: str, commit: str, cycles: int, cpu_smoke: bool) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "BENCH_MASTER_PORT": str(_free_port())}
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "PYTHONPATH": path, "BENCH_MASTER_PORT": str(_free_port())}
     if not cpu_smoke:
         from actor_integration.tms_env import preload_library
 
