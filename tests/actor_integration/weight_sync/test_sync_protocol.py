@@ -25,11 +25,11 @@ from actor_integration.weight_sync import (
     WeightSyncTimeout,
     kernels,
 )
-from actor_integration.weight_sync.buckets import ALIGN, WSUM64, padded
 from actor_integration.weight_sync.disk import DiskSender
-from actor_integration.weight_sync.shm import ShmRegion, ShmSender
+from actor_integration.weight_sync.shm import ShmSender
 from lifecycle import Contents, InvalidWeightsError, capture_events
 from tests.helpers.models import perturbed
+from tests.helpers.weight_sync_doubles import DeviceChecksumShm
 
 CONFIG = TinyLMConfig(vocab_size=61, dim=16, n_layers=2, n_heads=2, max_seq_len=32, seed=3)
 
@@ -386,23 +386,6 @@ class TestPipelinedRounds:
     def test_pipelining_needs_a_double_buffered_transport(self, actor):
         with pytest.raises(ValueError, match="double-buffered"):
             sender_for(actor, ShmSender(), pipelined=True)
-
-
-class DeviceChecksumShm(ShmSender):
-    """shm whose host buckets carry WSUM64, the checksum GPU buckets carry (packed by the device
-    packer's torch path), so the receiver's two-pass path runs here on CPU as it does on a GPU."""
-
-    def export(self, position, bucket):
-        mapped = self._file(position, padded(bucket.nbytes, ALIGN))
-        if not hasattr(self, "host_packer"):
-            self.host_packer = kernels.DevicePacker(torch.device("cpu"))
-        self.host_packer.pack(position, mapped.tensor, bucket)
-        self._exports.append(bucket)
-        return ShmRegion(str(mapped.path), bucket.nbytes)
-
-    def ready(self):
-        exports, self._exports = self._exports, []
-        return [b.manifest(v, WSUM64) for b, v in zip(exports, self.host_packer.seal(), strict=True)]
 
 
 def damage(payload, position=-1, data=b"\x00\x01\x02"):
