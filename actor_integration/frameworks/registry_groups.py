@@ -108,8 +108,13 @@ class RegistryProcessGroups:
         if world:
             for wrapper in wrappers:
                 wrapper.group = None  # torch's registry holds the only references left
-            torn = _destroy_registered()
-            self._after_world_destroyed()
+            try:
+                torn = _destroy_registered()
+            finally:
+                # WORLD is gone even when a subgroup's teardown raised: the framework's stand-in WORLD
+                # and its "destroyed" mark must follow, or its reload would skip rebuilding WORLD.
+                if not dist.is_initialized():
+                    self._after_world_destroyed()
         else:
             live = [w.group for w in wrappers if w.group is not None]
             for wrapper in wrappers:
