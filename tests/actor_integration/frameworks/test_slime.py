@@ -249,6 +249,43 @@ class TestBackends:
             assert calls == expected
         assert groups.is_alive()
 
+    def test_a_failed_subgroup_teardown_still_leaves_slimes_stand_in_world(self, monkeypatch, one_rank_world):
+        """WORLD goes down even when a subgroup's teardown raised: slime's gloo WORLD and its "destroyed"
+        mark follow, so slime's reload rebuilds WORLD instead of skipping it."""
+        import types
+
+        import actor_integration.frameworks.registry_groups as registry_groups
+
+        made = []
+        state = types.SimpleNamespace(
+            backend="nccl", accelerator_world_destroyed=False, store=None, rank=0, world_size=1, timeout=None
+        )
+        module = types.ModuleType("slime.utils.reloadable_process_group")
+        module.reload_process_groups = lambda: None
+        module.default_process_group_states = {__import__("os").getpid(): state}
+        module.ReloadableProcessGroup = type("ReloadableProcessGroup", (), {"GROUPS": {}})
+        module._uses_accelerator_backend = lambda backend: True
+        module.set_gloo_group = lambda group: made.append(("gloo group", group is not None))
+
+        def new_world(state, backend):
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+            made.append(("world", backend))
+
+        module._new_default_process_group = new_world
+        state.store = dist.distributed_c10d._get_default_store()
+        groups = SlimeProcessGroups(module)
+        dist.new_group([0], backend="gloo")
+
+        def failing(fn, items):
+            items.clear()
+            raise RuntimeError("a communicator's teardown failed")
+
+        monkeypatch.setattr(registry_groups, "_each_at_once", failing)
+        with pytest.raises(RuntimeError, match="teardown failed"):
+            groups.destroy()
+        assert ("world", "gloo") in made and state.accelerator_world_destroyed
+        assert not groups.is_alive()
+
     def test_unsupported_setup_is_refused_before_any_work(self):
         actor = LifecycleSlimeActor()
         actor.build(rank=0, offload_train=True, use_routing_replay=False)
