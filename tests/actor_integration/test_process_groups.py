@@ -563,14 +563,14 @@ class TestSuspendPath:
     def test_suspend_keeps_the_groups_and_resume_hands_them_back(
         self, single: ReloadableProcessGroups, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        from actor_integration import process_groups
+        from actor_integration.process_groups import _teardown
 
         handle = single.new_group([0], name="tp")
         tp_group, world = handle.group, dist.group.WORLD
         log: list[str] = []
         names = {id(world): "world", id(tp_group): "tp"}
         monkeypatch.setattr(
-            process_groups, "_nccl_backend", lambda pg: _FakeNcclBackend(log, names.get(id(pg), "side"))
+            _teardown, "nccl_backend", lambda pg: _FakeNcclBackend(log, names.get(id(pg), "side"))
         )
         single._path = "suspend"  # what teardown_path picks when nccl_suspend_support() says so
         single.destroy()
@@ -628,14 +628,14 @@ class TestNcclSuspendProbe:
     ) -> None:
         from types import SimpleNamespace
 
-        from actor_integration import process_groups
+        from actor_integration.process_groups import _nccl
 
         monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
         monkeypatch.setattr(torch.cuda, "nccl", SimpleNamespace(version=lambda: version), raising=False)
         backend = SimpleNamespace(suspend=lambda: None) if api else SimpleNamespace()
         monkeypatch.setattr(torch._C, "_distributed_c10d", SimpleNamespace(Backend=backend))
-        monkeypatch.setattr(process_groups, "_nccl_exports", lambda name: symbol)
-        support = process_groups.nccl_suspend_support()
+        monkeypatch.setattr(_nccl, "_nccl_exports", lambda name: symbol)
+        support = _nccl.nccl_suspend_support()
         assert support.available is available and says in support.reason, support
         assert support.nccl_version == version
 
@@ -656,3 +656,27 @@ class TestTeardownLog:
         )
         # Not a lifecycle machine's event: no rank/role keys for the checker and timeline to misread.
         assert "rank" not in logged and "role" not in logged and logged["group_rank"] == 0
+
+
+class TestTeardownPieces:
+    """The package's public teardown pieces, which other group registries (slime's) reuse."""
+
+    def test_destroy_registered_groups_takes_every_group_down_and_counts_them(self) -> None:
+        from actor_integration.process_groups import destroy_registered_groups, registered_groups
+
+        store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False)
+        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+        subgroups = [dist.new_group([0]) for _ in range(3)]
+        assert len(registered_groups()) == 4
+        del subgroups
+        assert destroy_registered_groups() == 4
+        assert not dist.is_initialized()
+        assert destroy_registered_groups() == 0  # nothing left: a second call is harmless
+
+    def test_meeting_names_the_rank_that_never_came(self) -> None:
+        from actor_integration.process_groups import LIFECYCLE_CAUSE, Meeting
+
+        meeting = Meeting(dist.HashStore(), rank=0, world_size=2)
+        with pytest.raises(RendezvousTimeoutError, match=r"ranks \[1\]") as caught:
+            meeting.meet("destroy(generation 0)", timedelta(seconds=0.3), LIFECYCLE_CAUSE)
+        assert caught.value.missing == (1,) and "sleep()/wake_up()" in str(caught.value)

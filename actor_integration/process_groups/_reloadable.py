@@ -22,14 +22,9 @@ monkey-patching torch.distributed:
 
 from __future__ import annotations
 
-import collections
-import concurrent.futures
 import contextlib
-import ctypes
-import os
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any, Literal, cast
 
@@ -39,105 +34,19 @@ from torch.distributed import ProcessGroup
 from torch.distributed.distributed_c10d import PrefixStore, Store
 from torch.distributed.rendezvous import rendezvous
 
+from actor_integration.process_groups import _nccl, _teardown
+from actor_integration.process_groups._rendezvous import (
+    BARRIER_CAUSE,
+    LIFECYCLE_CAUSE,
+    NAMESPACE,
+    NEW_GROUP_CAUSE,
+    Meeting,
+)
 from lifecycle import events
-from lifecycle.errors import RendezvousMismatchError, RendezvousTimeoutError
 from lifecycle.logs import Event
 
-__all__ = [
-    "GroupHandle",
-    "NcclSuspendSupport",
-    "ReloadableProcessGroups",
-    "RendezvousMismatchError",
-    "RendezvousTimeoutError",
-    "nccl_suspend_support",
-]
-
-_NAMESPACE = "rl-lifecycle/process-groups"
 _ALIVE, _DESTROYED, _BROKEN, _CLOSED = "alive", "destroyed", "broken", "closed"
-_NEW_GROUP_CAUSE = (
-    "dist.new_group is collective: every rank must call new_group with the same arguments in the same "
-    "order, even ranks that are not in `ranks`. Likely cause: new_group called inside a rank branch "
-    "(e.g. `if rank in ranks:`), or those ranks crashed or are stuck in earlier work"
-)
-_LIFECYCLE_CAUSE = (
-    "every rank must sleep()/wake_up() (destroy()/reload()) together. Likely cause: the lifecycle was "
-    "driven on some ranks only, or those ranks crashed or are still busy (a longer step than the deadline)"
-)
-_BARRIER_CAUSE = (
-    "Likely cause: those ranks skipped this barrier (a rank branch), crashed, or are slower than the deadline"
-)
-# At most this many communicators go down (or connect) at once; any bound is deadlock-free, as
-# every rank submits its groups in the same (creation) order: see `_each_at_once`.
-_MAX_THREADS = 64
-_SUSPEND_NCCL = (2, 29, 7)  # the first NCCL with ncclCommSuspend / ncclCommResume
 SuspendMode = Literal["auto", "never"]
-
-
-class _Meeting:
-    """Store-based meeting points with deadlines; every arriving rank can name the missing ones."""
-
-    def __init__(self, store: Store, rank: int, world_size: int) -> None:
-        self._store = PrefixStore(f"{_NAMESPACE}/meet", store)
-        self._rank = rank
-        self._world_size = world_size
-        self._round = 0
-
-    def meet(self, what: str, timeout: timedelta, cause: str) -> None:
-        """Block until every rank called `meet` with the same `what` at this position."""
-        n, s, me = self._round, self._store, self._rank
-        self._round += 1
-        t0 = time.monotonic()
-        s.set(f"{n}/rank{me}", what)
-        first = s.compare_set(f"{n}/what", "", f"{me}\n{what}").decode()
-        first_rank, first_what = first.split("\n", 1)
-        if first_what != what:
-            s.set(f"{n}/mismatch", f"{me}\n{what}")
-            s.set(f"{n}/done", "mismatch")  # wake the ranks already waiting
-            raise self._mismatch(what, int(first_rank), first_what)
-        if s.add(f"{n}/count", 1) == self._world_size:
-            s.set(f"{n}/done", "ok")
-        try:
-            s.wait([f"{n}/done"], timeout)
-        except dist.DistNetworkError as exc:
-            raise RuntimeError(
-                f"rank {me} lost the rendezvous store while waiting in {what} ({exc}); the store lives in "
-                "rank 0's process (or the launcher's), which probably exited"
-            ) from exc
-        except dist.DistStoreError as exc:
-            raise self._timeout(n, what, time.monotonic() - t0, timeout, cause) from exc
-        if s.check([f"{n}/mismatch"]):
-            other_rank, other_what = s.get(f"{n}/mismatch").decode().split("\n", 1)
-            raise self._mismatch(what, int(other_rank), other_what)
-        # Everyone has left round n-2 once anyone is here in round n: its keys are dead.
-        if n >= 2:
-            s.delete_key(f"{n - 2}/rank{me}")
-            if me == 0:
-                for key in ("what", "count", "done"):
-                    s.delete_key(f"{n - 2}/{key}")
-
-    def _timeout(
-        self, n: int, what: str, waited: float, timeout: timedelta, cause: str
-    ) -> RendezvousTimeoutError:
-        try:
-            missing = [r for r in range(self._world_size) if not self._store.check([f"{n}/rank{r}"])]
-        except dist.DistError:
-            missing = []
-        who = f"ranks {missing}" if missing else "some ranks (the store could not be read)"
-        message = (
-            f"rank {self._rank} waited {waited:.1f} s (deadline {timeout.total_seconds():.1f} s) in {what} "
-            f"for {who} of world size {self._world_size} to reach the same call; they never arrived. {cause}."
-        )
-        return RendezvousTimeoutError(message, what=what, missing=missing, waited_s=waited)
-
-    def _mismatch(self, what: str, other_rank: int, other_what: str) -> RendezvousMismatchError:
-        message = (
-            f"rank {self._rank} is in {what}, but rank {other_rank} reached the same point in {other_what}. "
-            "new_group, barrier, destroy and reload are collective: every rank must make the same calls "
-            "in the same order (for new_group with the same arguments, even ranks not in `ranks`). "
-            "Likely cause: one of them is called inside a rank branch (e.g. `if rank in ranks:`). "
-            "The groups are now out of step: close() them and restart the actors."
-        )
-        return RendezvousMismatchError(message, what=what, other_rank=other_rank, other_what=other_what)
 
 
 class GroupHandle:
@@ -208,7 +117,7 @@ class ReloadableProcessGroups:
         self.timeout = timeout
         self.generation = 0
         self._state = _ALIVE
-        self._meeting = _Meeting(store, rank, world_size)
+        self._meeting = Meeting(store, rank, world_size)
         self._handles: list[GroupHandle] = []
         self._device_id = device_id
         self._worlds = 1  # WORLDs built on this store so far; each gets its own key namespace
@@ -339,7 +248,7 @@ class ReloadableProcessGroups:
             raise ValueError(f"new_group: a group named {name!r} exists already; names must be unique")
         handle = GroupHandle(name, wanted, backend or self.backend)
         what = f"new_group #{index}(name={name!r}, ranks={list(wanted)}, backend={handle.backend!r})"
-        self._meeting.meet(what, timeout or self.timeout, _NEW_GROUP_CAUSE)
+        self._meeting.meet(what, timeout or self.timeout, NEW_GROUP_CAUSE)
         self._create(handle)
         self._handles.append(handle)
         return handle
@@ -364,7 +273,7 @@ class ReloadableProcessGroups:
     def barrier(self, timeout: timedelta | None = None, *, name: str = "barrier") -> None:
         """Wait for every rank, in either state, with a deadline that names the missing ranks."""
         self._require((_ALIVE, _DESTROYED), "barrier")
-        self._meeting.meet(f"barrier({name!r})", timeout or self.timeout, _BARRIER_CAUSE)
+        self._meeting.meet(f"barrier({name!r})", timeout or self.timeout, BARRIER_CAUSE)
 
     # ------------------------------------------------------------------ lifecycle hooks
 
@@ -381,7 +290,7 @@ class ReloadableProcessGroups:
         """How `destroy()` frees communicators: "suspend" (NCCL keeps them, memory released) or "destroy"."""
         if self._path is None:
             self._path = "destroy"
-            if self.suspend == "auto" and "nccl" in self.backend and nccl_suspend_support().available:
+            if self.suspend == "auto" and "nccl" in self.backend and _nccl.nccl_suspend_support().available:
                 self._path = "suspend"
         return self._path
 
@@ -400,8 +309,8 @@ class ReloadableProcessGroups:
         self._require((_ALIVE, _BROKEN), "destroy")
         t0 = time.perf_counter()
         path = self.teardown_path
-        self._quiesce()
-        self._meeting.meet(f"destroy(generation {self.generation})", self.timeout, _LIFECYCLE_CAUSE)
+        _teardown.quiesce(self.backend, self._device_id)
+        self._meeting.meet(f"destroy(generation {self.generation})", self.timeout, LIFECYCLE_CAUSE)
         self._state = _BROKEN  # until the gloo stand-in is up
         if path == "suspend":
             torn = self._suspend_all()
@@ -411,7 +320,7 @@ class ReloadableProcessGroups:
             self._side = dist.distributed_c10d._get_default_group()
         # Leave only once every rank's gloo stand-in is connected: a rank that moved on (or exited)
         # while a peer was still in connectFullMesh made that peer fail with "closed by peer".
-        self._meeting.meet(f"destroyed(generation {self.generation})", self.timeout, _LIFECYCLE_CAUSE)
+        self._meeting.meet(f"destroyed(generation {self.generation})", self.timeout, LIFECYCLE_CAUSE)
         self._state = _DESTROYED
         self._log(Event.GROUPS_DESTROYED, t0, path=path, communicators=torn)
 
@@ -419,7 +328,7 @@ class ReloadableProcessGroups:
         """Rebuild the accelerator WORLD and every subgroup in registration order. Collective."""
         self._require((_DESTROYED, _BROKEN), "reload")
         t0 = time.perf_counter()
-        self._meeting.meet(f"reload(generation {self.generation})", self.timeout, _LIFECYCLE_CAUSE)
+        self._meeting.meet(f"reload(generation {self.generation})", self.timeout, LIFECYCLE_CAUSE)
         self._state = _BROKEN  # until every subgroup is back
         self.generation += 1
         if self._suspended:
@@ -434,7 +343,7 @@ class ReloadableProcessGroups:
                 self._create(handle)
             if self.eager_connect:
                 self.connect()
-        self._meeting.meet(f"reloaded(generation {self.generation})", self.timeout, _LIFECYCLE_CAUSE)
+        self._meeting.meet(f"reloaded(generation {self.generation})", self.timeout, LIFECYCLE_CAUSE)
         self._state = _ALIVE
         self._log(Event.GROUPS_RELOADED, t0, path=path)
 
@@ -453,9 +362,13 @@ class ReloadableProcessGroups:
             return 0
         device = self._device_id or torch.device("cuda", torch.cuda.current_device())
         lazy = [
-            pg for pg in _registered_groups() if _nccl_backend(pg) is not None and pg.bound_device_id is None
+            pg
+            for pg in _teardown.registered_groups()
+            if _teardown.nccl_backend(pg) is not None and pg.bound_device_id is None
         ]
-        _each_at_once(lambda pg: cast(Any, _nccl_backend(pg)).eager_connect_single_device(device), lazy)
+        _teardown.each_at_once(
+            lambda pg: cast(Any, _teardown.nccl_backend(pg)).eager_connect_single_device(device), lazy
+        )
         return len(lazy)
 
     def close(self) -> None:
@@ -496,16 +409,7 @@ class ReloadableProcessGroups:
             handle._group = None
         self._side = None
         self._suspended = []
-        if not dist.is_initialized():
-            return 0
-        world = dist.distributed_c10d._get_default_group()
-        subgroups = [pg for pg in _registered_groups() if pg is not world]
-        count = len(subgroups) + 1
-        try:
-            _each_at_once(dist.destroy_process_group, subgroups)  # takes the references with it
-        finally:
-            dist.destroy_process_group()  # WORLD once and last, after every subgroup's thread ended
-        return count
+        return _teardown.destroy_registered_groups()
 
     def _suspend_all(self) -> int:
         """NCCL's suspend path: every communicator's memory released, the groups kept (WORLD last)."""
@@ -513,33 +417,27 @@ class ReloadableProcessGroups:
         for handle in self._handles:
             handle._group = None
         world = dist.distributed_c10d._get_default_group()
-        nccl = [pg for pg in _registered_groups() if _nccl_backend(pg) is not None]
+        nccl = [pg for pg in _teardown.registered_groups() if _teardown.nccl_backend(pg) is not None]
         done = self._suspended = []
 
         def suspend(pg: ProcessGroup) -> None:
-            cast(Any, _nccl_backend(pg)).suspend()
+            cast(Any, _teardown.nccl_backend(pg)).suspend()
             done.append(pg)  # what reload() must resume, even if a sibling failed
 
-        _each_at_once(suspend, [pg for pg in nccl if pg is not world])
+        _teardown.each_at_once(suspend, [pg for pg in nccl if pg is not world])
         if world in nccl:
             suspend(world)
         return len(done)
 
     def _resume_all(self) -> None:
         def resume(pg: ProcessGroup) -> None:
-            cast(Any, _nccl_backend(pg)).resume()
+            cast(Any, _teardown.nccl_backend(pg)).resume()
             self._suspended.remove(pg)  # a retry after a failure resumes only the rest
 
-        _each_at_once(resume, list(self._suspended))
+        _teardown.each_at_once(resume, list(self._suspended))
         for handle in self._handles:
             handle._group = self._kept.get(handle.name)
             handle.generation = self.generation
-
-    def _quiesce(self) -> None:
-        # A collective still running when its communicator goes down hangs or faults: finish this
-        # rank's device work before the rendezvous, so once every rank has met none has one in flight.
-        if "nccl" in self.backend and torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
-            torch.cuda.synchronize(self._device_id)
 
     def _require(self, states: str | tuple[str, ...], operation: str) -> None:
         allowed = (states,) if isinstance(states, str) else states
@@ -561,7 +459,9 @@ class ReloadableProcessGroups:
         level = "info" if first else "debug"
         if events.enabled(events.LEVELS[level]):
             if first:
-                fields["why"] = nccl_suspend_support().reason if "nccl" in self.backend else "no NCCL groups"
+                fields["why"] = (
+                    _nccl.nccl_suspend_support().reason if "nccl" in self.backend else "no NCCL groups"
+                )
             events.emit(
                 level,
                 event,
@@ -593,7 +493,7 @@ def _init_world(
 ) -> None:
     dist.init_process_group(
         backend=backend,
-        store=PrefixStore(f"{_NAMESPACE}/{namespace}", store),
+        store=PrefixStore(f"{NAMESPACE}/{namespace}", store),
         rank=rank,
         world_size=world_size,
         timeout=timeout,
@@ -628,102 +528,3 @@ def _check_backend(backend: str) -> None:
             f"torch.distributed backend {backend!r} is not available in this torch build "
             "(CPU-only builds have gloo, not nccl)"
         )
-
-
-def _registered_groups() -> list[ProcessGroup]:
-    """Every process group torch knows in this process, in creation order (the same on every rank)."""
-    pg_map: dict[ProcessGroup, Any] = dist.distributed_c10d._world.pg_map
-    return list(pg_map)
-
-
-def _nccl_backend(pg: ProcessGroup) -> Any:
-    """The group's NCCL backend, or None for gloo (and other) groups."""
-    if "nccl" not in str(dist.get_backend(pg)):
-        return None
-    return pg._get_backend(torch.device("cuda"))
-
-
-def _each_at_once(fn: Callable[[Any], object], items: list[Any]) -> None:
-    """`fn(item)` for every item, each in its own thread; the first error is raised once all ended.
-
-    Items are taken in the order given. Every rank passes its groups in creation order, so even
-    with fewer threads than groups the earliest unfinished group is running on all of its ranks:
-    collective teardowns (and connects) cannot wait on each other in a cycle. The list is
-    consumed: a worker holds the only reference the caller gave, so a group's destructor (which
-    joins its threads: ~10 ms for a gloo group) runs in that worker too, not one by one here.
-    """
-    if not items:
-        return
-    pending = collections.deque(items)
-    items.clear()
-    workers = min(len(pending), _MAX_THREADS)
-    errors: list[BaseException] = []
-
-    def work() -> None:
-        while True:
-            try:
-                item = pending.popleft()
-            except IndexError:
-                return
-            try:
-                fn(item)
-            except BaseException as exc:  # the others still go down; the first error is raised after
-                errors.append(exc)
-            del item
-
-    with concurrent.futures.ThreadPoolExecutor(
-        max_workers=workers, thread_name_prefix="process-groups"
-    ) as pool:
-        for _ in range(workers):
-            pool.submit(work)
-    if errors:
-        raise errors[0]
-
-
-@dataclass(frozen=True)
-class NcclSuspendSupport:
-    """Whether NCCL communicators can be suspended (memory released, communicator kept) here."""
-
-    available: bool
-    reason: str
-    nccl_version: tuple[int, ...] | None = None
-    symbol: bool | None = None  # libnccl exports ncclCommSuspend (None: not determinable)
-    torch_api: bool = False  # torch exposes Backend.suspend()/resume()
-
-
-def nccl_suspend_support() -> NcclSuspendSupport:
-    """Probe what torch exposes: its NCCL's version, the `ncclCommSuspend` symbol, `Backend.suspend`."""
-    if not dist.is_nccl_available():
-        return NcclSuspendSupport(False, f"torch {torch.__version__} is built without NCCL")
-    try:
-        version = tuple(int(v) for v in cast(Any, torch.cuda).nccl.version())
-    except Exception as exc:  # no CUDA driver, or a torch whose nccl module cannot load
-        return NcclSuspendSupport(False, f"the NCCL version could not be read ({exc!r})")
-    backend = getattr(torch._C, "_distributed_c10d", None)
-    torch_api = callable(getattr(getattr(backend, "Backend", None), "suspend", None))
-    symbol = _nccl_exports("ncclCommSuspend")
-    shown = ".".join(map(str, version))
-    if version < _SUSPEND_NCCL:
-        reason = (
-            f"NCCL {shown} (torch {torch.__version__}) has no ncclCommSuspend (needs "
-            f"{'.'.join(map(str, _SUSPEND_NCCL))}+): communicators are destroyed and rebuilt"
-        )
-        return NcclSuspendSupport(False, reason, version, symbol, torch_api)
-    if not torch_api or symbol is False:
-        reason = (
-            f"NCCL {shown} {'exports' if symbol else 'may export'} ncclCommSuspend, but torch "
-            f"{torch.__version__} {'exposes no Backend.suspend()' if not torch_api else 'loads a libnccl without it'}: "
-            "communicators are destroyed and rebuilt"
-        )
-        return NcclSuspendSupport(False, reason, version, symbol, torch_api)
-    reason = f"NCCL {shown}: communicators are suspended (ncclCommSuspend), not destroyed"
-    return NcclSuspendSupport(True, reason, version, symbol, torch_api)
-
-
-def _nccl_exports(symbol: str) -> bool | None:
-    """Whether the libnccl this process has loaded exports `symbol`; None when none is loaded."""
-    try:
-        library = ctypes.CDLL("libnccl.so.2", mode=os.RTLD_NOLOAD | os.RTLD_GLOBAL)
-    except OSError:
-        return None
-    return hasattr(library, symbol)
