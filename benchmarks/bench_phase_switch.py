@@ -656,7 +656,7 @@ def column_main(column: str, cfg: Config, out: str) -> None:
                 print(f"  {column} step {version}: {rows['step']:.3f} s", flush=True)
             if column == "ours":
                 result["clear_memory_ms"] = trainer.clear.timings_ms
-                result["teardown_path"] = trainer.groups.teardown_path
+                result["communicators"] = trainer.groups.communicators
                 from actor_integration.process_groups import nccl_suspend_support
 
                 result["suspend_probe"] = nccl_suspend_support().reason

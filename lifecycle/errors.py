@@ -31,6 +31,7 @@ __all__ = [
     "LogFieldError",
     "MemorySaverConfigError",
     "MemoryStateError",
+    "NcclError",
     "ProcessGroupsAsleepError",
     "ProtocolViolation",
     "RendezvousMismatchError",
@@ -221,6 +222,17 @@ class ProcessGroupsAsleepError(LifecycleError, RuntimeError):
 
     def __init__(self, message: str, *, state: str, operation: str, group: str | None = None) -> None:
         super().__init__(message, state=state, operation=operation, group=group)
+
+
+class NcclError(LifecycleError, RuntimeError):
+    """An NCCL call (`call`) returned an error code (`code`; None: it could not be made), or a
+    communicator cannot be reached; the message has NCCL's own words and the loaded version."""
+
+    call: str
+    code: int | None
+
+    def __init__(self, message: str, *, call: str, code: int | None = None) -> None:
+        super().__init__(message, call=call, code=code)
 
 
 class GroupTimeoutError(LifecycleError, TimeoutError):

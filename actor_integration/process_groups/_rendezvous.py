@@ -63,9 +63,17 @@ class Meeting:
         # Everyone has left round n-2 once anyone is here in round n: its keys are dead.
         if n >= 2:
             s.delete_key(f"{n - 2}/rank{me}")
+            s.delete_key(f"{n - 2}/value{me}")  # a `gather`'s, read by everyone before round n-1
             if me == 0:
                 for key in ("what", "count", "done"):
                     s.delete_key(f"{n - 2}/{key}")
+
+    def gather(self, what: str, value: str, timeout: timedelta, cause: str) -> list[str]:
+        """`meet`, and every rank's `value` (index: rank). The same deadline and errors as `meet`."""
+        n, s = self._round, self._store
+        s.set(f"{n}/value{self._rank}", value)
+        self.meet(what, timeout, cause)
+        return [s.get(f"{n}/value{r}").decode() for r in range(self._world_size)]
 
     def _timeout(
         self, n: int, what: str, waited: float, timeout: timedelta, cause: str

@@ -56,7 +56,7 @@ def test_cpu_smoke_runs_both_columns_and_reports_every_hook(tmp_path: Path) -> N
     ):
         assert key in steady, key
     assert "wake.clear_memory" not in steady  # left the wake plan (ebb5e0b)
-    assert ours["teardown_path"] == "destroy" and ours["registered_groups_asleep"] == 1
+    assert ours["communicators"] == "destroy" and ours["registered_groups_asleep"] == 1
     assert report["verdict"]["ours_lifecycle_s"] > 0 and "error" not in report["teardown"]
 
 
