@@ -100,7 +100,8 @@ class DeviceMemory:
     def _used(self) -> int | None:
         if not (torch.cuda.is_available() and torch.cuda.is_initialized()):  # type: ignore[no-untyped-call]
             return None
-        torch.cuda.synchronize(self._device)
+        # No synchronize: the sleep's memory pause runs on the device beside this hook, and waiting
+        # for it would serialise the stage; NCCL unmaps and releases synchronously anyway.
         free, total = torch.cuda.mem_get_info(self._device)
         return int(total - free)
 
