@@ -6,8 +6,9 @@ groups' `destroy()`, which tears every communicator still registered in torch do
 Megatron's included, WORLD last (torch's own WORLD destroy takes them one by one: 8.8-9.2 s for
 Megatron's 27 groups on an H200); wake rebuilds WORLD and calls `initialize_model_parallel(**kwargs)`
 again, so Megatron creates fresh groups the honest way instead of slime's monkey-patched group
-wrappers. Where NCCL suspends communicators instead (`ReloadableProcessGroups.teardown_path`),
-Megatron's groups stay as they are.
+wrappers. Where the groups suspend or keep their communicators instead (`communicators=`),
+Megatron's groups stay as they are; any of them that NCCL could not suspend (and so tore down)
+makes the wake re-initialise Megatron's groups the same way.
 
 Megatron modules also cache group objects at construction (`self.tp_group`, `pg_collection`).
 Those are stale after a reload: with NCCL they are aborted communicators, with gloo they keep the
@@ -24,7 +25,7 @@ from typing import Any, cast
 import torch
 from torch.distributed import ProcessGroup
 
-from actor_integration.process_groups import ReloadableProcessGroups
+from actor_integration.process_groups import ReloadableProcessGroups, each_at_once
 from lifecycle.errors import MemorySaverConfigError
 
 __all__ = ["MegatronParallelState"]
@@ -99,26 +100,41 @@ class MegatronParallelState:
         """Models, optimizers or group collections whose cached Megatron groups follow each reload."""
         self._registered.extend(objects)
 
+    @property
+    def communicators(self) -> str:
+        """What sleep does to the communicators: the groups' way (the lifecycle machine reads it)."""
+        return self.groups.communicators
+
     def is_alive(self) -> bool:
         return bool(self.groups.is_alive() and self._ps.model_parallel_is_initialized())
 
     def destroy(self) -> None:
-        """Forget Megatron's groups, then destroy every communicator, all at once, WORLD last. Collective."""
+        """Forget Megatron's groups, then destroy every communicator, all at once, WORLD last. Collective.
+
+        Where the groups suspend or keep their communicators, Megatron's groups stay as they are.
+        """
         # Megatron's groups stay registered in torch until the groups' teardown takes them all down
         # together; destroy_model_parallel() first, so that it releases what it holds on them
         # (megatron-core 0.19's NCCL EP context) while they still work.
-        suspending = self.groups.teardown_path == "suspend"
-        if self._ps.model_parallel_is_initialized() and not suspending:
+        survive = self.groups.communicators in ("suspend", "keep")
+        if self._ps.model_parallel_is_initialized() and not survive:
             self._stale = _megatron_groups(self._ps)
             self._ps.destroy_model_parallel()
-        if self.groups.state != "destroyed":
+        if self.groups.state not in ("destroyed", "suspended", "kept"):
             self.groups.destroy()
+        if survive and self.groups.state == "destroyed" and self._ps.model_parallel_is_initialized():
+            # NCCL could not suspend WORLD, so this sleep tore everything down: forget the dead groups
+            # (destroy_model_parallel destroys only the gloo groups still registered).
+            self._stale = _megatron_groups(self._ps)
+            self._ps.destroy_model_parallel()
 
     def reload(self) -> None:
         """Rebuild WORLD, re-run `initialize_model_parallel`, re-point registered objects. Collective."""
         # Each step is skipped when already done, so recover() can finish a half-done reload.
         if not self.groups.is_alive():
             self.groups.reload()
+        if self.groups.lost_groups and self._ps.model_parallel_is_initialized():
+            self._reinitialise()
         if not self._ps.model_parallel_is_initialized():
             self._ps.initialize_model_parallel(**self.init_kwargs)
             if self.groups.eager_connect:
@@ -134,6 +150,24 @@ class MegatronParallelState:
                     swap[id(old)] = new
             _rebind(self._registered, swap)
         self._stale = {}
+
+    def _reinitialise(self) -> None:
+        """Some of Megatron's groups were torn down (NCCL could not suspend them): rebuild them all.
+
+        The rest were resumed; they go down too, concurrently, so that the re-initialisation below
+        makes one set of groups, not a second one beside the first.
+        """
+        self._stale = _megatron_groups(self._ps)
+        self._ps.destroy_model_parallel()
+        registered = torch.distributed.distributed_c10d._world.pg_map
+        keep = {id(torch.distributed.distributed_c10d._get_default_group())}
+        keep |= {id(h.group) for h in self.groups.handles}
+        left: dict[int, ProcessGroup] = {}
+        for value in self._stale.values():
+            for pg in value if isinstance(value, list) else [value]:
+                if registered.get(pg) is not None and id(pg) not in keep:
+                    left[id(pg)] = pg
+        each_at_once(torch.distributed.destroy_process_group, list(left.values()))
 
     def __repr__(self) -> str:
         return f"<MegatronParallelState alive={self.is_alive()} {self.init_kwargs} groups={self.groups!r}>"

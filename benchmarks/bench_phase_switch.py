@@ -1,9 +1,10 @@
 """Phase switch: one colocated step's lifecycle, slime's way against this library's, on one GPU.
 
     python benchmarks/bench_phase_switch.py --out out/bench_phase_switch.json
+    python benchmarks/bench_phase_switch.py --nccl-lib /path/to/nvidia/nccl/lib/libnccl.so.2
     python benchmarks/bench_phase_switch.py --cpu-smoke     # tiny sizes, gloo, no-op memory (CI)
 
-Both columns run the same state in the same process layout, one column after the other:
+Every column runs the same state in the same process layout, one column after the other:
 
 - a trainer process: the 0.6B-shaped training state (Qwen3-0.6B's 254 parameters as bf16 weights,
   fp32 main copies, Adam m and v, bf16 grads: 1270 tensors, 8.9 GiB) in a torch_memory_saver
@@ -25,11 +26,17 @@ fresh flattened bucket and CUDA IPC handle per 512 MiB, `ipc_collect()` after ea
 ours: `LifecycleMixin` + `TorchMemorySaverBackend` (retained backup, prepared at configuration),
 `MegatronParallelState` over `ReloadableProcessGroups` (concurrent teardown), `ClearMemory`, the
 hooks a plan declares independent run together, `RolloutActor`, `actor_integration.weight_sync`.
+ours-suspend and ours-keep: the same with `communicators="suspend"` (ncclCommSuspend, skipped with
+the reason where NCCL 2.29.7+ is not loaded and reachable) and `communicators="keep"`.
 
-Printed: each hook's time in both columns (steady = median of the steps after the first), the
-per-step totals, the PCIe and D2D ceilings measured in the same run, and a teardown/rebuild
-section (serial vs concurrent destroy; lazy vs concurrent connect). Targets (issue 11): ours
-<= 1.2 s of lifecycle per step and >= 10x faster than slime-style. Measured, never asserted.
+Printed: each hook's time in every column (steady = median of the steps after the first), the
+per-step totals, the PCIe and D2D ceilings measured in the same run, a section per way of
+treating the communicators on WORLD + 16 warmed subgroups (time to free, memory freed, time to
+bring back, first collectives after), and a teardown/rebuild section (serial vs concurrent
+destroy; lazy vs concurrent connect). `--nccl-lib` re-runs the script with that libnccl.so.2 in
+LD_PRELOAD (every child inherits it), e.g. the `nvidia-nccl-cu13` 2.30.7 wheel's, for suspend.
+Targets (issue 11): ours <= 1.2 s of lifecycle per step and >= 10x faster than slime-style.
+Measured, never asserted.
 """
 
 from __future__ import annotations
@@ -45,7 +52,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -60,6 +67,8 @@ GIB = 2**30
 TARGET_S = 1.2
 TARGET_RATIO = 10.0
 COLUMNS = ("slime", "ours")  # as printed; run ours first, so a run cut short still has it
+WAY_COLUMNS = {"suspend": "ours-suspend", "keep": "ours-keep"}  # ours with another communicators= way
+WAYS = ("destroy", "suspend", "keep")
 
 
 @dataclass(frozen=True)
@@ -324,7 +333,7 @@ def rollout_main(column: str, cfg: Config, conn: Any) -> None:
         torch.cuda.set_device(0)
     engine = BenchEngine(cfg)
     actor = None
-    if column == "ours":
+    if column != "slime":
         from actor_integration.rollout import RolloutActor
 
         actor = RolloutActor(engine)
@@ -522,7 +531,7 @@ def ours_trainer_class() -> type:
 class Ours:
     """This library's recommended configuration, driven the way a slime-shaped driver calls it."""
 
-    def __init__(self, cfg: Config, rollout: Rollout) -> None:
+    def __init__(self, cfg: Config, rollout: Rollout, communicators: str = "destroy") -> None:
         from actor_integration import (
             ClearMemory,
             MegatronParallelState,
@@ -534,7 +543,12 @@ class Ours:
 
         self.cfg, self.rollout = cfg, rollout
         groups = ReloadableProcessGroups.init(
-            backend=cfg.backend, rank=0, world_size=1, store=new_store(), timeout=timedelta(seconds=300)
+            backend=cfg.backend,
+            rank=0,
+            world_size=1,
+            store=new_store(),
+            timeout=timedelta(seconds=300),
+            communicators=communicators,
         )
         process_groups: Any = groups
         if cfg.groups == "megatron":
@@ -622,6 +636,9 @@ class Ours:
                     rows[key] = rows.get(key, 0.0) + hook["ms"] / 1e3
             elif name == Event.BODY:
                 rows["body" if op == "train" else "sync.transfer"] = event["duration_ms"] / 1e3
+        destroyed = [e for e in events[mark:] if e.get("event") == Event.GROUPS_DESTROYED]
+        if destroyed and destroyed[0].get("bytes") is not None:  # the first is the train exit's sleep
+            rows["sleep.groups_freed_gib"] = destroyed[0]["bytes"] / GIB
         return rows
 
 
@@ -641,8 +658,11 @@ def column_main(column: str, cfg: Config, out: str) -> None:
         t0 = time.perf_counter()
         rollout = Rollout(column, cfg)
         steps = cfg.slime_steps if column == "slime" else cfg.steps
-        with lifecycle.capture_events("info") as events:
-            trainer: Any = SlimeTrainer(cfg, rollout) if column == "slime" else Ours(cfg, rollout)
+        # debug: every process_groups.destroyed/reloaded event, not only the first (at info)
+        with lifecycle.capture_events("debug") as events:
+            trainer: Any = (
+                SlimeTrainer(cfg, rollout) if column == "slime" else Ours(cfg, rollout, way_of(column))
+            )
             result["setup_s"] = round(time.perf_counter() - t0, 2)
             import torch.distributed as dist
 
@@ -654,12 +674,19 @@ def column_main(column: str, cfg: Config, out: str) -> None:
                 rows = trainer.step(version) if column == "slime" else trainer.step(version, events)
                 result["steps"].append(rows)
                 print(f"  {column} step {version}: {rows['step']:.3f} s", flush=True)
-            if column == "ours":
-                result["clear_memory_ms"] = trainer.clear.timings_ms
-                result["teardown_path"] = trainer.groups.teardown_path
-                from actor_integration.process_groups import nccl_suspend_support
+            if column != "slime":
+                from actor_integration.process_groups import loaded_nccl, nccl_suspend_support
 
-                result["suspend_probe"] = nccl_suspend_support().reason
+                result["clear_memory_ms"] = trainer.clear.timings_ms
+                result["communicators"] = trainer.groups.communicators
+                result["suspend_probe"] = nccl_suspend_support(cfg.backend).reason
+                loaded = loaded_nccl()
+                result["nccl_loaded"] = None if loaded is None else ".".join(map(str, loaded.version))
+                result["groups_events"] = [
+                    {k: e.get(k) for k in ("event", "way", "bytes", "measured_by", "fell_back", "held_bytes")}
+                    for e in events
+                    if e.get("event") in ("process_groups.destroyed", "process_groups.reloaded")
+                ][:4]
             result["registered_groups_asleep"] = len(dist.distributed_c10d._world.pg_map)
     except BaseException as exc:
         result["error"] = f"{exc!r}\n{traceback.format_exc()}"
@@ -670,6 +697,11 @@ def column_main(column: str, cfg: Config, out: str) -> None:
     Path(out).write_text(json.dumps(result, default=str))
     lifecycle.flush_logs()
     os._exit(0)  # torch_memory_saver's torch hook mode may exit(1) at teardown: the result is written
+
+
+def way_of(column: str) -> str:
+    """The communicators= way a column of ours runs with ("ours" is the default, destroy)."""
+    return next((way for way, name in WAY_COLUMNS.items() if name == column), "destroy")
 
 
 def run_column(column: str, cfg: Config) -> dict[str, Any]:
@@ -761,6 +793,104 @@ def run_teardown(cfg: Config) -> dict[str, Any]:
         return result
 
 
+# ---------------------------------------------------------------------------------------------- ways
+
+WAY_CYCLES = 2
+
+
+def way_main(cfg: Config, way: str, out: str) -> None:
+    """One way of treating the communicators on WORLD + 16 warmed subgroups, in a process of its own."""
+    import lifecycle
+    from actor_integration.process_groups import ReloadableProcessGroups
+    from lifecycle.logs import Event
+
+    lifecycle.configure_logging(stream=open(os.devnull, "w"), level="warning")  # noqa: SIM115
+    result: dict[str, Any] = {"way": way, "cycles": []}
+    try:
+        if cfg.gpu:
+            torch.cuda.set_device(0)
+        groups = ReloadableProcessGroups.init(
+            backend=cfg.backend,
+            rank=0,
+            world_size=1,
+            store=new_store(),
+            timeout=timedelta(seconds=300),
+            communicators=way,
+        )
+        for i in range(16):
+            groups.new_group([0], name=f"g{i}")
+        result["first_collectives_s"] = timed(warm_groups)
+        with lifecycle.capture_events("debug") as events:
+            for _ in range(WAY_CYCLES):
+                awake = used_gib()
+                mark = len(events)
+                free_s = timed(groups.destroy)
+                asleep = used_gib()
+                back_s = timed(groups.reload)
+                after_s = timed(warm_groups)
+                destroyed = next(e for e in events[mark:] if e.get("event") == Event.GROUPS_DESTROYED)
+                result["cycles"].append(
+                    {
+                        "free_s": free_s,
+                        "freed_gib": None if awake is None or asleep is None else round(awake - asleep, 2),
+                        "nccl_freed_gib": None
+                        if destroyed.get("bytes") is None
+                        else destroyed["bytes"] / GIB,
+                        "measured_by": destroyed.get("measured_by"),
+                        "held_gib": None
+                        if destroyed.get("held_bytes") is None
+                        else destroyed["held_bytes"] / GIB,
+                        "fell_back": destroyed.get("fell_back"),
+                        "back_s": back_s,
+                        "first_collectives_s": after_s,
+                        "used_awake_gib": awake,
+                    }
+                )
+        groups.close()
+    except BaseException as exc:
+        result["error"] = f"{exc!r}\n{traceback.format_exc()}"
+    Path(out).write_text(json.dumps(result, default=str))
+    os._exit(0)
+
+
+def run_way(cfg: Config, way: str) -> dict[str, Any]:
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = str(Path(tmp) / f"{way}.json")
+        process = ctx.Process(target=way_main, args=(cfg, way, out))
+        process.start()
+        process.join(cfg.timeout_s)
+        if process.is_alive():
+            process.kill()
+            return {"way": way, "error": "timed out"}
+        result: dict[str, Any] = (
+            json.loads(Path(out).read_text()) if Path(out).exists() else {"way": way, "error": "no result"}
+        )
+        return result
+
+
+def suspend_unreachable(cfg: Config) -> str | None:
+    """Why communicators="suspend" cannot run here (the children inherit this process's NCCL), or None."""
+    from actor_integration.process_groups import nccl_suspend_support
+
+    support = nccl_suspend_support(cfg.backend)
+    return None if support.available else support.reason
+
+
+def with_nccl_library(path: Path, argv: list[str]) -> None:
+    """Run this script again with `path` first in LD_PRELOAD, so torch (and every child) uses it."""
+    preload = os.environ.get("LD_PRELOAD", "")
+    if str(path) in preload.split(":"):
+        return
+    if not path.exists():
+        raise SystemExit(f"--nccl-lib {path}: no such file")
+    env = {**os.environ, "LD_PRELOAD": ":".join(p for p in (str(path), preload) if p)}
+    print(f"re-running with LD_PRELOAD={env['LD_PRELOAD']}", flush=True)
+    os.execve(sys.executable, [sys.executable, str(Path(__file__).resolve()), *argv], env)
+
+
 # ---------------------------------------------------------------------------------------------- ceilings
 
 
@@ -823,8 +953,10 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def print_report(report: dict[str, Any]) -> None:
-    slime, ours = (report["summary"].get(c, {}) for c in COLUMNS)
-    s, o = slime.get("steady", {}), ours.get("steady", {})
+    order = [*COLUMNS, *WAY_COLUMNS.values()]
+    shown = [c for c in order if c in report["columns"] and "skipped" not in report["columns"][c]]
+    summary = {c: report["summary"].get(c, {}) for c in shown}
+    steady = {c: summary[c].get("steady", {}) for c in shown}
     parallel = {
         "wake.memory.resume",
         "wake.process_groups.reload",
@@ -837,31 +969,36 @@ def print_report(report: dict[str, Any]) -> None:
             return "-"
         return f"{rows[key]:.3f}" + (" ||" if mark and key in parallel else "")
 
+    def line(label: str, cells: list[str]) -> None:
+        print(f"{label:<40} " + " ".join(f"{c:>14}" for c in cells))
+
     cfg = report["config"]
     print()
+    nccl = report.get("nccl_loaded")
     print(
         f"phase switch, one colocated step ({report['device']}, {report['state_gib']:.2f} GiB training state in "
         f"{report['state_tensors']} tensors, {report['weights_gb']:.2f} GB bf16 weights synced, "
-        f"groups: {cfg['groups']}); seconds, steady = median of steps 2..n"
+        f"groups: {cfg['groups']}, NCCL loaded: {nccl['version'] if nccl else 'none'}); seconds, "
+        "steady = median of steps 2..n"
     )
-    header = f"{'phase / hook':<40} {'slime-style':>12} {'ours':>12}"
-    print(header)
-    print("-" * len(header))
+    names = {"slime": "slime-style"}
+    line("phase / hook", [names.get(c, c) for c in shown])
+    print("-" * (41 + 15 * len(shown)))
     for label, key in ROWS:
-        print(f"{label:<40} {cell(s, key):>12} {cell(o, key, mark=True):>12}")
-    print("-" * len(header))
+        line(label, [cell(steady[c], key, mark=c != "slime") for c in shown])
+    print("-" * (41 + 15 * len(shown)))
     for label, key in (("lifecycle per step (step - body)", "lifecycle"), ("step wall", "step")):
-        print(f"{label:<40} {cell(s, key):>12} {cell(o, key):>12}")
-    for label, rows in (("first step: lifecycle", "first"),):
-        print(
-            f"{label:<40} {cell(slime.get(rows, {}), 'lifecycle'):>12} {cell(ours.get(rows, {}), 'lifecycle'):>12}"
-        )
-    print(
-        f"{'GPU used after the step, GiB (device)':<40} {cell(s, 'asleep_used_gib'):>12} {cell(o, 'asleep_used_gib'):>12}"
+        line(label, [cell(steady[c], key) for c in shown])
+    line("first step: lifecycle", [cell(summary[c].get("first", {}), "lifecycle") for c in shown])
+    line("GPU used after the step, GiB (device)", [cell(steady[c], "asleep_used_gib") for c in shown])
+    line("groups freed by the sleep, GiB", [cell(steady[c], "sleep.groups_freed_gib") for c in shown])
+    ran = [report["columns"].get(c, {}).get("steps") for c in shown]
+    line(
+        "state intact after every wake", [str(all(r.get("intact") for r in st)) if st else "-" for st in ran]
     )
-    ran = [report["columns"].get(c, {}).get("steps") for c in COLUMNS]
-    intact = [str(all(r.get("intact") for r in steps)) if steps else "-" for steps in ran]
-    print(f"{'state intact after every wake':<40} {intact[0]:>12} {intact[1]:>12}")
+    for column, result in report["columns"].items():
+        if "skipped" in result:
+            print(f"{column}: skipped ({result['skipped']})")
     print("|| = hooks of one stage, run together (each its own time; the edge takes the longest)")
     print("*  not lifecycle: the first collective on each group creates the communicators a wake rebuilt")
     c = report["ceilings"]
@@ -893,10 +1030,47 @@ def print_report(report: dict[str, Any]) -> None:
         )
     elif t:
         print(f"teardown section failed: {t['error'][:500]}")
-    for column in COLUMNS:
-        error = report["columns"].get(column, {}).get("error")
-        if error:
-            print(f"{column} FAILED: {error[:1500]}")
+    print_ways(report.get("ways") or {})
+    for column, result in report["columns"].items():
+        if result.get("error"):
+            print(f"{column} FAILED: {result['error'][:1500]}")
+
+
+def print_ways(ways: dict[str, Any]) -> None:
+    """The ways section: one row per way, medians over its cycles."""
+    if not ways:
+        return
+    print()
+    print(
+        "communicators on sleep, WORLD + 16 warmed subgroups (1 rank), seconds and GiB, "
+        f"median of {WAY_CYCLES} cycles (freed: device-wide mem_get_info; NCCL: ncclCommMemStats)"
+    )
+    header = (
+        f"{'way':<10} {'free':>8} {'freed':>8} {'NCCL says':>10} {'held':>8} {'bring back':>11} "
+        f"{'1st coll.':>10}  notes"
+    )
+    print(header)
+    print("-" * len(header))
+    for way in WAYS:
+        result = ways.get(way)
+        if result is None:
+            continue
+        if "skipped" in result or "error" in result:
+            why = result.get("skipped") or f"FAILED: {result['error'][:300]}"
+            print(f"{way:<10} {why}")
+            continue
+        cycles = result["cycles"]
+
+        def med(key: str, cycles: list[dict[str, Any]] = cycles) -> str:
+            values = [c[key] for c in cycles if c.get(key) is not None]
+            return f"{statistics.median(values):.3f}" if values else "-"
+
+        fell = [c["fell_back"] for c in cycles if c.get("fell_back")]
+        notes = f"fell back: {fell[0]}" if fell else ""
+        print(
+            f"{way:<10} {med('free_s'):>8} {med('freed_gib'):>8} {med('nccl_freed_gib'):>10} "
+            f"{med('held_gib'):>8} {med('back_s'):>11} {med('first_collectives_s'):>10}  {notes}"
+        )
 
 
 def verdict(summary: dict[str, Any]) -> dict[str, Any]:
@@ -927,8 +1101,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slime-steps", type=int, default=2, help="steps of slime-style (1: first only)")
     parser.add_argument("--kv-gib", type=float, default=4.0, help="the rollout's KV cache (GiB)")
     parser.add_argument("--no-teardown", action="store_true", help="skip the teardown/rebuild section")
+    parser.add_argument(
+        "--ways",
+        default=",".join(WAYS),
+        help="ways of treating the communicators on sleep, as columns and in their own section "
+        "(comma-separated: destroy,suspend,keep; '' for none beyond ours)",
+    )
+    parser.add_argument(
+        "--way-steps", type=int, default=3, help="steps of the ours-suspend and ours-keep columns"
+    )
+    parser.add_argument(
+        "--nccl-lib",
+        type=Path,
+        help="a libnccl.so.2 to run with (LD_PRELOAD, every child too), e.g. nvidia-nccl-cu13 2.30.7's",
+    )
     parser.add_argument("--timeout", type=float, default=400.0, help="per process, seconds")
     args = parser.parse_args(argv)
+    if args.nccl_lib is not None:
+        with_nccl_library(args.nccl_lib.resolve(), sys.argv[1:] if argv is None else argv)
+    ways = [w for w in args.ways.split(",") if w]
+    unknown = [w for w in ways if w not in WAYS]
+    if unknown:
+        parser.error(f"--ways: unknown {unknown}; the ways are {list(WAYS)}")
     if not args.cpu_smoke and not torch.cuda.is_available():
         print("bench_phase_switch needs a CUDA GPU (or --cpu-smoke)", file=sys.stderr)
         return 2
@@ -944,9 +1138,15 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     params = sizes.parameters()
     state_bytes = sum(_numel(s) for _, s in params) * (2 + 4 + 4 + 4 + 2)
+    from actor_integration.process_groups import loaded_nccl
+
+    loaded = loaded_nccl()
     report: dict[str, Any] = {
         "device": torch.cuda.get_device_name() if cfg.gpu else "cpu (smoke)",
         "torch": torch.__version__,
+        "nccl_loaded": None
+        if loaded is None
+        else {"version": ".".join(map(str, loaded.version)), "path": loaded.path},
         "config": {**asdict(cfg), "sizes": asdict(sizes)},
         "state_gib": state_bytes / GIB,
         "state_tensors": 5 * len(params),
@@ -954,14 +1154,34 @@ def main(argv: list[str] | None = None) -> int:
         "ceilings": ceilings(cfg),
         "columns": {},
     }
-    for column in reversed(COLUMNS):
-        print(f"running {column} ...", flush=True)
-        report["columns"][column] = run_column(column, cfg)
-        if args.out:  # what a run cut short leaves behind
+    unreachable = suspend_unreachable(cfg)
+    columns = [*reversed(COLUMNS), *(WAY_COLUMNS[w] for w in ways if w in WAY_COLUMNS)]
+
+    def save() -> None:  # what a run cut short leaves behind
+        if args.out:
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps(report, indent=2, default=str))
+
+    for column in columns:
+        if way_of(column) == "suspend" and unreachable:
+            print(f"{column} skipped: {unreachable}", flush=True)
+            report["columns"][column] = {"column": column, "skipped": unreachable}
+            continue
+        print(f"running {column} ...", flush=True)
+        column_cfg = cfg if column in COLUMNS else replace(cfg, steps=max(args.way_steps, 2))
+        report["columns"][column] = run_column(column, column_cfg)
+        save()
+    report["ways"] = {}
+    for way in ways:
+        if way == "suspend" and unreachable:
+            print(f"ways section, suspend skipped: {unreachable}", flush=True)
+            report["ways"][way] = {"way": way, "skipped": unreachable}
+            continue
+        print(f"ways section: {way} on WORLD + 16 subgroups ...", flush=True)
+        report["ways"][way] = run_way(cfg, way)
+        save()
     report["teardown"] = {} if args.no_teardown else run_teardown(cfg)
-    report["summary"] = {c: summarize(r) for c, r in report["columns"].items()}
+    report["summary"] = {c: summarize(r) for c, r in report["columns"].items() if "skipped" not in r}
     report["verdict"] = verdict(report["summary"])
     report["wall_s"] = round(time.perf_counter() - started, 1)
     print_report(report)
@@ -971,6 +1191,7 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(json.dumps(report, indent=2, default=str))
         print(f"wrote {args.out}")
     failed = [c for c, r in report["columns"].items() if "error" in r]
+    failed += [w for w, r in report["ways"].items() if "error" in r]
     return 1 if failed or "error" in report["teardown"] else 0
 
 

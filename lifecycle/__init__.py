@@ -11,10 +11,11 @@ from lifecycle.events import capture_events, configure_logging, flush_logs
 from lifecycle.hooks import EventSink, GenerationBackend, Hooks, MemoryBackend, ProcessGroupsBackend
 from lifecycle.machine import Failure, Lifecycle
 from lifecycle.policy import LifecyclePolicy
-from lifecycle.table import ALL_TAGS, Contents, Groups, Hook, Residency, State
+from lifecycle.table import ALL_TAGS, Communicators, Contents, Groups, Hook, Residency, State
 
 __all__ = [
     "ALL_TAGS",
+    "Communicators",
     "Contents",
     "EventSink",
     "Failure",

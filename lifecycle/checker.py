@@ -40,9 +40,12 @@ from lifecycle.policy import LifecyclePolicy
 from lifecycle.sync_checks import WeightSyncChecks
 from lifecycle.table import (
     ALL_TAGS,
+    ASLEEP,
+    ASLEEP_GROUPS,
     EDGES,
     LIFECYCLE_CALLS,
     Call,
+    Communicators,
     Contents,
     Edge,
     Groups,
@@ -158,6 +161,8 @@ class _Machine:
             self.unheld = dict(self.residency)
         else:
             self.unheld = unheld_residency(op, targets, self.policy, self.unheld)
+
+    communicators: Communicators = Communicators.DESTROY  # what a process_groups.destroy leaves
 
     def apply(self, call: Call, ok: bool, line: int) -> None:
         """A memory hook's effect on contents (the table's rule), remembering where it changed."""
@@ -371,11 +376,14 @@ class LogChecker:
             residency = logs.residency(d)
             groups = logs.optional_enum(d, "groups", Groups)
             contents = logs.contents(d)
+            # Logs written before the ways existed have none: their backends destroyed.
+            communicators = logs.member(Communicators, d.get("communicators", "destroy"), "communicators")
         except (TypeError, ValueError, AttributeError) as exc:  # LogFieldError is a ValueError
             self._broken.add(key)
             self._at(key, line, f"lifecycle.configured cannot be read ({exc}); this machine is not replayed")
             return
         m = _Machine(policy.view(), policy.tags, present, state, residency, groups, line)
+        m.communicators = communicators
         if contents is not None:
             m.contents = {t: contents.get(t, Contents.UNKNOWN) for t in policy.tags}
             m.since = dict.fromkeys(policy.tags, line)
@@ -402,6 +410,13 @@ class LogChecker:
                 line,
                 f"groups={groups and groups.value} but the process-group hooks are "
                 f"{'present' if has_groups else 'absent'}",
+            )
+        if groups in ASLEEP_GROUPS and groups is not ASLEEP[communicators]:
+            self._at(
+                key,
+                line,
+                f"configured with groups {groups and groups.value}, but the backend declares "
+                f"communicators={communicators.value}, whose sleep leaves them {ASLEEP[communicators].value}",
             )
 
     def _transition(self, key: _Key, m: _Machine, line: int, d: dict[str, Any]) -> None:
@@ -476,7 +491,7 @@ class LogChecker:
                 f"{_edge_name(edge)} completed, yet hook {_fmt_call(failed_ok[0])} is logged ok=false",
             )
         for call in expected:
-            m.groups = apply_call(call, m.residency, m.groups)
+            m.groups = apply_call(call, m.residency, m.groups, m.communicators)
             m.apply(call, True, line)
         self._compare_after(key, m, line, _edge_name(edge), residency, groups)
         self._compare_contents(key, m, line, _edge_name(edge), d)
@@ -547,7 +562,7 @@ class LogChecker:
             return
         for call, ok in logged:
             if ok:
-                m.groups = apply_call(call, m.residency, m.groups)
+                m.groups = apply_call(call, m.residency, m.groups, m.communicators)
             else:
                 m.groups = mark_unknown(call, m.residency, m.groups)
             m.apply(call, ok, line)

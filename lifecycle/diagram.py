@@ -14,12 +14,16 @@ import sys
 from pathlib import Path
 
 from lifecycle.table import (
+    ASLEEP,
     FAIL_SOURCES,
     HELD_RULE,
     HOOK_RULES,
     PLANS,
     SLEEP,
     TABLE,
+    Communicators,
+    Groups,
+    Hook,
     Row,
     State,
     When,
@@ -90,6 +94,27 @@ def mermaid() -> str:
     return "\n".join(lines) + "\n"
 
 
+def groups_mermaid() -> str:
+    """The process groups' states: where `process_groups.destroy` leaves them, per declared way."""
+    alive = Groups.ALIVE.value
+    lines = [f"%% {_GENERATED}", "stateDiagram-v2", f"    [*] --> {alive}"]
+    for way, asleep in ASLEEP.items():
+        lines.append(
+            f"    {alive} --> {asleep.value}: {Hook.PROCESS_GROUPS_DESTROY.value} [communicators={way.value}]"
+        )
+    lines += [
+        f"    {asleep.value} --> {alive}: {Hook.PROCESS_GROUPS_RELOAD.value}" for asleep in ASLEEP.values()
+    ]
+    for state in (Groups.ALIVE, *ASLEEP.values()):
+        lines.append(f"    {state.value} --> {Groups.UNKNOWN.value}: hook raised")
+    lines.append(f"    {Groups.UNKNOWN.value} --> {alive}: recover, is_alive()")
+    lines += [
+        f"    {Groups.UNKNOWN.value} --> {asleep.value}: recover, not is_alive() [communicators={way.value}]"
+        for way, asleep in ASLEEP.items()
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def dot() -> str:
     lines = [
         f"// {_GENERATED}",
@@ -146,6 +171,19 @@ def reference_markdown() -> str:
     out += ["", "Hook rules:", ""]
     out += [f"- `{hook.value}`: {rule}." for hook, rule in HOOK_RULES.items()]
     out += ["", f"Held scopes: {HELD_RULE}."]
+    out += [
+        "",
+        "Process groups: the backend declares what `process_groups.destroy` does to its communicators "
+        "(its `communicators` attribute, logged in `lifecycle.configured`; absent: destroy), and so which "
+        "state the groups sleep in; `process_groups.reload` brings them back from each:",
+        "",
+    ]
+    out += [
+        f"- `communicators={way.value}`: {asleep.value} after `{Hook.PROCESS_GROUPS_DESTROY.value}`, "
+        f"{Groups.ALIVE.value} after `{Hook.PROCESS_GROUPS_RELOAD.value}`."
+        for way, asleep in ASLEEP.items()
+    ]
+    out += ["", "```mermaid", groups_mermaid().split("\n", 1)[1] + "```"]
     return "\n".join(out) + "\n"
 
 
@@ -169,8 +207,15 @@ def render(fmt: str, path: Path) -> Path:
 
 
 def readme_block() -> str:
-    """The README's generated diagram section."""
-    return "```mermaid\n" + mermaid().split("\n", 1)[1] + "```\n"
+    """The README's generated diagram section: the machine's states, then the process groups'."""
+    return (
+        "```mermaid\n"
+        + mermaid().split("\n", 1)[1]
+        + "```\n\nThe process groups sleep destroyed, suspended or kept, as their backend declares "
+        + f"(`communicators`: {', '.join(f'`{c.value}`' for c in Communicators)}):\n\n```mermaid\n"
+        + groups_mermaid().split("\n", 1)[1]
+        + "```\n"
+    )
 
 
 def update_readme(path: Path) -> bool:
@@ -193,6 +238,8 @@ def write_all(directory: Path) -> list[Path]:
         render("mermaid", directory / "lifecycle.mmd"),
         render("dot", directory / "lifecycle.dot"),
     ]
+    (directory / "groups.mmd").write_text(groups_mermaid())
+    written.append(directory / "groups.mmd")
     (directory / "transitions.md").write_text(reference_markdown())
     written.append(directory / "transitions.md")
     if shutil.which("dot"):

@@ -31,6 +31,8 @@ __all__ = [
     "LogFieldError",
     "MemorySaverConfigError",
     "MemoryStateError",
+    "NcclError",
+    "ProcessGroupsAsleepError",
     "ProtocolViolation",
     "RendezvousMismatchError",
     "RendezvousTimeoutError",
@@ -204,6 +206,33 @@ class RendezvousMismatchError(LifecycleError, RuntimeError):
 
     def __init__(self, message: str, *, what: str, other_rank: int, other_what: str) -> None:
         super().__init__(message, what=what, other_rank=other_rank, other_what=other_what)
+
+
+class ProcessGroupsAsleepError(LifecycleError, RuntimeError):
+    """A group was asked for (a collective, `new_group`, `connect`) while the process groups sleep.
+
+    `state` is how they sleep: "destroyed", "suspended" or "kept" (`Groups`); `operation` what
+    was asked; `group` the group's name, when one was named. A collective on a suspended NCCL
+    communicator would read unmapped memory, so it is refused here, before it reaches NCCL.
+    """
+
+    state: str
+    operation: str
+    group: str | None
+
+    def __init__(self, message: str, *, state: str, operation: str, group: str | None = None) -> None:
+        super().__init__(message, state=state, operation=operation, group=group)
+
+
+class NcclError(LifecycleError, RuntimeError):
+    """An NCCL call (`call`) returned an error code (`code`; None: it could not be made), or a
+    communicator cannot be reached; the message has NCCL's own words and the loaded version."""
+
+    call: str
+    code: int | None
+
+    def __init__(self, message: str, *, call: str, code: int | None = None) -> None:
+        super().__init__(message, call=call, code=code)
 
 
 class GroupTimeoutError(LifecycleError, TimeoutError):

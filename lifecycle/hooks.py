@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from lifecycle.table import Hook
+from lifecycle.table import Communicators, Hook
 
 __all__ = [
     "EventSink",
@@ -43,6 +43,11 @@ class MemoryBackend(MemoryDisable, Protocol):
 
 @runtime_checkable
 class ProcessGroupsBackend(Protocol):
+    """destroy() on sleep, reload() on wake. A backend may also declare `communicators`
+    ("destroy", "suspend" or "keep": what its destroy does to the communicators; absent means
+    "destroy"), `is_alive()` (asked by recover) and, for "keep", `held_bytes()` (the GPU memory
+    the kept communicators hold, or None when it cannot be measured)."""
+
     def destroy(self) -> None: ...
 
     def reload(self) -> None: ...
@@ -114,6 +119,8 @@ class Hooks:
                 raise TypeError(
                     f"Hooks: {slot.name} must provide {methods[1]}; {type(value).__name__} lacks {missing}{hint}"
                 )
+        if self.process_groups is not None:
+            self.communicators  # noqa: B018 - a declaration the table cannot read fails here, not at sleep
 
     @property
     def present(self) -> frozenset[Hook]:
@@ -131,6 +138,22 @@ class Hooks:
             if given is not None:
                 present.add(hook)
         return frozenset(present)
+
+    @property
+    def communicators(self) -> Communicators | None:
+        """What `process_groups.destroy` does to the communicators, as the backend declares it
+        (its `communicators` attribute; absent: destroy). None without process groups."""
+        if self.process_groups is None:
+            return None
+        declared = getattr(self.process_groups, "communicators", Communicators.DESTROY)
+        try:
+            return Communicators(declared)
+        except ValueError:
+            raise TypeError(
+                f"Hooks: process_groups ({type(self.process_groups).__name__}) declares communicators="
+                f"{declared!r}; the lifecycle knows {[c.value for c in Communicators]} (what a sleep does to "
+                "the NCCL communicators). Fix the backend's `communicators` attribute, or remove it to destroy"
+            ) from None
 
     def slots(self) -> Iterator[tuple[str, Any]]:
         """(slot name, value) for every slot, in declaration order."""

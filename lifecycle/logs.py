@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
 from lifecycle.errors import LogFieldError
-from lifecycle.table import Call, Contents, Groups, Hook, Residency, State
+from lifecycle.table import Call, Communicators, Contents, Groups, Hook, Residency, State
 
 __all__ = [
     "Event",
@@ -158,7 +158,7 @@ def read_logs(logs: Iterable[str | Path | LogFile]) -> list[LogFile]:
 # A bad value is a finding for its line, never an exception out of a reader: readers raise
 # `LogFieldError`, which the checker turns into a finding.
 
-_E = TypeVar("_E", State, Residency, Groups, Hook, Contents)
+_E = TypeVar("_E", State, Residency, Groups, Hook, Contents, Communicators)
 
 
 def get(d: Mapping[str, Any], name: str) -> Any:

@@ -20,6 +20,7 @@ from lifecycle.logs import Event
 from lifecycle.policy import LifecyclePolicy
 from lifecycle.table import (
     ALL_TAGS,
+    ASLEEP,
     BODY_OPERATIONS,
     EDGES,
     FAIL_SOURCES,
@@ -28,6 +29,7 @@ from lifecycle.table import (
     OPERATIONS,
     PLANS,
     Call,
+    Communicators,
     Contents,
     Edge,
     Groups,
@@ -131,9 +133,11 @@ class Lifecycle:
         start = Residency.RESIDENT if initial is State.AWAKE else Residency.RELEASED
         self._residency: dict[str, Residency] = dict.fromkeys(self._tags, start)
         self._groups: Groups | None = None
+        # What a process_groups.destroy leaves (destroyed, suspended or kept): the backend declares it.
+        self._communicators = hooks.communicators or Communicators.DESTROY
         if hooks.process_groups is not None:
             destroyed = initial is State.PAUSED and policy.destroy_process_groups
-            self._groups = Groups.DESTROYED if destroyed else Groups.ALIVE
+            self._groups = ASLEEP[self._communicators] if destroyed else Groups.ALIVE
         self._failure: Failure | None = None
         self._contents = initial_contents(self._view, self._tags, initial)
         if weight_version is not None and (
@@ -192,6 +196,7 @@ class Lifecycle:
                 "contents": self._contents_view(),
                 "weight_version": weight_version,
                 **_backend_descriptions(hooks),
+                **self._communicators_view(),
             },
         )
 
@@ -218,7 +223,7 @@ class Lifecycle:
 
     @property
     def groups(self) -> Groups | None:
-        """alive / destroyed / unknown, or None when the actor gave no process groups."""
+        """alive / destroyed / suspended / kept / unknown, or None when the actor gave no process groups."""
         return self._groups
 
     @property
@@ -624,7 +629,9 @@ class Lifecycle:
                     if not record.ok:
                         self._groups = mark_unknown(record.call, self._residency, self._groups)
                     elif record.call.hook in _RESOURCE_HOOKS:
-                        self._groups = apply_call(record.call, self._residency, self._groups)
+                        self._groups = apply_call(
+                            record.call, self._residency, self._groups, self._communicators
+                        )
                 if error is not None and failed is None:
                     failed = (branch_records[-1].call, error)
             if failed is not None:
@@ -792,7 +799,7 @@ class Lifecycle:
                     "the process groups' state is unknown (their hook raised) and the process-group backend "
                     "has no is_alive() to ask; restart this actor instead",
                 )
-            self._groups = Groups.ALIVE if query() else Groups.DESTROYED
+            self._groups = Groups.ALIVE if query() else ASLEEP[self._communicators]
             resolved["process_groups"] = self._groups
         if resolved:
             self._emit("info", Event.RESOLVED, {"resolved": resolved, "contents": self._contents_view()})
@@ -959,6 +966,16 @@ class Lifecycle:
 
     def _contents_view(self) -> dict[str, str]:
         return {tag: c.value for tag, c in self._contents.items()}
+
+    def _communicators_view(self) -> dict[str, Any]:
+        """The process-group backend's declared way, and what kept communicators hold on the GPU."""
+        if self.hooks.process_groups is None:
+            return {}
+        view: dict[str, Any] = {"communicators": self._communicators.value}
+        held = getattr(self.hooks.process_groups, "held_bytes", None)
+        if self._communicators is Communicators.KEEP and callable(held):
+            view["communicators_held_bytes"] = held()  # stays on the GPU while asleep
+        return view
 
     def _emit(self, level: str, event: str, fields: dict[str, Any]) -> None:
         if events.enabled(events.LEVELS[level]):

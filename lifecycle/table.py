@@ -47,11 +47,41 @@ class Contents(str, enum.Enum):
 
 
 class Groups(str, enum.Enum):
-    """What the machine knows about the actor's process groups."""
+    """What the machine knows about the actor's process groups.
+
+    Asleep they are destroyed, suspended or kept, as the process-group backend declares
+    (`Communicators`); each needs a reload before the next collective.
+    """
 
     ALIVE = "alive"
-    DESTROYED = "destroyed"
+    DESTROYED = "destroyed"  # communicators destroyed: memory freed, rebuilt on reload
+    SUSPENDED = "suspended"  # communicators suspended: NCCL memory released, resumed on reload
+    KEPT = "kept"  # communicators kept as they were: memory held, collectives refused until reload
     UNKNOWN = "unknown"
+
+
+class Communicators(str, enum.Enum):
+    """How a process-group backend treats its communicators on `process_groups.destroy`.
+
+    The backend declares it as its `communicators` attribute (read once, when the machine is
+    built, and logged in `lifecycle.configured`); a backend without one destroys them.
+    """
+
+    DESTROY = "destroy"
+    SUSPEND = "suspend"
+    KEEP = "keep"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# The groups' state a `process_groups.destroy` leaves, per declared way.
+ASLEEP: Mapping[Communicators, Groups] = {
+    Communicators.DESTROY: Groups.DESTROYED,
+    Communicators.SUSPEND: Groups.SUSPENDED,
+    Communicators.KEEP: Groups.KEPT,
+}
+ASLEEP_GROUPS: frozenset[Groups] = frozenset(ASLEEP.values())
 
 
 # The residency key used when the policy tracks all memory as one unit (`memory_tags=None`):
@@ -82,10 +112,13 @@ HOOK_RULES: Mapping[Hook, str] = {
     Hook.GENERATION_PAUSE: "if a generation hook is given (rollout: pause generation, flush cache)",
     Hook.ROUTING_REPLAY_CLEAR: "if `use_routing_replay` and a routing-replay hook is given",
     Hook.CLEAR_MEMORY: "if a clear-memory hook is given",
-    Hook.PROCESS_GROUPS_DESTROY: "if `destroy_process_groups` and the groups are alive",
+    Hook.PROCESS_GROUPS_DESTROY: (
+        "if `destroy_process_groups` and the groups are alive; they are left destroyed, suspended or "
+        "kept, as the backend's `communicators` declares"
+    ),
     Hook.MEMORY_PAUSE: "once per targeted tag that is resident, in policy order",
     Hook.MEMORY_RESUME: "once per targeted tag that is released, in policy order",
-    Hook.PROCESS_GROUPS_RELOAD: "if the groups are destroyed",
+    Hook.PROCESS_GROUPS_RELOAD: "if the groups are asleep (destroyed, suspended or kept)",
     Hook.SWITCH_MODEL: "if `model_tag` is set and a switch-model hook is given",
     Hook.GENERATION_RESUME: "if a generation hook is given (rollout: continue generation)",
 }
@@ -577,7 +610,7 @@ def plan_calls(
             if policy.destroy_process_groups and groups is Groups.ALIVE:
                 calls.append(Call(hook))
         elif hook is Hook.PROCESS_GROUPS_RELOAD:
-            if groups is Groups.DESTROYED:
+            if groups in ASLEEP_GROUPS:
                 calls.append(Call(hook))
         elif hook is Hook.SWITCH_MODEL:
             if policy.model_tag is not None:
@@ -629,8 +662,16 @@ def failed_run(plan: Plan, calls: list[Call], logged: list[tuple[Call, bool]]) -
     return False
 
 
-def apply_call(call: Call, memory: dict[str, Residency], groups: Groups | None) -> Groups | None:
-    """Update `memory` in place for a call that returned normally; return the new groups state."""
+def apply_call(
+    call: Call,
+    memory: dict[str, Residency],
+    groups: Groups | None,
+    communicators: Communicators = Communicators.DESTROY,
+) -> Groups | None:
+    """Update `memory` in place for a call that returned normally; return the new groups state.
+
+    `communicators` is the process-group backend's declared way: which state a destroy leaves.
+    """
     if call.hook is Hook.MEMORY_PAUSE:
         assert call.tag is not None
         memory[call.tag] = Residency.RELEASED
@@ -638,7 +679,7 @@ def apply_call(call: Call, memory: dict[str, Residency], groups: Groups | None) 
         assert call.tag is not None
         memory[call.tag] = Residency.RESIDENT
     elif call.hook is Hook.PROCESS_GROUPS_DESTROY:
-        return Groups.DESTROYED
+        return ASLEEP[communicators]
     elif call.hook is Hook.PROCESS_GROUPS_RELOAD:
         return Groups.ALIVE
     return groups

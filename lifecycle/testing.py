@@ -22,7 +22,7 @@ from lifecycle.faults import FaultInjector
 from lifecycle.hooks import Hooks
 from lifecycle.machine import Lifecycle
 from lifecycle.policy import LifecyclePolicy
-from lifecycle.table import Hook, State
+from lifecycle.table import ASLEEP, Communicators, Hook, State
 
 __all__ = [
     "CallLog",
@@ -202,9 +202,23 @@ class FakeMemorySaver:
 
 
 class FakeProcessGroups:
-    """destroy()/reload()/is_alive() over a flag; `use()` is what a collective does."""
+    """destroy()/reload()/is_alive() over a flag; `use()` is what a collective does.
 
-    def __init__(self, *, log: CallLog | None = None, faults: FaultInjector | None = None) -> None:
+    `communicators` declares what destroy does to the communicators, as a real backend does
+    ("destroy", "suspend" or "keep"): the machine reads it, `state` tells it back while asleep,
+    and `held_bytes` is what kept communicators would hold.
+    """
+
+    def __init__(
+        self,
+        *,
+        log: CallLog | None = None,
+        faults: FaultInjector | None = None,
+        communicators: Communicators | str = Communicators.DESTROY,
+        held_bytes: int | None = None,
+    ) -> None:
+        self.communicators = Communicators(communicators).value
+        self._held_bytes = held_bytes
         self.alive = True
         self.log = log if log is not None else CallLog()
         self.faults = faults
@@ -236,9 +250,17 @@ class FakeProcessGroups:
     def is_alive(self) -> bool:
         return self.alive
 
+    @property
+    def state(self) -> str:
+        """ "alive", or how the groups sleep: "destroyed", "suspended" or "kept"."""
+        return "alive" if self.alive else ASLEEP[Communicators(self.communicators)].value
+
+    def held_bytes(self) -> int | None:
+        return self._held_bytes if self.communicators == Communicators.KEEP else 0
+
     def use(self) -> None:
         if not self.alive:
-            raise ProtocolViolation("collective on destroyed process groups")
+            raise ProtocolViolation(f"collective on {self.state} process groups")
 
 
 class RecordingHook:
@@ -317,13 +339,15 @@ def recording_lifecycle(
     rank: int | None = None,
     role: str | None = None,
     overlap: bool = False,
+    communicators: Communicators | str = Communicators.DESTROY,
 ) -> tuple[Lifecycle, Recorders]:
-    """A `Lifecycle` wired to fresh fakes for every hook slot (`overlap`: hooks may run together)."""
+    """A `Lifecycle` wired to fresh fakes for every hook slot (`overlap`: hooks may run together;
+    `communicators`: what the fake process groups declare their destroy does)."""
     log, faults = CallLog(), FaultInjector()
     memory = FakeMemorySaver(policy.memory_tags, log=log, faults=faults, may_overlap_process_groups=overlap)
     if initial is State.PAUSED:
         memory.paused = dict.fromkeys(memory.tags, True)
-    groups = FakeProcessGroups(log=log, faults=faults)
+    groups = FakeProcessGroups(log=log, faults=faults, communicators=communicators)
     if initial is State.PAUSED and policy.destroy_process_groups:
         groups.alive = False
     rec = Recorders(

@@ -6,9 +6,10 @@
 Each machine's states tile its time from its `lifecycle.configured` event to the last timestamp
 of its file; transitions, their hooks and bodies nest inside the state they ran in; no-ops,
 refusals, failures, weight-sync and memory-audit events are instants; so are the changes of a
-rollout's weight contents (discarded or unknown, then valid at a version) and of a held scope's
-deferred sleep. A held scope (first hold to last release) is a slice on a track of its own
-beside its machine's, since it spans state changes. Lines that are not events are skipped
+rollout's weight contents (discarded or unknown, then valid at a version), of a held scope's
+deferred sleep, and the process groups going to sleep (destroyed, suspended or kept). A held
+scope (first hold to last release) is a slice on a track of its own beside its machine's, since
+it spans state changes. Lines that are not events are skipped
 here: `lifecycle.checker` is what reports them. Every function takes log paths, files already
 read (`lifecycle.logs.read_logs`) or, past `read_lanes`, the lanes themselves.
 """
@@ -68,6 +69,9 @@ _MARKS: Mapping[str, tuple[str, str, float, str]] = {
     "weights_valid": ("*", "#2e7d32", 60.0, "weights valid (version)"),
     "weights_invalid": ("*", "white", 60.0, "weights discarded/unknown"),
     "deferred": ("s", "#7e57c2", 22.0, "sleep deferred (held scope)"),
+    "groups_destroyed": ("P", "#78909c", 30.0, "groups destroyed"),
+    "groups_suspended": ("H", "#5e35b1", 30.0, "groups suspended"),
+    "groups_kept": ("p", "#00897b", 34.0, "groups kept"),
 }
 _HELD_COLOR = "#7e57c2"
 
@@ -110,6 +114,15 @@ class Lane:
     _weight_tags: tuple[str, ...] = ()  # the tags `generate` reads (from the configured policy)
     _weights: str | None = None  # "valid", or what the weight tags hold when they are not
     _held_since: float | None = None
+    _groups: str | None = None  # the process groups' last logged state
+
+    def note_groups(self, groups: Any, when: float) -> None:
+        """Mark when the process groups go to sleep, and how: destroyed, suspended or kept."""
+        if not isinstance(groups, str) or groups == self._groups:
+            return
+        self._groups = groups
+        if f"groups_{groups}" in _MARKS:
+            self.marks.append(Mark(f"groups_{groups}", f"groups {groups}", when, {"groups": groups}))
 
     def note_contents(self, d: Mapping[str, Any], when: float) -> None:
         """Mark when the weight tags' contents change: invalid (discarded/unknown) or valid at a version."""
@@ -228,6 +241,7 @@ def _add_event(lane: Lane, name: str, d: dict[str, Any], when: float) -> float:
             tags = policy.get("memory_tags") or [ALL_TAGS]
             lane._weight_tags = tuple(policy.get("sync_requires") or tags)
             lane.note_contents(d, when)
+            lane.note_groups(d.get("groups"), when)
         elif event is Event.TRANSITION:
             start = float(d["t"])
             stop = start + max(float(d["duration_ms"]), 0.0) / 1e3
@@ -244,6 +258,7 @@ def _add_event(lane: Lane, name: str, d: dict[str, Any], when: float) -> float:
             _hook_spans(lane, d.get("hooks") or [], start, stop)
             lane.set_state(stop, dst)
             lane.note_contents(d, stop)
+            lane.note_groups(d.get("groups"), stop)
             return stop
         elif event is Event.FAILED:
             hooks = d.get("hooks") or []
@@ -260,6 +275,7 @@ def _add_event(lane: Lane, name: str, d: dict[str, Any], when: float) -> float:
             )
             lane.set_state(when, State.FAILED)
             lane.note_contents(d, when)
+            lane.note_groups(d.get("groups"), when)
         elif event is Event.CONTENTS:
             lane.note_contents(d, when)
         elif event is Event.BODY:
@@ -284,6 +300,8 @@ def _add_event(lane: Lane, name: str, d: dict[str, Any], when: float) -> float:
         elif event is Event.RESOLVED:
             lane.marks.append(Mark("resolved", "resolved", when, {"resolved": d.get("resolved")}))
             lane.note_contents(d, when)
+            resolved = d.get("resolved")
+            lane.note_groups(resolved.get("process_groups") if isinstance(resolved, dict) else None, when)
         elif event in (Event.MEMORY_RELEASED, Event.MEMORY_TAKEN):
             short = event is Event.MEMORY_RELEASED and bool(d.get("short"))
             lane.marks.append(Mark("release_short" if short else "memory", name, when, _fields(d)))

@@ -14,8 +14,8 @@ rank was still shutting down, and it waited forever (slime's comment in
 construction: every rank meets on the rendezvous store (a deadline whose error names the missing
 ranks), then tears down its whole set at once (each group in its own thread, WORLD once and last),
 then meets again, so no rank reloads before every rank has finished tearing down, and no teardown
-can wait on another in a cycle (see `each_at_once`). `reload()` is the framework's own, after a
-meeting. A subclass says which groups its framework owns and what its framework does around WORLD.
+can wait on another in a cycle (see `actor_integration.process_groups.each_at_once`). `reload()`
+is the framework's own, after a meeting. A subclass says which groups its framework owns and what its framework does around WORLD.
 """
 
 from __future__ import annotations
@@ -31,10 +31,11 @@ import torch.distributed as dist
 from torch.distributed.distributed_c10d import PrefixStore, Store
 
 from actor_integration.process_groups import (
-    _LIFECYCLE_CAUSE,
-    _each_at_once,
-    _Meeting,
-    _registered_groups,
+    LIFECYCLE_CAUSE,
+    Meeting,
+    destroy_registered_groups,
+    each_at_once,
+    quiesce,
 )
 from lifecycle import events
 from lifecycle.logs import Event
@@ -71,7 +72,7 @@ class RegistryProcessGroups:
         self.timeout = timeout or dist.default_pg_timeout
         # The store outlives every WORLD (the framework keeps its reference too); our keys get their
         # own namespace, so they never meet the framework's or torch's.
-        self._meeting = _Meeting(
+        self._meeting = Meeting(
             PrefixStore(f"rl-lifecycle/{self.framework}", base), self.rank, self.world_size
         )
         self._cycles = 0
@@ -101,15 +102,15 @@ class RegistryProcessGroups:
         free_before = _free_device_bytes()
         wrappers = self.wrappers()
         world = self._tears_down_world()
-        _quiesce()
+        quiesce(str(dist.get_backend()), None)
         # The same set on every rank: the registry's size is part of what each rank says it is doing.
         what = f"destroy(cycle {self._cycles}, {len(wrappers)} wrapped groups, world={world})"
-        self._meeting.meet(what, self.timeout, _LIFECYCLE_CAUSE)
+        self._meeting.meet(what, self.timeout, LIFECYCLE_CAUSE)
         if world:
             for wrapper in wrappers:
                 wrapper.group = None  # torch's registry holds the only references left
             try:
-                torn = _destroy_registered()
+                torn = destroy_registered_groups()
             finally:
                 # WORLD is gone even when a subgroup's teardown raised: the framework's stand-in WORLD
                 # and its "destroyed" mark must follow, or its reload would skip rebuilding WORLD.
@@ -120,15 +121,15 @@ class RegistryProcessGroups:
             for wrapper in wrappers:
                 wrapper.group = None
             torn = len(live)
-            _each_at_once(dist.destroy_process_group, live)
+            each_at_once(dist.destroy_process_group, live)
         # Nobody reloads (a collective new_group) before every rank has finished tearing down.
-        self._meeting.meet(f"destroyed(cycle {self._cycles})", self.timeout, _LIFECYCLE_CAUSE)
+        self._meeting.meet(f"destroyed(cycle {self._cycles})", self.timeout, LIFECYCLE_CAUSE)
         self._log(Event.GROUPS_DESTROYED, t0, communicators=torn, world=world, free_before=free_before)
 
     def reload(self) -> None:
         """Meet, then the framework's own reload. Collective."""
         t0 = time.perf_counter()
-        self._meeting.meet(f"reload(cycle {self._cycles})", self.timeout, _LIFECYCLE_CAUSE)
+        self._meeting.meet(f"reload(cycle {self._cycles})", self.timeout, LIFECYCLE_CAUSE)
         self._reload()
         self._cycles += 1
         self._log(Event.GROUPS_RELOADED, t0)
@@ -140,9 +141,10 @@ class RegistryProcessGroups:
     def _log(self, event: str, t0: float, *, free_before: int | None = None, **fields: Any) -> None:
         if not events.enabled(events.LEVELS["debug"]):
             return
-        if free_before is not None:
+        if free_before is not None:  # as ReloadableProcessGroups counts without ncclCommMemStats
             after = _free_device_bytes()
-            fields["freed_bytes"] = None if after is None else after - free_before
+            fields["bytes"] = None if after is None else after - free_before
+            fields["measured_by"] = "mem_get_info"
         events.emit(
             "debug",
             event,
@@ -172,25 +174,6 @@ def require(module: Any, names: Sequence[str], who: str, version: str) -> None:
         raise TypeError(
             f"{who}: {module.__name__} lacks {missing}; this adapter is written against {version}"
         )
-
-
-def _destroy_registered() -> int:
-    """Every group torch knows: subgroups at once, then WORLD once and last. Returns how many went down."""
-    world = dist.distributed_c10d._get_default_group()
-    subgroups = [pg for pg in _registered_groups() if pg is not world]
-    count = len(subgroups) + 1
-    try:
-        _each_at_once(dist.destroy_process_group, subgroups)
-    finally:
-        dist.destroy_process_group()
-    return count
-
-
-def _quiesce() -> None:
-    # A collective still running when its communicator goes down hangs or faults: finish this rank's
-    # device work before the meeting, so once every rank has met none has one in flight.
-    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
-        torch.cuda.synchronize()
 
 
 def _free_device_bytes() -> int | None:

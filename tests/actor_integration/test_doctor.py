@@ -1,12 +1,27 @@
 """`lifecycle doctor`'s hazard checks on CPU: CUDA graphs with NCCL buffer registration over
-torch_memory_saver memory (FIELD.md #13), expandable_segments with CUDA IPC (FIELD.md #14)."""
+torch_memory_saver memory (FIELD.md #13), expandable_segments with CUDA IPC (FIELD.md #14), and
+the loaded NCCL with the way sleep should treat its communicators."""
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
+import torch.distributed as dist
 
 from actor_integration import cli, doctor
-from actor_integration.doctor import check_cuda_graph_registration, check_ipc_allocator
+from actor_integration.doctor import (
+    check_communicators,
+    check_cuda_graph_registration,
+    check_ipc_allocator,
+    check_nccl,
+)
+from actor_integration.process_groups import _nccl
+from tests.helpers.nccl_lib import nccl_library
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 class TestCudaGraphRegistration:
@@ -123,3 +138,57 @@ class TestCpuBackupRetention:
         from actor_integration.doctor import check_cpu_backup_retention
 
         assert check_cpu_backup_retention({}).verdict == "skip"
+
+
+class TestNcclAndCommunicators:
+    def test_the_loaded_nccl_is_reported_with_where_it_was_loaded_from(self, tmp_path):
+        """LD_PRELOAD of a newer libnccl.so.2: the doctor shows its version and path, not torch's build."""
+        library = nccl_library(tmp_path)
+        if library is None:
+            pytest.skip("no nvidia-nccl wheel (2.30+) on this machine")
+        env = {**os.environ, "PYTHONPATH": str(REPO), "LD_PRELOAD": str(library)}
+        out = subprocess.run(
+            [sys.executable, "-m", "actor_integration.cli", "doctor", "--json"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
+        report = json.loads(out.stdout)
+        (nccl,) = [c for c in report["checks"] if c["name"] == "NCCL"]
+        assert nccl["verdict"] == "ok" and f"NCCL 2.30.7 loaded from {library}" in nccl["detail"]
+        assert report["communicators"] == "destroy"
+
+    def test_a_library_torch_does_not_use_is_said(self, monkeypatch):
+        """A libnccl.so.2 of another version than torch's: torch links its own, so suspend cannot reach it."""
+        monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
+        monkeypatch.setattr(
+            _nccl, "loaded_nccl", lambda: _nccl.LoadedNccl((2, 30, 7), "/x/libnccl.so.2", None)
+        )
+        monkeypatch.setattr(_nccl, "torch_nccl_version", lambda: (2, 28, 9))
+        detail = check_nccl().detail
+        assert "NCCL 2.30.7 loaded from /x/libnccl.so.2; torch reports 2.28.9" in detail
+
+    @pytest.mark.parametrize("reachable", [True, False])
+    def test_destroy_is_recommended_with_the_measurement_and_suspend_stays_opt_in(
+        self, monkeypatch, reachable
+    ):
+        """Suspend reachable or not, the recommendation is the measured fastest way; the detail says
+        whether suspend could be chosen here and how to get it where it cannot."""
+        monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
+        reason = (
+            "NCCL 2.30.7 (/x): suspended through torch's Backend.suspend()"
+            if reachable
+            else (f"NCCL 2.28.9 is loaded; ncclCommSuspend needs 2.29.7+. {_nccl.UPGRADE}")
+        )
+        support = _nccl.NcclSuspendSupport(reachable, reason, (2, 30, 7) if reachable else (2, 28, 9))
+        monkeypatch.setattr(_nccl, "nccl_suspend_support", lambda backend="nccl": support)
+        check, way, why = check_communicators()
+        assert way == "destroy" and check.verdict == "ok"
+        assert "0.73-0.80 s" in why and "3.7-6.3 s" in why and "~390 MiB per communicator" in why
+        if reachable:
+            assert (
+                "suspend is reachable" in check.detail and "opt-in: communicators='suspend'" in check.detail
+            )
+        else:
+            assert "pip install 'nvidia-nccl-cu13>=2.29.7'" in check.detail and "LD_PRELOAD" in check.detail

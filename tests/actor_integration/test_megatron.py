@@ -115,6 +115,65 @@ class TestTensorParallelCycles:
             assert res["untracked_registered"] == [False] * CYCLES
 
 
+def _suspend_worker(rank: int, world_size: int, store: Store, fail: str | None) -> dict[str, Any]:
+    from megatron.core import parallel_state as ps
+
+    from tests.helpers import fake_nccl
+
+    fake_nccl.install(fail=[fail] if fail else [])  # gloo groups stand in for NCCL ones
+    groups = ReloadableProcessGroups.init(
+        backend="gloo",
+        rank=rank,
+        world_size=world_size,
+        store=store,
+        timeout=timedelta(seconds=30),
+        communicators="suspend",
+    )
+    state = MegatronParallelState(groups, tensor_model_parallel_size=2)
+    holder = {"tp": ps.get_tensor_model_parallel_group()}  # what a module caches at construction
+    state.register(holder)
+    out: dict[str, Any] = {"same_tp": [], "tp_sum": [], "held_current": [], "lost": []}
+    for _ in range(3):
+        before = ps.get_tensor_model_parallel_group()
+        state.destroy()
+        out["lost"].append(list(groups.lost_groups))
+        out["initialised_asleep"] = ps.model_parallel_is_initialized()
+        state.reload()
+        tp = ps.get_tensor_model_parallel_group()
+        out["same_tp"].append(tp is before)
+        out["held_current"].append(holder["tp"] is tp)
+        value = torch.tensor([float(rank + 1)])
+        dist.all_reduce(value, group=tp)
+        out["tp_sum"].append(value.item())
+        out.setdefault("registered", []).append(len(dist.distributed_c10d._world.pg_map))
+    out["suspended"] = sorted(set(fake_nccl.calls("suspend")))
+    ps.destroy_model_parallel()
+    groups.close()
+    return out
+
+
+@requires_megatron
+class TestSuspendedMegatronGroups:
+    """communicators="suspend" (gloo groups standing in for NCCL ones), TP=2 on 2 ranks, 3 cycles."""
+
+    def test_megatrons_groups_are_suspended_and_come_back_as_they_were(self) -> None:
+        results = run_world(_suspend_worker, 2, None, deadline_s=90)
+        no_crash(results)
+        for res in results:
+            assert res["same_tp"] == [True] * 3 and res["tp_sum"] == [3.0] * 3
+            assert res["initialised_asleep"] is True  # Megatron keeps its groups while they sleep
+            assert "TENSOR_MODEL_PARALLEL_GROUP" in res["suspended"] and res["lost"] == [[]] * 3
+
+    def test_a_megatron_group_nccl_cannot_suspend_makes_the_wake_rebuild_megatrons_groups(self) -> None:
+        results = run_world(_suspend_worker, 2, "TENSOR_MODEL_PARALLEL_GROUP", deadline_s=90)
+        no_crash(results)
+        for res in results:
+            assert res["lost"] == [["TENSOR_MODEL_PARALLEL_GROUP"]] * 3
+            assert res["same_tp"] == [False] * 3 and res["tp_sum"] == [3.0] * 3
+            assert res["held_current"] == [True] * 3  # registered objects follow the rebuilt groups
+            assert len(set(res["registered"])) == 1  # one set of Megatron's groups, not one more per wake
+
+
 def _pp_worker(rank: int, world_size: int, store: Store) -> dict[str, Any]:
     """Megatron initialised by its owner (slime passes TP, PP, VPP, CP, EP, ETP, order), the groups adopted after."""
     from megatron.core import parallel_state as ps

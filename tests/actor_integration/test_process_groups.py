@@ -543,107 +543,8 @@ class TestConcurrentTeardown:
         assert single.is_alive() and _sum(handle.group) == 1.0
 
 
-class _FakeNcclBackend:
-    """Records suspend/resume the way ProcessGroupNCCL's would be called."""
-
-    def __init__(self, log: list[str], name: str) -> None:
-        self.log, self.name = log, name
-
-    def suspend(self) -> None:
-        self.log.append(f"suspend {self.name}")
-
-    def resume(self) -> None:
-        self.log.append(f"resume {self.name}")
-
-
-class TestSuspendPath:
-    """Where NCCL can suspend communicators the groups are kept; the control flow, on gloo groups
-    standing in for NCCL ones (no NCCL 2.29.7+ exists in the torch builds we run)."""
-
-    def test_suspend_keeps_the_groups_and_resume_hands_them_back(
-        self, single: ReloadableProcessGroups, monkeypatch: pytest.MonkeyPatch
-    ) -> None:
-        from actor_integration import process_groups
-
-        handle = single.new_group([0], name="tp")
-        tp_group, world = handle.group, dist.group.WORLD
-        log: list[str] = []
-        names = {id(world): "world", id(tp_group): "tp"}
-        monkeypatch.setattr(
-            process_groups, "_nccl_backend", lambda pg: _FakeNcclBackend(log, names.get(id(pg), "side"))
-        )
-        single._path = "suspend"  # what teardown_path picks when nccl_suspend_support() says so
-        single.destroy()
-        assert log[-1] == "suspend world" and sorted(log[:-1]) == ["suspend side", "suspend tp"]
-        assert single.state == "destroyed" and not single.is_alive()
-        with pytest.raises(RuntimeError, match="destroyed by sleep"):
-            handle.group  # noqa: B018
-        assert _sum(single.side_channel) == 1.0  # the gloo side channel stays up
-        log.clear()
-        single.reload()
-        assert sorted(log) == ["resume side", "resume tp", "resume world"]
-        assert handle.group is tp_group and dist.group.WORLD is world  # the same groups, not rebuilt
-        assert handle.generation == single.generation == 1 and _sum(tp_group) == 1.0
-
-    def test_suspend_mode_never_always_destroys(self, single: ReloadableProcessGroups) -> None:
-        single.suspend = "never"
-        assert single.teardown_path == "destroy"
-        with pytest.raises(ValueError, match="'auto' or 'never'"):
-            ReloadableProcessGroups(
-                store=dist.HashStore(),
-                backend="gloo",
-                rank=0,
-                world_size=1,
-                timeout=timedelta(seconds=1),
-                suspend="always",  # type: ignore[arg-type]
-            )
-
-
-class TestNcclSuspendProbe:
-    def test_this_torch_build_says_why_not(self) -> None:
-        from actor_integration.process_groups import nccl_suspend_support
-
-        support = nccl_suspend_support()
-        if not dist.is_nccl_available():
-            assert not support.available and "without NCCL" in support.reason
-
-    @pytest.mark.parametrize(
-        ("version", "api", "symbol", "available", "says"),
-        [
-            ((2, 28, 9), True, False, False, "NCCL 2.28.9 (torch"),
-            ((2, 29, 7), False, True, False, "exposes no Backend.suspend()"),
-            ((2, 29, 7), True, False, False, "loads a libnccl without it"),
-            ((2, 30, 1), True, True, True, "suspended (ncclCommSuspend), not destroyed"),
-            ((2, 30, 1), True, None, True, "suspended"),
-        ],
-    )
-    def test_version_symbol_and_torch_api_decide(
-        self,
-        monkeypatch: pytest.MonkeyPatch,
-        version: tuple[int, ...],
-        api: bool,
-        symbol: bool | None,
-        available: bool,
-        says: str,
-    ) -> None:
-        from types import SimpleNamespace
-
-        from actor_integration import process_groups
-
-        monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
-        monkeypatch.setattr(torch.cuda, "nccl", SimpleNamespace(version=lambda: version), raising=False)
-        backend = SimpleNamespace(suspend=lambda: None) if api else SimpleNamespace()
-        monkeypatch.setattr(torch._C, "_distributed_c10d", SimpleNamespace(Backend=backend))
-        monkeypatch.setattr(process_groups, "_nccl_exports", lambda name: symbol)
-        support = process_groups.nccl_suspend_support()
-        assert support.available is available and says in support.reason, support
-        assert support.nccl_version == version
-
-
 class TestTeardownLog:
-    def test_the_first_destroy_says_which_path_ran_and_why_once(
-        self, single: ReloadableProcessGroups
-    ) -> None:
+    def test_the_first_destroy_says_which_way_ran_and_why_once(self, single: ReloadableProcessGroups) -> None:
         from lifecycle import capture_events
 
         with capture_events("info") as events:
@@ -652,7 +553,31 @@ class TestTeardownLog:
             single.destroy()
         (logged,) = [e for e in events if e["event"] == "process_groups.destroyed"]
         assert (
-            logged["path"] == "destroy" and logged["why"] == "no NCCL groups" and logged["communicators"] == 2
+            logged["way"] == "destroy" and logged["why"] == "no NCCL groups" and logged["communicators"] == 2
         )
         # Not a lifecycle machine's event: no rank/role keys for the checker and timeline to misread.
         assert "rank" not in logged and "role" not in logged and logged["group_rank"] == 0
+
+
+class TestTeardownPieces:
+    """The package's public teardown pieces, which other group registries (slime's) reuse."""
+
+    def test_destroy_registered_groups_takes_every_group_down_and_counts_them(self) -> None:
+        from actor_integration.process_groups import destroy_registered_groups, registered_groups
+
+        store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False)
+        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+        subgroups = [dist.new_group([0]) for _ in range(3)]
+        assert len(registered_groups()) == 4
+        del subgroups
+        assert destroy_registered_groups() == 4
+        assert not dist.is_initialized()
+        assert destroy_registered_groups() == 0  # nothing left: a second call is harmless
+
+    def test_meeting_names_the_rank_that_never_came(self) -> None:
+        from actor_integration.process_groups import LIFECYCLE_CAUSE, Meeting
+
+        meeting = Meeting(dist.HashStore(), rank=0, world_size=2)
+        with pytest.raises(RendezvousTimeoutError, match=r"ranks \[1\]") as caught:
+            meeting.meet("destroy(generation 0)", timedelta(seconds=0.3), LIFECYCLE_CAUSE)
+        assert caught.value.missing == (1,) and "sleep()/wake_up()" in str(caught.value)

@@ -34,14 +34,27 @@ def test_cpu_smoke_runs_both_columns_and_reports_every_hook(tmp_path: Path) -> N
         "lifecycle per step",
         "targets:",
         "teardown, WORLD",
+        "communicators on sleep, WORLD + 16 warmed subgroups",
+        "ours-suspend: skipped (backend 'gloo' has no NCCL communicators to suspend",
     ):
         assert line in proc.stdout, proc.stdout
     report = json.loads(out.read_text())
     slime, ours = report["columns"]["slime"], report["columns"]["ours"]
-    assert len(slime["steps"]) == 2 and len(ours["steps"]) == 3
-    for column in (slime, ours):
+    keep = report["columns"]["ours-keep"]
+    assert len(slime["steps"]) == 2 and len(ours["steps"]) == 3 and len(keep["steps"]) == 3
+    for column in (slime, ours, keep):
         assert "error" not in column
         assert all(step["intact"] == 1.0 for step in column["steps"])
+    assert keep["communicators"] == "keep" and "skipped" in report["columns"]["ours-suspend"]
+    # the ways section: each way in a process of its own; suspend skipped with the reason on gloo
+    ways = report["ways"]
+    assert [len(ways[w]["cycles"]) for w in ("destroy", "keep")] == [2, 2]
+    assert "has no NCCL communicators" in ways["suspend"]["skipped"]
+    assert all(
+        c["back_s"] >= 0 and c["first_collectives_s"] >= 0
+        for w in ("destroy", "keep")
+        for c in ways[w]["cycles"]
+    )
     # ours' hooks come from the machine's own transition events: every plan of the step is there.
     steady = report["summary"]["ours"]["steady"]
     for key in (
@@ -56,7 +69,7 @@ def test_cpu_smoke_runs_both_columns_and_reports_every_hook(tmp_path: Path) -> N
     ):
         assert key in steady, key
     assert "wake.clear_memory" not in steady  # left the wake plan (ebb5e0b)
-    assert ours["teardown_path"] == "destroy" and ours["registered_groups_asleep"] == 1
+    assert ours["communicators"] == "destroy" and ours["registered_groups_asleep"] == 1
     assert report["verdict"]["ours_lifecycle_s"] > 0 and "error" not in report["teardown"]
 
 
@@ -81,3 +94,32 @@ def test_the_steady_lifecycle_is_the_median_of_each_steps_lifecycle() -> None:
     summary = bench.summarize({"steps": steps})
     assert round(summary["first"]["lifecycle"], 3) == 3.765
     assert round(summary["steady"]["lifecycle"], 3) == 0.972
+
+
+def test_nccl_lib_runs_every_process_with_that_library(tmp_path: Path) -> None:
+    """--nccl-lib re-runs the script with the library in LD_PRELOAD: the report and each column's
+    process name the loaded NCCL (2.30.7, the wheel's), as the H200 runs need for suspend."""
+    import pytest
+
+    from tests.helpers.nccl_lib import nccl_library
+
+    library = nccl_library(tmp_path)
+    if library is None:
+        pytest.skip("no nvidia-nccl wheel (2.30+) on this machine")
+    out = tmp_path / "phase.json"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+    args = ["--cpu-smoke", "--steps", "2", "--slime-steps", "1", "--ways", "keep", "--no-teardown"]
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), *args, "--nccl-lib", str(library), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert f"re-running with LD_PRELOAD={library}" in proc.stdout
+    report = json.loads(out.read_text())
+    assert report["nccl_loaded"] == {"version": "2.30.7", "path": str(library)}
+    assert report["columns"]["ours"]["nccl_loaded"] == "2.30.7"
+    assert report["columns"]["ours-keep"]["nccl_loaded"] == "2.30.7"

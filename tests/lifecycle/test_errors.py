@@ -27,6 +27,8 @@ EXAMPLES: list[LifecycleError] = [
         error="boom",
     ),
     errors.RendezvousTimeoutError("late", what="destroy", missing=[1, 3], waited_s=2.5),
+    errors.ProcessGroupsAsleepError("asleep", state="suspended", operation="group", group="tp"),
+    errors.NcclError("ncclCommSuspend returned 5", call="ncclCommSuspend", code=5),
     errors.RendezvousMismatchError("apart", what="destroy", other_rank=2, other_what="reload"),
     errors.GroupTimeoutError("late", operation="sleep", missing=[1], waited_s=1.0),
     errors.DeadActorsError("dead", dead={1: None}),

@@ -254,7 +254,7 @@ class TestBackends:
         mark follow, so slime's reload rebuilds WORLD instead of skipping it."""
         import types
 
-        import actor_integration.frameworks.registry_groups as registry_groups
+        import actor_integration.process_groups._teardown as teardown
 
         made = []
         state = types.SimpleNamespace(
@@ -280,7 +280,7 @@ class TestBackends:
             items.clear()
             raise RuntimeError("a communicator's teardown failed")
 
-        monkeypatch.setattr(registry_groups, "_each_at_once", failing)
+        monkeypatch.setattr(teardown, "each_at_once", failing)
         with pytest.raises(RuntimeError, match="teardown failed"):
             groups.destroy()
         assert ("world", "gloo") in made and state.accelerator_world_destroyed
