@@ -189,7 +189,7 @@ def check_nccl() -> Check:
     else:
         detail = f"NCCL {_shown(loaded.version)} loaded from {loaded.path or 'libnccl.so.2'}"
         if torch_version is not None and tuple(torch_version) != loaded.version:
-            detail += f"; torch reports {_shown(torch_version)}, so torch does not use this library"
+            detail += f" (torch was built against {_shown(torch_version)}; its NCCL calls run this library)"
         elif torch_version is None:
             detail += "; torch here has no NCCL backend"
     return Check(

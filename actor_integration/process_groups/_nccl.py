@@ -103,19 +103,50 @@ class LoadedNccl:
 
 @functools.lru_cache(maxsize=1)
 def loaded_nccl() -> LoadedNccl | None:
-    """The NCCL library this process has mapped (torch's, or the one `LD_PRELOAD` put first).
+    """The NCCL library torch's NCCL calls bind to (torch's own, or the one `LD_PRELOAD` put first).
 
-    None where none is mapped: a CPU build of torch, or a torch that links NCCL statically.
+    torch links `libnccl.so.2` dynamically and its python package may map a second copy by full
+    path, so a process can hold two: torch's calls bind to the first in the global symbol scope,
+    which `LD_PRELOAD` decides. That one's `ncclGetVersion` answers here (`dlsym(RTLD_DEFAULT)`),
+    and `dladdr` says which file it is. None where none is mapped (a CPU build of torch).
     """
     try:
-        # RTLD_NOLOAD: a handle on the library already mapped under that name, never a new load.
-        lib = ctypes.CDLL("libnccl.so.2", mode=os.RTLD_NOLOAD | os.RTLD_GLOBAL)
-    except OSError:
+        scope = ctypes.CDLL(None)  # the global scope, in the order the dynamic linker searches it
+        get_version = scope.ncclGetVersion
+    except (OSError, AttributeError):
         return None
     code = ctypes.c_int(0)
-    if lib.ncclGetVersion(ctypes.byref(code)) != 0:
+    if get_version(ctypes.byref(code)) != 0:
         return None
-    return LoadedNccl(version=decode_version(code.value), path=_mapped_path("libnccl.so"), lib=lib)
+    path = _file_of(ctypes.cast(get_version, ctypes.c_void_p).value) or _mapped_path("libnccl.so")
+    try:
+        lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_GLOBAL) if path else scope
+    except OSError:
+        lib = scope
+    return LoadedNccl(version=decode_version(code.value), path=path, lib=lib)
+
+
+class _DlInfo(ctypes.Structure):
+    _fields_ = [
+        ("dli_fname", ctypes.c_char_p),
+        ("dli_fbase", ctypes.c_void_p),
+        ("dli_sname", ctypes.c_char_p),
+        ("dli_saddr", ctypes.c_void_p),
+    ]
+
+
+def _file_of(address: int | None) -> str | None:
+    """The file that holds `address` (dladdr), or None."""
+    if not address:
+        return None
+    try:
+        dladdr = ctypes.CDLL(None).dladdr
+    except AttributeError:
+        return None
+    info = _DlInfo()
+    if not dladdr(ctypes.c_void_p(address), ctypes.byref(info)) or not info.dli_fname:
+        return None
+    return str(os.path.realpath(info.dli_fname.decode()))
 
 
 def decode_version(code: int) -> tuple[int, int, int]:
@@ -137,7 +168,8 @@ def _mapped_path(name: str) -> str | None:
 
 
 def torch_nccl_version() -> tuple[int, ...] | None:
-    """The NCCL version torch reports (its runtime library's, asked through torch), if it can say."""
+    """The NCCL version torch was built against (torch/csrc/cuda/nccl.cpp returns its compile-time
+    NCCL_VERSION_CODE), not the library it runs: that is `loaded_nccl()`."""
     try:
         return tuple(int(v) for v in torch.cuda.nccl.version())  # type: ignore[no-untyped-call]
     except Exception:  # no CUDA build, or a torch whose nccl module cannot load
@@ -166,7 +198,7 @@ class NcclSuspendSupport:
     available: bool
     reason: str
     nccl_version: tuple[int, ...] | None = None  # the loaded library's
-    torch_nccl_version: tuple[int, ...] | None = None  # what torch reports
+    torch_nccl_version: tuple[int, ...] | None = None  # what torch was built against
     route: str | None = None
     library: str | None = None  # the loaded library's path
     mem_stats: bool = False  # ncclCommMemStats can count the bytes
@@ -209,12 +241,6 @@ def nccl_suspend_support(backend: str = "nccl") -> NcclSuspendSupport:
         reason = (
             f"torch {torch.__version__} reports NCCL {_shown(version)} but has no Backend.suspend(), and no "
             "loaded libnccl.so.2 exports ncclCommSuspend to reach its communicators with"
-        )
-        return replace(found, reason=reason)
-    if torch_version is not None and tuple(torch_version) != loaded.version:
-        reason = (
-            f"libnccl.so.2 {_shown(loaded.version)} is loaded{where}, but torch runs NCCL {_shown(torch_version)} "
-            "(linked into torch): its communicators are not that library's. " + UPGRADE
         )
         return replace(found, reason=reason)
     if not comm_ptr_available():

@@ -139,7 +139,8 @@ class TestSuspendSupport:
                 "ctypes",
                 "through the loaded library and torch's _comm_ptr()",
             ),
-            ((2, 30, 7), (2, 28, 9), False, True, False, None, "torch runs NCCL 2.28.9 (linked into torch)"),
+            # torch reports the NCCL it was built against; its calls run the loaded (preloaded) one.
+            ((2, 30, 7), (2, 28, 9), False, True, True, "ctypes", "through the loaded library"),
             ((2, 30, 7), (2, 30, 7), False, False, False, None, "cannot be reached"),
         ],
     )

@@ -112,6 +112,7 @@ def _cycles(way: str, store: Store, rank: int = 0, world_size: int = 1) -> dict[
             machine.sleep()
             sleep_s = time.perf_counter() - t0
             asleep = _used(rank)
+            asleep_state = machine.groups.value if machine.groups else None
             try:
                 handles[0].group  # noqa: B018 - must refuse while asleep
                 refused = None
@@ -138,7 +139,7 @@ def _cycles(way: str, store: Store, rank: int = 0, world_size: int = 1) -> dict[
                     if destroyed.get("held_bytes") is None
                     else round(destroyed["held_bytes"] / MIB, 1),
                     "fell_back": destroyed.get("fell_back"),
-                    "groups_state": machine.groups.value if machine.groups else None,
+                    "groups_state": asleep_state,
                     "refused_as": refused,
                     "same_groups": all(h.group is b for h, b in zip(handles, before, strict=True)),
                     "collectives_ok": ok,
