@@ -196,7 +196,7 @@ def run_variant(variant: str, args: argparse.Namespace) -> dict[str, Any]:
         env = {
             **os.environ,
             **VARIANTS[variant],
-            "PYTHONPATH": str(REPO),
+            "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p),
             "NCCL_DEBUG": "INFO",
             "NCCL_DEBUG_SUBSYS": "ALLOC",
             "NCCL_DEBUG_FILE": f"{tmp}/nccl.%p.log",
