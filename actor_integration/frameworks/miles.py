@@ -1,0 +1,338 @@
+"""miles' `MegatronTrainRayActor` under the lifecycle (radixark/miles, slime's maintained fork).
+
+    import miles.backends.megatron_utils.actor as miles_actor
+    from actor_integration.frameworks.miles import MilesLifecycleMixin
+
+    class LifecycleTrainer(MilesLifecycleMixin, miles_actor.MegatronTrainRayActor):
+        pass
+
+Who owns each resource (read from miles 31f1ca96, `miles/backends/megatron_utils/actor.py`):
+
+- `sleep()` / `wake_up()` are the plans: clear memory (host too) → miles' registry of wrapped
+  groups torn down at once on every rank (miles destroys them one by one; WORLD stays) → a pause
+  per tag of the layout (below); a resume per released tag → miles' `reload_process_groups()` →
+  miles' `_switch_model("actor")`. miles' `_asleep` flag becomes a view of the machine (some tag
+  not resident), so the bodies that read it take the branch the machine's state calls for.
+- `train()` wakes the actor first (miles' own `self.wake_up()` inside it is absorbed) and stays
+  awake, as miles' train does: miles' driver sleeps it (`offload()`) after the save.
+- `update_weights(info)` runs as the sync operation with `info` passed through. Its in-body
+  `reload_process_groups()`, `torch_memory_saver.disable()`, `pause(tag="param_buffer")` and
+  `destroy_process_groups()` are the plans' while it runs (`stand_ins`): the groups are up,
+  `disable()` is entered, and the param pause is done by the adapter after the body (below).
+- Per-tag memory (`MilesTagLayout`), as miles' sleep chooses it: all memory as one unit
+  (`pause()`), `default` alone with LoRA rollout, and with `--rematerialize-param-from-master-weight`
+  `grad_buffer` and `default` at sleep while `param_buffer` stays resident for the next
+  `update_weights`, which reads the params from it (miles keeps no CPU copy of them) and releases
+  it after the push. The machine tracks the three tags, so its residency is what
+  torch_memory_saver holds: a wake resumes only the released tags (plain miles' `resume()` meets a
+  resident `param_buffer` when no `update_weights` ran since the sleep: torch_memory_saver exits).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from types import ModuleType
+from typing import Any
+
+import torch.distributed as dist
+
+from actor_integration.clear_memory import ClearMemory
+from actor_integration.frameworks.registry_groups import RegistryProcessGroups, registry, require
+from actor_integration.frameworks.stand_ins import body_owner, plan_owned_globals, stand_in_calls
+from actor_integration.memory_saver import NoopMemory, TorchMemorySaverBackend
+from actor_integration.mixin import LifecycleMixin
+from actor_integration.tms_env import is_true
+from lifecycle import Hooks, LifecyclePolicy, State
+from lifecycle.errors import IllegalTransitionError
+from lifecycle.hooks import MemoryBackend, ProcessGroupsBackend
+from lifecycle.logs import Event
+from lifecycle.table import Residency, allowed_operations
+
+__all__ = [
+    "ALL_MEMORY",
+    "LORA_ROLLOUT",
+    "MILES_COMMIT",
+    "REMATERIALIZE",
+    "MilesLifecycleMixin",
+    "MilesProcessGroups",
+    "MilesTagLayout",
+    "miles_memory_backend",
+    "miles_tag_layout",
+]
+
+MILES_COMMIT = "31f1ca96"  # the miles this adapter is read from and tested against
+GROUPS_MODULE = "miles.utils.reloadable_process_group"
+
+
+@dataclass(frozen=True)
+class MilesTagLayout:
+    """The torch_memory_saver tags miles' sleep, wake and update_weights touch.
+
+    memory_tags: the tags the machine tracks, in miles' pause order (None: all memory as one unit).
+    sleep_tags: the tags a sleep pauses (None: every tracked tag).
+    kept_for_sync: tags a sleep leaves resident because the next `update_weights` reads them; that
+        sync releases them after its push. They are the sync's `sync_requires`.
+    """
+
+    name: str
+    memory_tags: tuple[str, ...] | None
+    sleep_tags: tuple[str, ...] | None
+    kept_for_sync: tuple[str, ...] = ()
+
+
+# Megatron's DDP param and grad buffers are tags "param_buffer" and "grad_buffer", without CPU
+# backup under --offload-train (miles' arguments set --disable-{param,grad}-buffers-cpu-backup);
+# every other allocation of the preloaded process is "default", CPU-backed.
+ALL_MEMORY = MilesTagLayout("all memory", None, None)
+REMATERIALIZE = MilesTagLayout(
+    "rematerialize",
+    ("grad_buffer", "default", "param_buffer"),
+    ("grad_buffer", "default"),
+    ("param_buffer",),
+)
+LORA_ROLLOUT = MilesTagLayout("lora rollout", ("default",), None)  # the adapters' buffers are never paused
+
+
+def miles_tag_layout(args: Any, role: str, *, lora_rollout: bool) -> MilesTagLayout:
+    """miles' own choice in `MegatronTrainRayActor.sleep`: rematerialized params for the actor, else
+    `default` alone with LoRA rollout (`lora_rollout_enabled(args)`), else all memory."""
+    if getattr(args, "rematerialize_param_from_master_weight", False) and role == "actor":
+        return REMATERIALIZE
+    return LORA_ROLLOUT if lora_rollout else ALL_MEMORY
+
+
+def miles_memory_backend(
+    layout: MilesTagLayout,
+    *,
+    environ: Mapping[str, str] | None = None,
+    saver: Any = None,
+    cuda_major: int | None = None,
+) -> TorchMemorySaverBackend:
+    """The layout's tags, in the hook mode the launcher's environment asks for.
+
+    miles' launcher (`allocate_gpus_for_actor`) preloads torch_memory_saver with `TMS_INIT_ENABLE=1`
+    and `TMS_INIT_ENABLE_CPU_BACKUP=1`: every allocation is saver memory, `default` CPU-backed.
+    `TMS_RETAIN_CPU_BACKUP` is honoured, not overridden. Only `default` is declared backed up,
+    and not all memory as one unit: the param and grad buffers have no backup, so a preparing
+    pause of all memory (`prepare_cpu_backup`) would discard them.
+    """
+    env: Mapping[str, str] = os.environ if environ is None else environ
+    backed_up = layout.memory_tags is not None and is_true(env.get("TMS_INIT_ENABLE_CPU_BACKUP"))
+    return TorchMemorySaverBackend(
+        tags=layout.memory_tags,
+        cpu_backup=("default",) if backed_up else False,
+        hook_mode="auto",
+        retain_cpu_backup=is_true(env.get("TMS_RETAIN_CPU_BACKUP")),
+        environ=env,
+        saver=saver,
+        cuda_major=cuda_major,
+    )
+
+
+class MilesProcessGroups(RegistryProcessGroups):
+    """destroy()/reload()/is_alive() over miles' own reloadable process groups (one owner: the plans).
+
+    The sleep frees the communicators miles' `destroy_process_groups()` frees (every wrapped
+    subgroup; miles leaves WORLD and its gloo group alone), all at once on every rank between two
+    meetings instead of one after another; the wake is miles' own `reload_process_groups()`, so the
+    wrappers Megatron cached stay valid and the group count stays plain miles'. `module` is miles'
+    `miles.utils.reloadable_process_group` (imported when not given).
+    """
+
+    framework = "miles"
+
+    def __init__(self, module: ModuleType | None = None, *, timeout: timedelta | None = None) -> None:
+        self.module = module if module is not None else importlib.import_module(GROUPS_MODULE)
+        require(self.module, _MILES_GROUP_NAMES, "MilesProcessGroups", f"miles {MILES_COMMIT}")
+        super().__init__(timeout=timeout)
+
+    def wrappers(self) -> list[Any]:
+        """miles' registry of wrapped subgroups in this process (`ReloadableProcessGroup.GROUPS`)."""
+        return registry(self.module)
+
+    def _reload(self) -> None:
+        self.module.reload_process_groups()
+
+
+_MILES_GROUP_NAMES = ("ReloadableProcessGroup", "reload_process_groups")
+
+
+class MilesLifecycleMixin(LifecycleMixin):
+    """`LifecycleMixin` configured from a miles actor's own state; put it first in the bases.
+
+    The lifecycle is built by the `self.sleep()` that ends miles' `init` (or the first wrapped
+    call when `--offload-train` is off). Override `lifecycle_memory()`, `lifecycle_process_groups()`,
+    `lifecycle_hooks()` or `lifecycle_policy()` to change one piece.
+    """
+
+    # Set by miles' TrainRayActor.init / defined by MegatronTrainRayActor.
+    args: Any
+    role: str
+    _switch_model: Callable[[str], None]
+
+    # ------------------------------------------------------------------ configuration
+
+    def lifecycle_config(self) -> dict[str, Any]:
+        return {
+            "policy": self.lifecycle_policy(),
+            "hooks": self.lifecycle_hooks(),
+            "rank": dist.get_rank() if dist.is_initialized() else None,
+            "role": self.role,
+        }
+
+    def lifecycle_layout(self) -> MilesTagLayout:
+        """The tag layout of this actor, by miles' own rule and its own `lora_rollout_enabled`."""
+        cached = self.__dict__.get("_lifecycle_layout")
+        if isinstance(cached, MilesTagLayout):
+            return cached
+        owner = body_owner(self)
+        lora_rollout_enabled = getattr(sys.modules[owner.__module__], "lora_rollout_enabled", None)
+        if lora_rollout_enabled is None:
+            raise TypeError(
+                f"{owner.__name__}'s module {owner.__module__} has no lora_rollout_enabled, which miles' sleep "
+                f"reads to pick its tags; MilesLifecycleMixin is written against miles {MILES_COMMIT}"
+            )
+        layout = miles_tag_layout(self.args, self.role, lora_rollout=bool(lora_rollout_enabled(self.args)))
+        self.__dict__["_lifecycle_layout"] = layout
+        return layout
+
+    def lifecycle_policy(self) -> LifecyclePolicy:
+        """miles' flags and tag layout. miles' train does not sleep after the step (its driver's
+        `offload()` does, after the save), and miles keeps routing-replay data in pinned host
+        buffers that its train step clears: nothing of it on the device for a sleep to clear."""
+        layout = self.lifecycle_layout()
+        return LifecyclePolicy.from_args(
+            self.args,
+            role=self.role,
+            offload_train=False,
+            use_routing_replay=False,
+            memory_tags=layout.memory_tags,
+            sync_requires=layout.kept_for_sync,
+        )
+
+    def lifecycle_memory(self) -> MemoryBackend:
+        layout = self.lifecycle_layout()
+        if not self.args.offload_train:
+            return NoopMemory(
+                tags=layout.memory_tags,
+                reason="--offload-train is off: miles keeps the model resident and does not preload torch_memory_saver",
+            )
+        return miles_memory_backend(layout)
+
+    def lifecycle_process_groups(self) -> ProcessGroupsBackend:
+        minutes = getattr(self.args, "distributed_timeout_minutes", None)
+        return MilesProcessGroups(timeout=timedelta(minutes=minutes) if minutes else None)
+
+    def lifecycle_hooks(self) -> Hooks:
+        return Hooks(
+            memory=self.lifecycle_memory(),
+            process_groups=self.lifecycle_process_groups(),
+            clear_memory=ClearMemory(host=True),  # miles' sleep: clear_memory(clear_host_memory=True)
+            # The param buffer has no CPU backup under --offload-train: a wake maps fresh memory, and
+            # miles' train step restores the params itself; the wake restores them too, so a save or
+            # a sync right after a wake reads the trained params (miles' wake leaves them discarded).
+            switch_model=self._switch_model if self.role == "actor" else None,
+        )
+
+    # ------------------------------------------------------------------ miles' method names
+
+    @property
+    def _asleep(self) -> bool:
+        """miles' flag, read from the machine once it exists: some tag is not resident."""
+        lifecycle = self._lifecycle
+        if lifecycle is None:
+            return bool(self.__dict__.get("_miles_asleep", False))
+        return any(r is not Residency.RESIDENT for r in lifecycle.residency.values())
+
+    @_asleep.setter
+    def _asleep(self, value: bool) -> None:
+        self.__dict__["_miles_asleep"] = bool(value)  # miles' init sets False before any lifecycle
+
+    def sleep(self, tags: Iterable[str] | None = None) -> None:
+        """miles' sleep: the layout's sleep tags (with rematerialized params, not `param_buffer`)."""
+        self._require_offload("sleep")
+        self.lifecycle.sleep(self.lifecycle_layout().sleep_tags if tags is None else tags)
+
+    def wake_up(self, tags: Iterable[str] | None = None) -> None:
+        self._require_offload("wake_up")
+        self.lifecycle.wake_up(tags)
+
+    def save_model(self, *args: Any, **kwargs: Any) -> Any:
+        lifecycle, layout = self.lifecycle, self.lifecycle_layout()
+        if layout.kept_for_sync and lifecycle.state is State.PAUSED:
+            # The table's save from PAUSED re-pauses every tag on leaving; miles' sleep keeps the
+            # params for the next update_weights, so this one wakes, saves and sleeps as miles' sleep.
+            lifecycle.wake_up()
+            try:
+                return super().save_model(*args, **kwargs)
+            finally:
+                self.sleep()
+        return super().save_model(*args, **kwargs)
+
+    def update_weights(self, *args: Any, **kwargs: Any) -> Any:
+        """miles' `update_weights(info)` as the sync operation; then, from PAUSED, the release of the
+        tags kept for it (`param_buffer`), which miles' body asks for after its push."""
+        lifecycle, layout = self.lifecycle, self.lifecycle_layout()
+        from_paused = lifecycle.state is State.PAUSED
+        if from_paused:
+            self._refuse_released_params(layout)
+        claimed: list[str] = []
+        self.__dict__["_lifecycle_claimed_pauses"] = claimed
+        try:
+            return super().update_weights(*args, **kwargs)
+        finally:
+            self.__dict__.pop("_lifecycle_claimed_pauses", None)
+            # From AWAKE the params stay: an awake actor holds all its memory (plain miles pauses
+            # them there, and its next train step writes released memory).
+            if claimed and from_paused and lifecycle.state is State.PAUSED:
+                lifecycle.sleep(tuple(dict.fromkeys(claimed)))
+
+    def lifecycle_body_globals(self, operation: str) -> Mapping[str, Any]:
+        kept = self.lifecycle_layout().kept_for_sync
+
+        def claim(tag: str | None) -> bool:
+            # miles' update_weights pauses the kept params after its push: the adapter releases them
+            # after the body, through the machine, so the pause is the plans' (one owner).
+            if operation != "sync" or tag not in kept:
+                return False
+            claims = self.__dict__.get("_lifecycle_claimed_pauses")
+            if claims is not None:
+                claims.append(tag)
+            return True
+
+        return plan_owned_globals(self, operation, on_pause=claim)
+
+    def lifecycle_stand_in_calls(self) -> list[tuple[str, str]]:
+        """(operation, name) of every resource call a body made that the plans owned, oldest first."""
+        return stand_in_calls(self)
+
+    # ------------------------------------------------------------------ refusals
+
+    def _require_offload(self, method: str) -> None:
+        if not self.args.offload_train:
+            raise ValueError(
+                f"{type(self).__name__}.{method}() needs --offload-train (miles asserts it): without it miles' "
+                "launcher does not preload torch_memory_saver, so nothing would be released or restored"
+            )
+
+    def _refuse_released_params(self, layout: MilesTagLayout) -> None:
+        lifecycle = self.lifecycle
+        residency = lifecycle.residency
+        released = [t for t in layout.kept_for_sync if residency.get(t) is not Residency.RESIDENT]
+        if not released:
+            return
+        message = (
+            f"{type(self).__name__}.update_weights from PAUSED reads the params from {released}, which the previous "
+            "update_weights released after its push (--rematerialize-param-from-master-weight keeps no CPU copy "
+            "of them: plain miles would push released memory, then pause it again and exit). Push once per sleep; "
+            "to push again, wake_up() first: the wake rebuilds the params from the master weights."
+        )
+        lifecycle.event(Event.REFUSED, "warning", operation="sync", state=State.PAUSED, reason=message)
+        raise IllegalTransitionError(
+            message, state=State.PAUSED, operation="sync", allowed=allowed_operations(State.PAUSED)
+        )
