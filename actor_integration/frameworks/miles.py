@@ -177,6 +177,20 @@ class MilesLifecycleMixin(LifecycleMixin):
 
     # ------------------------------------------------------------------ configuration
 
+    def init(self, args: Any, role: str, *rest: Any, **kwargs: Any) -> Any:
+        """miles' init, with the memory backend built first when `--offload-train` is on.
+
+        miles' init sets `torch_memory_saver.memory_margin_bytes` (`--train-memory-margin-bytes`),
+        which initialises torch_memory_saver in whatever hook mode is pending, and importing
+        megatron.core leaves "torch" pending: in miles' preloaded process a torch-mode saver pauses
+        none of the preload library's memory. The backend sets the mode the launcher's environment
+        asks for before that first use (and refuses a bad environment before any model is built).
+        """
+        if getattr(args, "offload_train", False):
+            self.args, self.role = args, role
+            self.__dict__["_lifecycle_memory"] = self.lifecycle_memory()
+        return super().init(args, role, *rest, **kwargs)  # type: ignore[misc]
+
     def lifecycle_config(self) -> dict[str, Any]:
         return {
             "policy": self.lifecycle_policy(),
@@ -229,8 +243,9 @@ class MilesLifecycleMixin(LifecycleMixin):
         return MilesProcessGroups(timeout=timedelta(minutes=minutes) if minutes else None)
 
     def lifecycle_hooks(self) -> Hooks:
+        early = self.__dict__.pop("_lifecycle_memory", None)
         return Hooks(
-            memory=self.lifecycle_memory(),
+            memory=early if early is not None else self.lifecycle_memory(),
             process_groups=self.lifecycle_process_groups(),
             clear_memory=ClearMemory(host=True),  # miles' sleep: clear_memory(clear_host_memory=True)
             # The param buffer has no CPU backup under --offload-train: a wake maps fresh memory, and

@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import functools
+import types
 from collections.abc import Callable
 from typing import Any
 
 from actor_integration.frameworks.miles import MilesLifecycleMixin, miles_memory_backend
 from lifecycle import Hooks
+from lifecycle.hooks import MemoryBackend
 from lifecycle.testing import CallLog, FakeMemorySaver, FakeProcessGroups, ProtocolViolation, RecordingHook
 from tests.helpers.tms import preload_env
 
@@ -43,13 +46,55 @@ _groups = FakeProcessGroups()
 class MilesMemory(FakeMemorySaver):
     """torch_memory_saver in miles' launcher: three tags, only `default` with a CPU backup.
 
-    A pause of a tag without backup discards its contents: each `on_discard(tag)` is told.
+    A pause of a tag without backup discards its contents: each `on_discard(tag)` is told. As the
+    real singleton, it is initialised by its first use that needs the library (setting
+    `memory_margin_bytes` or `retain_cpu_backup`), in the hook mode pending then, and refuses a
+    hook mode after that.
     """
 
     def __init__(self, *, log: CallLog) -> None:
         super().__init__(TAGS, log=log)
         self.backed_up = frozenset({"default"})
         self.on_discard: list[Callable[[str], None]] = []
+        self._impl: Any = None
+        self.margin: int | None = None
+
+    @property
+    def hook_mode(self) -> str:
+        raise AttributeError("torch_memory_saver.hook_mode is write-only")
+
+    @hook_mode.setter
+    def hook_mode(self, mode: str) -> None:
+        assert self._impl is None, "Cannot configure after initialization"  # torch_memory_saver's own
+        self._impl_ctor_kwargs = {"hook_mode": mode}
+
+    def _ensure_initialized(self) -> None:
+        if self._impl is None:
+            pending = getattr(self, "_impl_ctor_kwargs", {})
+            self._impl = types.SimpleNamespace(_hook_mode=pending.get("hook_mode", "preload"))
+
+    @property
+    def memory_margin_bytes(self) -> int:
+        raise NotImplementedError("Only setter is supported")
+
+    @memory_margin_bytes.setter
+    def memory_margin_bytes(self, value: int) -> None:
+        self._ensure_initialized()
+        self.margin = value
+
+    @property
+    def retain_cpu_backup(self) -> bool:
+        self._ensure_initialized()
+        return self._retain_cpu_backup
+
+    @retain_cpu_backup.setter
+    def retain_cpu_backup(self, value: bool) -> None:
+        self._ensure_initialized()
+        self._retain_cpu_backup = bool(value)
+
+    @property
+    def initialised_hook_mode(self) -> str | None:
+        return None if self._impl is None else str(self._impl._hook_mode)
 
     def pause(self, tag: str | None = None) -> None:
         affected = self._affected(tag)
@@ -78,35 +123,48 @@ def lora_rollout_enabled(args: argparse.Namespace) -> bool:
     return bool(args.lora_rank > 0)
 
 
+def miles_args(config: str = "all memory") -> argparse.Namespace:
+    """miles' parsed flags for a colocated, offloaded actor in one of `CONFIGS` (what these bodies read)."""
+    args = argparse.Namespace(
+        offload_train=True,
+        colocate=True,
+        use_critic=False,
+        use_routing_replay=False,
+        rematerialize_param_from_master_weight=False,
+        debug_skip_weight_update=False,
+        lora_rank=0,
+        distributed_timeout_minutes=None,
+        train_memory_margin_bytes=0,
+    )
+    for name, value in CONFIGS[config].items():
+        setattr(args, name, value)
+    return args
+
+
 class MilesLikeActor:
     """miles' actor shape: init ends asleep; train wakes and stays awake; save_model saves what is
     there; update_weights(info) syncs and, with rematerialized params, pauses `param_buffer`."""
 
-    def init(self, config: str = "all memory", *, rank: int = 0, role: str = "actor") -> int:
-        self.build(config, rank=rank, role=role)
+    def __init__(self) -> None:
+        global torch_memory_saver
+        # torch_memory_saver is a process-wide singleton that exists before the actor's init.
+        self.calls = CallLog()
+        self.tms = torch_memory_saver = MilesMemory(log=self.calls)
+        self.tms.hook_mode = "torch"  # what importing megatron.core leaves pending (its dynamic_context)
+
+    def init(self, args: argparse.Namespace, role: str) -> int:
+        self.build(args, role)
+        if args.offload_train and args.train_memory_margin_bytes > 0:
+            torch_memory_saver.memory_margin_bytes = args.train_memory_margin_bytes
         self._asleep = False
         self._switch_model("actor")
         if self.args.offload_train:
             self.sleep()
         return 0
 
-    def build(self, config: str, *, rank: int, role: str) -> None:
-        global torch_memory_saver, _groups
-        self.rank, self.role = rank, role
-        self.args = argparse.Namespace(
-            offload_train=True,
-            colocate=True,
-            use_critic=False,
-            use_routing_replay=False,
-            rematerialize_param_from_master_weight=False,
-            debug_skip_weight_update=False,
-            lora_rank=0,
-            distributed_timeout_minutes=None,
-        )
-        for name, value in CONFIGS[config].items():
-            setattr(self.args, name, value)
-        self.calls = CallLog()
-        self.tms = torch_memory_saver = MilesMemory(log=self.calls)
+    def build(self, args: argparse.Namespace, role: str) -> None:
+        global _groups
+        self.args, self.role = args, role
         self.tms.on_discard.append(self._discard)
         self.groups = _groups = FakeProcessGroups(log=self.calls)
         self.clear_memory = RecordingHook("clear_memory", log=self.calls)
@@ -220,17 +278,18 @@ class LifecycleMilesActor(MilesLifecycleMixin, MilesLikeActor):
     """The same actor under the miles adapter, its bodies and init unchanged: the `self.sleep()` that
     ends miles' init configures the lifecycle and sleeps through it. Only the backends are the
     fakes: the adapter's memory backend over `MilesMemory` in the launcher's environment, the
-    recording process groups and clear-memory hook."""
+    recording process groups and clear-memory hook (a real one would freeze this test process's heap)."""
+
+    def lifecycle_memory(self) -> MemoryBackend:
+        return miles_memory_backend(
+            self.lifecycle_layout(), environ=launcher_env(), saver=self.tms, cuda_major=13
+        )
+
+    def lifecycle_process_groups(self) -> FakeProcessGroups:
+        return self.groups
 
     def lifecycle_hooks(self) -> Hooks:
-        return Hooks(
-            memory=miles_memory_backend(
-                self.lifecycle_layout(), environ=launcher_env(), saver=self.tms, cuda_major=13
-            ),
-            process_groups=self.groups,
-            clear_memory=self.clear_memory,
-            switch_model=self._switch_model,
-        )
+        return dataclasses.replace(super().lifecycle_hooks(), clear_memory=self.clear_memory)
 
 
 # ---------------------------------------------------------------------------------------------- model check
@@ -249,7 +308,7 @@ RESIDENCY = "the machine's residency differs from torch_memory_saver's"
 
 def started(cls: type[MilesLikeActor], config: str) -> MilesLikeActor:
     actor = cls()
-    actor.init(config)
+    actor.init(miles_args(config), "actor")
     return actor
 
 

@@ -68,7 +68,7 @@ class TestTagLayouts:
     def test_an_actor_module_without_miles_lora_rule_is_refused(self, monkeypatch):
         monkeypatch.delattr(miles_like, "lora_rollout_enabled")
         actor = LifecycleMilesActor()
-        actor.build("all memory", rank=0, role="actor")
+        actor.build(miles_like.miles_args(), "actor")
         with pytest.raises(TypeError, match="has no lora_rollout_enabled"):
             actor.lifecycle_layout()
 
@@ -299,7 +299,7 @@ class TestBackends:
                 return FakeMemorySaver()
 
         actor = Composed()
-        actor.build("all memory", rank=0, role=role)
+        actor.build(miles_like.miles_args(), role)
         hooks = actor.lifecycle_hooks()
         assert isinstance(hooks.clear_memory, ClearMemory) and hooks.clear_memory.host
         assert (hooks.switch_model == actor._switch_model) is switches
@@ -307,7 +307,7 @@ class TestBackends:
 
     def test_without_offload_train_nothing_is_released(self):
         actor = LifecycleMilesActor()
-        actor.build("all memory", rank=0, role="actor")
+        actor.build(miles_like.miles_args(), "actor")
         actor.args.offload_train = False
         from actor_integration.frameworks.miles import MilesLifecycleMixin
 
@@ -323,6 +323,27 @@ def one_rank_world():
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     yield
     dist.destroy_process_group()
+
+
+class TestHookMode:
+    """--train-memory-margin-bytes makes miles' init the saver's first use, after megatron.core's import
+    left hook_mode="torch" pending: a torch-mode saver in miles' preloaded process pauses nothing."""
+
+    def _args(self):
+        args = miles_like.miles_args()
+        args.train_memory_margin_bytes = 3 << 30  # miles' run_qwen3_4b.py
+        return args
+
+    def test_plain_miles_initialises_the_saver_in_torch_mode(self):
+        actor = miles_like.MilesLikeActor()
+        actor.init(self._args(), "actor")
+        assert actor.tms.initialised_hook_mode == "torch"
+
+    def test_the_adapter_sets_the_launchers_mode_before_miles_init(self):
+        actor = LifecycleMilesActor()
+        actor.init(self._args(), "actor")
+        assert actor.tms.initialised_hook_mode == "preload" and actor.tms.margin == 3 << 30
+        assert actor.lifecycle.state is State.PAUSED
 
 
 class TestMilesProcessGroups:
