@@ -22,8 +22,10 @@ from typing import Any
 
 from actor_integration.frameworks.miles import MilesLifecycleMixin, miles_memory_backend
 from lifecycle import Hooks
+from lifecycle.errors import IllegalTransitionError
 from lifecycle.hooks import MemoryBackend
 from lifecycle.testing import CallLog, FakeMemorySaver, FakeProcessGroups, ProtocolViolation, RecordingHook
+from tests.helpers.method_sequences import KINDS
 from tests.helpers.tms import preload_env
 
 # miles' flags for each configuration the model check explores (besides colocate + offload_train).
@@ -327,3 +329,44 @@ def machine_paused(residency: dict[str, Any]) -> dict[str, bool]:
     if set(residency) == {"*"}:
         return dict.fromkeys(TAGS, residency["*"] != "resident")
     return {tag: residency.get(tag, "resident") != "resident" for tag in TAGS}
+
+
+# The model check's findings on plain miles: its shortest reproductions, each
+# (configuration, sequence after init, what plain miles does at its last call).
+# test_miles_sequences.py asserts the search finds exactly these; test_miles_source.py runs them on
+# miles' real class.
+PAUSED_TWICE = KINDS["Cannot pause allocation"]
+RESUMED_RESIDENT = KINDS["Cannot resume allocation"]
+PAUSED_BODY = KINDS["body used memory"]
+REPRODUCTIONS = [
+    ("all memory", ("save_model",), PAUSED_BODY),
+    # the param buffer has no CPU backup and miles' wake does not restore it (miles' use-critic save
+    # path: onload → save_model)
+    ("all memory", ("wake_up", "save_model"), DISCARDED),
+    ("rematerialize", ("save_model",), PAUSED_BODY),
+    # resume() of all tags meets the params the sleep kept resident (no update_weights since)
+    ("rematerialize", ("wake_up",), RESUMED_RESIDENT),
+    ("rematerialize", ("train",), RESUMED_RESIDENT),
+    # the second push reads the params the first one paused
+    ("rematerialize", ("update_weights", "update_weights"), PAUSED_BODY),
+    ("rematerialize", ("update_weights", "wake_up", "save_model"), DISCARDED),
+    ("rematerialize", ("update_weights", "wake_up", "update_weights"), DISCARDED),
+    # an awake update_weights pauses the params; the next train step writes them
+    ("rematerialize", ("update_weights", "train", "update_weights", "train"), PAUSED_BODY),
+    ("rematerialize, skip push", ("save_model",), PAUSED_BODY),
+    ("rematerialize, skip push", ("wake_up",), RESUMED_RESIDENT),
+    ("rematerialize, skip push", ("train",), RESUMED_RESIDENT),
+    ("rematerialize, skip push", ("update_weights", "update_weights"), PAUSED_TWICE),
+    ("rematerialize, skip push", ("update_weights", "wake_up", "save_model"), DISCARDED),
+    ("rematerialize, skip push", ("update_weights", "wake_up", "update_weights", "train"), PAUSED_BODY),
+    ("lora rollout", ("save_model",), PAUSED_BODY),
+]
+# Under the adapter these calls are refused with a typed error before any work; every other call runs.
+REFUSED = {
+    # the params were released after the first push and miles keeps no copy: wake first
+    ("rematerialize", ("update_weights", "update_weights")): ("update_weights", IllegalTransitionError),
+    ("rematerialize, skip push", ("update_weights", "update_weights")): (
+        "update_weights",
+        IllegalTransitionError,
+    ),
+}

@@ -3,7 +3,7 @@
 Every sequence of sleep, wake_up, train, save_model and update_weights after init (which ends
 asleep), up to a length, runs on the miles-shaped actor (tests/helpers/miles_like.py) over the
 strict fake, in each of miles' tag layouts. Plain miles' shortest reproductions are listed here
-(`REPRODUCTIONS`, exactly what the search finds); each one runs again under the adapter, clean.
+(`miles_like.REPRODUCTIONS`, exactly what the search finds); each one runs again under the adapter, clean.
 `pytest -s` prints the search: sizes and, per kind of violation, its count and shortest sequence.
 The same reproductions on miles' real class: test_miles_source.py.
 """
@@ -11,55 +11,22 @@ The same reproductions on miles' real class: test_miles_source.py.
 import pytest
 
 from lifecycle.errors import IllegalTransitionError, LifecycleError, ProtocolViolation
-from tests.helpers.method_sequences import KINDS, explore, render
+from tests.helpers.method_sequences import explore, render
 from tests.helpers.miles_like import (
     CONFIGS,
     DISCARDED,
     METHODS,
+    REFUSED,
+    REPRODUCTIONS,
     LifecycleMilesActor,
     MilesLikeActor,
     check,
     started,
 )
 
-PAUSED_TWICE, RESUMED_RESIDENT, PAUSED_BODY, _ = KINDS.values()
 PLAIN_DEPTH = 6
 ADAPTER_DEPTH = 4  # every sequence under the adapter re-runs its machine's plans: ~1.5 ms a call
 SLOW_ADAPTER_DEPTH = 6
-
-# (configuration, sequence after init, what plain miles does at its last call)
-REPRODUCTIONS = [
-    ("all memory", ("save_model",), PAUSED_BODY),
-    # the param buffer has no CPU backup and miles' wake does not restore it (miles' use-critic save
-    # path: onload → save_model)
-    ("all memory", ("wake_up", "save_model"), DISCARDED),
-    ("rematerialize", ("save_model",), PAUSED_BODY),
-    # resume() of all tags meets the params the sleep kept resident (no update_weights since)
-    ("rematerialize", ("wake_up",), RESUMED_RESIDENT),
-    ("rematerialize", ("train",), RESUMED_RESIDENT),
-    # the second push reads the params the first one paused
-    ("rematerialize", ("update_weights", "update_weights"), PAUSED_BODY),
-    ("rematerialize", ("update_weights", "wake_up", "save_model"), DISCARDED),
-    ("rematerialize", ("update_weights", "wake_up", "update_weights"), DISCARDED),
-    # an awake update_weights pauses the params; the next train step writes them
-    ("rematerialize", ("update_weights", "train", "update_weights", "train"), PAUSED_BODY),
-    ("rematerialize, skip push", ("save_model",), PAUSED_BODY),
-    ("rematerialize, skip push", ("wake_up",), RESUMED_RESIDENT),
-    ("rematerialize, skip push", ("train",), RESUMED_RESIDENT),
-    ("rematerialize, skip push", ("update_weights", "update_weights"), PAUSED_TWICE),
-    ("rematerialize, skip push", ("update_weights", "wake_up", "save_model"), DISCARDED),
-    ("rematerialize, skip push", ("update_weights", "wake_up", "update_weights", "train"), PAUSED_BODY),
-    ("lora rollout", ("save_model",), PAUSED_BODY),
-]
-# Under the adapter these calls are refused with a typed error before any work; every other call runs.
-REFUSED = {
-    # the params were released after the first push and miles keeps no copy: wake first
-    ("rematerialize", ("update_weights", "update_weights")): ("update_weights", IllegalTransitionError),
-    ("rematerialize, skip push", ("update_weights", "update_weights")): (
-        "update_weights",
-        IllegalTransitionError,
-    ),
-}
 
 
 def _searches(cls: type, depth: int) -> dict:

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from tests.actor_integration.frameworks.test_miles_sequences import REFUSED, REPRODUCTIONS
+from tests.helpers.miles_like import REFUSED, REPRODUCTIONS
 from tests.helpers.miles_source import HOW_TO_RUN, SOURCE_ENV, MilesSource, MilesSourceUnavailable
 from tests.helpers.spawn import no_crash, run_world
 
