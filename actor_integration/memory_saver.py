@@ -313,6 +313,12 @@ class TorchMemorySaverBackend:
         with self._lock:
             return self._book.is_paused(tag)
 
+    def is_backed_up(self, tag: str | None = None) -> bool:
+        """Whether a pause of `tag` (with no tag: of any tag) keeps its contents in a CPU backup."""
+        if tag is None:
+            return bool(self._backup_tags)
+        return self._book.key(tag, "is_backed_up") in self._backup_tags
+
     @property
     def may_overlap_process_groups(self) -> bool:
         """Whether a pause/resume may run while process groups are torn down or rebuilt.

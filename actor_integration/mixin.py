@@ -8,7 +8,8 @@
 `sleep()` and `wake_up()` become transitions (the class's own versions are replaced by the plans);
 `train()`, `save_model()` and `update_weights()` run the class's own bodies (via `super()`) as the
 operations train, save and sync. Bodies that call `self.wake_up()`/`self.sleep()` themselves keep
-working: those nested calls are absorbed. Bodies that call a resource directly (slime's
+working: those nested calls are absorbed. `lifecycle_hold()`/`lifecycle_release()` bracket a held
+scope from a driver (one wake and one sleep for several phases of a step). Bodies that call a resource directly (slime's
 `update_weights` reloads and destroys its groups and enters `torch_memory_saver.disable()`) get
 those names replaced while they run (`lifecycle_body_globals`), so the machine and the body
 never both own a resource; `actor_integration.frameworks.slime` does that for slime.
@@ -108,6 +109,18 @@ class LifecycleMixin:
 
     def lifecycle_recover(self, target: str = "AWAKE") -> dict[str, Any]:
         self.lifecycle.recover(State(target))
+        return self.lifecycle.snapshot()
+
+    def lifecycle_hold(self) -> dict[str, Any]:
+        """Take a hold: sleeps wait for the release of the last hold (`Lifecycle.hold`). A Ray driver
+        cannot hold `lifecycle.held()` open inside an actor, so it calls this and `lifecycle_release`
+        (`LifecycleGroup.held()` does, on every rank). Returns the snapshot."""
+        self.lifecycle.hold()
+        return self.lifecycle.snapshot()
+
+    def lifecycle_release(self) -> dict[str, Any]:
+        """Give a hold back; the last one runs the deferred sleep (`Lifecycle.release`). Returns the snapshot."""
+        self.lifecycle.release()
         return self.lifecycle.snapshot()
 
     def _run_body(self, operation: str, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -2,13 +2,15 @@
 
 Every wait has a deadline and names the ranks that did not answer; a dead actor is reported with
 its last known state, and the group refuses further fan-out until the caller decides what to do
-with it (`forget(rank)` or `replace(rank, new_actor)`).
+with it (`forget(rank)` or `replace(rank, new_actor)`). `held()` holds every rank in one scope and
+releases every rank at once: the scope's one sleep destroys the process groups collectively.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import ray
@@ -139,7 +141,8 @@ class LifecycleGroup:
         return {rank: self.last_known[rank] for rank in failed}
 
     def states(self, *, timeout_s: float | None = None) -> dict[int, dict[str, Any]]:
-        """rank → {state, residency, groups, contents, weight_version, weights_valid, rank, role, step, failure}."""
+        """rank → {state, residency, groups, contents, weight_version, weights_valid, holds, deferred, rank, role,
+        step, failure}."""
         result = self.call("lifecycle_state", timeout_s=timeout_s)
         self.last_known.update(result)
         return result
@@ -174,6 +177,44 @@ class LifecycleGroup:
     ) -> dict[int, dict[str, Any]]:
         self.call("wake_up", list(tags) if tags is not None else None, timeout_s=timeout_s)
         return self.states(timeout_s=timeout_s)
+
+    def hold(self, *, timeout_s: float | None = None) -> dict[int, dict[str, Any]]:
+        """Take a hold on every rank at once; rank → state after. If some ranks refuse (a FAILED rank), the
+        ranks that took it give it back before the error is raised, so no rank is left holding."""
+        try:
+            states = self.call("lifecycle_hold", timeout_s=timeout_s)
+        except GroupCallError as exc:
+            took = [rank for rank in self.actors if rank not in exc.errors]
+            if took:
+                self.last_known.update(self.call("lifecycle_release", ranks=took, timeout_s=timeout_s))
+            raise
+        self.last_known.update(states)
+        return states
+
+    def release(self, *, timeout_s: float | None = None) -> dict[int, dict[str, Any]]:
+        """Give every rank's hold back at once; the last release runs each rank's deferred sleep (its process
+        groups go down together, as in `sleep()`). rank → state after."""
+        states = self.call("lifecycle_release", timeout_s=timeout_s)
+        self.last_known.update(states)
+        return states
+
+    @contextlib.contextmanager
+    def held(self, *, timeout_s: float | None = None) -> Iterator[LifecycleGroup]:
+        """A held scope on every rank: `hold()` on entry, `release()` on exit, also when the block raises.
+
+            with group.held():
+                group.wake_up()  # the one wake of the step
+                group.call("train", rollout_id)  # offload_train: the sleep after it is deferred
+                group.call("save_model", rollout_id)
+            # here every rank sleeps, once
+
+        A rank that fails in its final sleep is FAILED as after any sleep; the error names it.
+        """
+        self.hold(timeout_s=timeout_s)
+        try:
+            yield self
+        finally:
+            self.release(timeout_s=timeout_s)
 
     def assert_consistent(
         self, states: Mapping[int, Mapping[str, Any]] | None = None

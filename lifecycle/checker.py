@@ -16,6 +16,12 @@ Contents are replayed too (`update_contents`, `resolve_contents`, the sync body'
 `lifecycle.contents` declarations): a `generate` body on weights whose contents are discarded or
 unknown is reported with the line where they became so. Logs written before contents existed
 (no `contents` in `lifecycle.configured`) are replayed without them.
+
+Held scopes are replayed from `lifecycle.hold` and `lifecycle.release`: rows are selected with the
+replayed number of holds, each operation inside a scope is replayed on the rows outside one
+(`unheld_residency`), and the deferred tags (`deferred_tags`) are compared with each
+`lifecycle.deferred` and with what the release of the last hold slept. A pause inside a held scope,
+or a last release that left deferred tags resident, is reported at its line.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ from lifecycle.table import (
     State,
     apply_call,
     body_ready,
+    deferred_tags,
     failed_run,
     invalid_weights,
     mark_unknown,
@@ -55,6 +62,7 @@ from lifecycle.table import (
     row_edges,
     rows_for,
     select_row,
+    unheld_residency,
     update_contents,
 )
 
@@ -133,6 +141,23 @@ class _Machine:
     failed: str | None = None  # "line N: hook raised" while FAILED
     contents: dict[str, Contents] | None = None  # None: the log predates contents
     since: dict[str, int] | None = None  # tag → line where its contents last changed
+    holds: int = 0  # holds taken (held scopes)
+    unheld: dict[str, Residency] | None = None  # the residency the scope's calls leave without it
+    held_line: int | None = None  # where the first hold of the open scope was taken
+    releasing: bool = False  # a release ran its sleep (or failed in it); its lifecycle.release follows
+
+    @property
+    def deferred(self) -> tuple[str, ...]:
+        return deferred_tags(self.residency, self.unheld)
+
+    def replay_unheld(self, op: str, targets: tuple[str, ...]) -> None:
+        """An operation finished inside a held scope: replay it on the rows outside one (the machine's rule)."""
+        if not self.holds or self.state is State.FAILED:
+            return
+        if op == "recover" or self.unheld is None:
+            self.unheld = dict(self.residency)
+        else:
+            self.unheld = unheld_residency(op, targets, self.policy, self.unheld)
 
     def apply(self, call: Call, ok: bool, line: int) -> None:
         """A memory hook's effect on contents (the table's rule), remembering where it changed."""
@@ -294,6 +319,12 @@ class LogChecker:
             self._resolved(key, m, line, d)
         elif event is Event.CONTENTS:
             self._contents(key, m, line, d)
+        elif event is Event.HOLD:
+            self._hold(key, m, line, d)
+        elif event is Event.RELEASE:
+            self._release(key, m, line, d)
+        elif event is Event.DEFERRED:
+            self._deferred(key, m, line, d)
         elif event in _SYNC_EVENTS:
             self._sync.event(event, key, None if m.lost else m.state, line, d)
 
@@ -321,6 +352,11 @@ class LogChecker:
                     m.groups = logs.member(Groups, value, "resolved")
         if event in (Event.TRANSITION, Event.BODY):
             self._check_t(key, m, line, d)
+        if event in (Event.HOLD, Event.RELEASE):
+            m.holds = logs.integer(d, "holds")
+            m.unheld = dict(m.residency) if m.holds else None
+        if event is Event.DEFERRED:
+            m.unheld = _unheld_from(m, d)
 
     def _configured(self, key: _Key, line: int, d: dict[str, Any]) -> None:
         self._broken.discard(key)
@@ -406,10 +442,19 @@ class LogChecker:
             self._at(key, line, f"{_edge_name(edge)}: log says src={src}, replay says {m.state}")
             resync()
             return
+        deferred = m.deferred
         row = self._row_for(key, m, line, edge, targets, dst)
         if row is None:
             resync()
             return
+        if op == "release":
+            m.releasing = True
+            if set(targets) != set(deferred):
+                self._at(
+                    key,
+                    line,
+                    f"the release slept {list(targets)}, but the replayed held scope deferred {list(deferred)}",
+                )
         if op == "recover":
             unknown = [t for t, r in m.residency.items() if r is Residency.UNKNOWN]
             if unknown or m.groups is Groups.UNKNOWN:
@@ -442,6 +487,8 @@ class LogChecker:
             m.op = None
         if op == "recover":
             m.failed = None
+        if edge.phase != "enter" and op != "release":
+            m.replay_unheld(op, targets if edge.phase == "move" else m.tags)
 
     def _failed(self, key: _Key, m: _Machine, line: int, d: dict[str, Any]) -> None:
         op, phase = logs.text(d, "operation"), logs.text(d, "phase")
@@ -454,6 +501,7 @@ class LogChecker:
 
         def enter_failed() -> None:
             m.state, m.op, m.failed = State.FAILED, None, f"line {line}: {where}"
+            m.unheld, m.releasing = None, op == "release"
             if set(residency) == set(m.tags):
                 m.residency = dict(residency)
             m.groups = groups
@@ -506,6 +554,7 @@ class LogChecker:
         self._compare_after(key, m, line, f"{op} failure", residency, groups)
         self._compare_contents(key, m, line, f"{op} failure", d)
         m.state, m.op, m.failed = State.FAILED, None, f"line {line}: {where}"
+        m.unheld, m.releasing = None, op == "release"  # a failure drops what a held scope deferred
 
     def _failed_rows(
         self, key: _Key, m: _Machine, line: int, op: str, phase: str, targets: tuple[str, ...]
@@ -526,7 +575,7 @@ class LogChecker:
             return []
         out: list[tuple[Row, Edge]] = []
         for target in (State.AWAKE, State.PAUSED) if op == "recover" else (None,):
-            row = select_row(op, m.state, m.policy, m.residency, targets, target)
+            row = select_row(op, m.state, m.policy, m.residency, targets, target, holds=m.holds)
             edges = row_edges(row) if row is not None else ()
             if row is not None and edges and edges[0].phase == phase:
                 out.append((row, edges[0]))
@@ -579,7 +628,7 @@ class LogChecker:
                     key, line, f"{op} body while {m.op.row.operation} (line {m.op.line}) has not finished"
                 )
                 m.op = None
-            candidate = select_row(op, m.state, m.policy, m.residency, m.tags)
+            candidate = select_row(op, m.state, m.policy, m.residency, m.tags, holds=m.holds)
             if candidate is None or candidate.body_state is None:
                 self._at(
                     key,
@@ -606,6 +655,7 @@ class LogChecker:
         m.op.body_done = True
         if not any(e.phase == "exit" for e in row_edges(row)):
             m.op = None
+            m.replay_unheld(op, m.tags)
 
     def _noop(self, key: _Key, m: _Machine, line: int, d: dict[str, Any]) -> None:
         op, reason = logs.text(d, "operation"), logs.text(d, "reason")
@@ -625,7 +675,7 @@ class LogChecker:
             if m.op is not None and m.op.row.operation == running and not m.op.body_done:
                 return
             if m.op is None and m.state is not State.FAILED:
-                row = select_row(running, m.state, m.policy, m.residency, m.tags)
+                row = select_row(running, m.state, m.policy, m.residency, m.tags, holds=m.holds)
                 if (
                     row is not None
                     and row.body_state is not None
@@ -640,12 +690,15 @@ class LogChecker:
                 f"{op} no-op 'nested in {running}' outside a {running} body (replay is in {m.state})",
             )
             return
-        if reason != "idempotent":
+        if reason not in ("idempotent", "held"):
             self._at(
                 key,
                 line,
-                f"{op} no-op with reason {reason!r}; a no-op is 'idempotent' or 'nested in <operation>'",
+                f"{op} no-op with reason {reason!r}; a no-op is 'idempotent', 'held' or 'nested in <operation>'",
             )
+            return
+        if reason == "held" and not m.holds:
+            self._at(key, line, f"{op} no-op 'held' outside a held scope (no lifecycle.hold open before it)")
             return
         if m.state is State.FAILED:
             self._at(
@@ -658,11 +711,12 @@ class LogChecker:
             self._at(key, line, f"{op} no-op while {m.op.row.operation} (line {m.op.line}) has not finished")
             m.op = None
         for targets in self._noop_targets(m, d):
-            row = select_row(op, m.state, m.policy, m.residency, targets)
-            if row is not None and row.noop:
+            row = select_row(op, m.state, m.policy, m.residency, targets, holds=m.holds)
+            if row is not None and row.noop and bool(row.held) == (reason == "held"):
                 self.rows_seen[row] += 1
+                m.replay_unheld(op, targets)
                 return
-        noop_rows = [r for r in rows_for(op, m.state) if r.noop]
+        noop_rows = [r for r in rows_for(op, m.state) if r.noop and bool(r.held) == (reason == "held")]
         why = (
             f"the table makes it a no-op only when {' or '.join(r.when.value for r in noop_rows)}"
             if noop_rows
@@ -673,6 +727,79 @@ class LogChecker:
             line,
             f"{op} from {m.state} is not a no-op here: {why}; replayed residency {_fmt_residency(m.residency)}",
         )
+
+    def _hold(self, key: _Key, m: _Machine, line: int, d: dict[str, Any]) -> None:
+        holds = logs.integer(d, "holds")
+        if m.state is State.FAILED:
+            self._at(
+                key,
+                line,
+                f"hold on a FAILED actor ({m.failed}): only recover, or a refusal, may follow a failure",
+            )
+        elif m.op is not None:
+            self._at(key, line, f"hold while {m.op.row.operation} (line {m.op.line}) has not finished")
+            m.op = None
+        else:
+            row = select_row("hold", m.state, m.policy, m.residency, m.tags, holds=m.holds)
+            if row is not None:
+                self.rows_seen[row] += 1
+        m.holds += 1
+        if m.holds == 1:
+            m.unheld, m.held_line = dict(m.residency), line
+        self._count_holds(key, m, line, "lifecycle.hold", holds)
+
+    def _release(self, key: _Key, m: _Machine, line: int, d: dict[str, Any]) -> None:
+        holds = logs.integer(d, "holds")
+        deferred = m.deferred
+        if not m.holds:
+            self._at(key, line, "release with no hold taken (no lifecycle.hold open before it)")
+        elif m.releasing:
+            pass  # its sleep (or the failure in it) was checked at its own line
+        elif m.op is not None:
+            self._at(key, line, f"release while {m.op.row.operation} (line {m.op.line}) has not finished")
+            m.op = None
+        else:
+            row = select_row("release", m.state, m.policy, m.residency, deferred, holds=m.holds)
+            if row is not None and not row.noop:
+                self._at(
+                    key,
+                    line,
+                    f"the last hold (taken at line {m.held_line}) was released with the sleep of "
+                    f"{list(deferred)} deferred, but no sleep ran: the scope left the actor {m.state}; the table "
+                    "runs the deferred sleep at the release of the last hold",
+                )
+            elif row is not None:
+                self.rows_seen[row] += 1
+        m.releasing = False
+        m.holds = max(m.holds - 1, 0)
+        if not m.holds:
+            m.unheld = m.held_line = None
+        self._count_holds(key, m, line, "lifecycle.release", holds)
+
+    def _count_holds(self, key: _Key, m: _Machine, line: int, what: str, holds: int) -> None:
+        if holds != m.holds:
+            self._at(key, line, f"{what} logs holds={holds}, but the replay counts {m.holds}")
+            m.holds = max(holds, 0)
+            if not m.holds:
+                m.unheld = m.held_line = None
+            elif m.unheld is None:
+                m.unheld, m.held_line = dict(m.residency), line
+
+    def _deferred(self, key: _Key, m: _Machine, line: int, d: dict[str, Any]) -> None:
+        """An operation inside a held scope changed the deferred tags: the replay must agree."""
+        logged = logs.get(d, "deferred")
+        if not isinstance(logged, list) or not all(t in m.tags for t in logged):
+            raise LogFieldError(f"deferred={logged!r} is not a list of this machine's tags {list(m.tags)}")
+        if not m.holds:
+            self._at(key, line, "lifecycle.deferred outside a held scope (no lifecycle.hold open before it)")
+            return
+        if logged != list(m.deferred):
+            self._at(
+                key,
+                line,
+                f"after {d.get('operation')} the log defers the sleep of {logged}, the replay {list(m.deferred)}",
+            )
+            m.unheld = _unheld_from(m, d)
 
     def _resolved(self, key: _Key, m: _Machine, line: int, d: dict[str, Any]) -> None:
         resolved = logs.get(d, "resolved")
@@ -745,11 +872,13 @@ class LogChecker:
                 expected = [e for e in row_edges(running) if e.phase == "exit"]
                 if expected and expected[0] == edge:
                     return running
+                held = " (inside a held scope its sleep is deferred)" if running.held else ""
                 self._at(
                     key,
                     line,
                     f"{op} exit {edge.source}→{edge.dest}, but the row selected at line {m.op.line} "
-                    + (f"exits {expected[0].source}→{expected[0].dest}" if expected else "has no exit step"),
+                    + (f"exits {expected[0].source}→{expected[0].dest}" if expected else "has no exit step")
+                    + held,
                 )
                 return None
             self._at(
@@ -759,7 +888,9 @@ class LogChecker:
         if edge.phase == "exit":
             self._at(key, line, f"{op} exit {edge.source}→{edge.dest} without its {op} body before it")
             return None
-        row = select_row(op, m.state, m.policy, m.residency, targets, dst if op == "recover" else None)
+        row = select_row(
+            op, m.state, m.policy, m.residency, targets, dst if op == "recover" else None, holds=m.holds
+        )
         if row is None:
             guards = ", ".join(r.when.value for r in rows_for(op, m.state)) or "no row at all"
             self._at(
@@ -767,6 +898,14 @@ class LogChecker:
                 line,
                 f"{op} from {m.state} on {list(targets)} is refused by the table here (rows need: {guards}); "
                 f"replayed residency {_fmt_residency(m.residency)}",
+            )
+            return None
+        if row.noop and row.held:
+            self._at(
+                key,
+                line,
+                f"{op} from {m.state} on {list(targets)} ran hooks inside a held scope (held since line "
+                f"{m.held_line}): the table defers it to the release of the last hold",
             )
             return None
         if row.noop:
@@ -876,6 +1015,13 @@ _EDGE_INDEX: dict[tuple[State, State, str, str], Edge] = {
     (e.source, e.dest, e.operation, e.phase): e for e in EDGES
 }
 assert len(_EDGE_INDEX) == len(EDGES), "two edges share (source, dest, operation, phase)"
+
+
+def _unheld_from(m: _Machine, d: Mapping[str, Any]) -> dict[str, Residency]:
+    """The log's word for a held scope's deferred tags, as the residency they leave without it."""
+    logged = d.get("deferred")
+    deferred = set(logged) if isinstance(logged, list) else set()
+    return {t: Residency.RELEASED if t in deferred else r for t, r in m.residency.items()}
 
 
 # ----------------------------------------------------------------------------------------------

@@ -13,9 +13,29 @@ import subprocess
 import sys
 from pathlib import Path
 
-from lifecycle.table import FAIL_SOURCES, HOOK_RULES, PLANS, TABLE, Row, State, When, row_edges
+from lifecycle.table import (
+    FAIL_SOURCES,
+    HELD_RULE,
+    HOOK_RULES,
+    PLANS,
+    SLEEP,
+    TABLE,
+    Row,
+    State,
+    When,
+    row_edges,
+    rows_for,
+)
 
 _GENERATED = "generated from lifecycle/table.py by `make diagrams`; do not edit"
+
+
+def guard_text(row: Row) -> str:
+    """A row's condition in words: inside or outside a held scope, and its guard ("" when none)."""
+    parts = {True: ["held"], False: ["not held"], None: []}[row.held]
+    if row.when is not When.ALWAYS:
+        parts.append(row.when.value)
+    return ", ".join(parts)
 
 
 def _edge_labels() -> list[tuple[State, State, str]]:
@@ -27,22 +47,41 @@ def _edge_labels() -> list[tuple[State, State, str]]:
             out.append((src, dst, label))
 
     for row in TABLE:
-        guard = "" if row.when is When.ALWAYS else f" [{row.when.value}]"
+        guard = f" [{guard_text(row)}]" if guard_text(row) else ""
+        deferred = " (sleep deferred)" if _defers_sleep(row) else ""
         if row.noop:
-            add(row.source, row.dest, f"{row.operation} (no-op){guard}")
+            word = _noop_word(row)
+            add(row.source, row.dest, f"{row.operation}{f' ({word})' if word else ''}{guard}")
             continue
         edges = row_edges(row)
         if not edges:  # a body run in place
-            add(row.source, row.dest, f"{row.operation} (body){guard}")
+            body = "body, sleep deferred" if deferred else "body"
+            add(row.source, row.dest, f"{row.operation} ({body}){guard}")
             continue
-        for edge in edges:
+        for i, edge in enumerate(edges):
             plan = f" / {edge.plan.name}" if edge.plan else ""
             phase = {"move": "", "enter": "", "exit": " done"}[edge.phase]
-            add(edge.source, edge.dest, f"{row.operation}{phase}{plan}{guard}")
+            last = deferred if i == len(edges) - 1 else ""
+            add(edge.source, edge.dest, f"{row.operation}{phase}{plan}{last}{guard}")
     for source in FAIL_SOURCES:
         if source is not State.FAILED:
             add(source, State.FAILED, "hook raised")
     return out
+
+
+def _noop_word(row: Row) -> str:
+    """What a row without hooks is: a hold taken or given back (""), a sleep deferred, or a no-op."""
+    if row.operation in ("hold", "release"):
+        return ""
+    return "deferred" if row.held else "no-op"
+
+
+def _defers_sleep(row: Row) -> bool:
+    """A held body row that stands for a row outside the scope which sleeps after its body."""
+    return bool(row.held) and any(
+        r.held is False and r.when is row.when and r.exit is SLEEP
+        for r in rows_for(row.operation, row.source)
+    )
 
 
 def mermaid() -> str:
@@ -68,6 +107,8 @@ def dot() -> str:
 
 def _plan_cell(row: Row, which: str) -> str:
     plan = row.enter if which == "enter" else row.exit
+    if which == "exit" and _defers_sleep(row):
+        return f"`{SLEEP.name}` deferred"
     return f"`{plan.name}`" if plan else "—"
 
 
@@ -80,12 +121,12 @@ def reference_markdown() -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     for row in TABLE:
-        body = "no-op" if row.noop else (row.body_state.value if row.body_state else "—")
+        body = (_noop_word(row) or "—") if row.noop else (row.body_state.value if row.body_state else "—")
         if row.body_context:
             body += f" (under `{row.body_context}`)"
         out.append(
             f"| `{row.operation}` | {row.source.value} | {_plan_cell(row, 'enter')} | {body} | "
-            f"{_plan_cell(row, 'exit')} | {row.dest.value} | {row.when.value} | {row.doc} |"
+            f"{_plan_cell(row, 'exit')} | {row.dest.value} | {guard_text(row) or 'always'} | {row.doc} |"
         )
     sources = ", ".join(s.value for s in FAIL_SOURCES)
     out.append(
@@ -104,6 +145,7 @@ def reference_markdown() -> str:
         out.append(f"- `{plan.name}`: {steps}. {plan.doc}.")
     out += ["", "Hook rules:", ""]
     out += [f"- `{hook.value}`: {rule}." for hook, rule in HOOK_RULES.items()]
+    out += ["", f"Held scopes: {HELD_RULE}."]
     return "\n".join(out) + "\n"
 
 

@@ -262,7 +262,8 @@ class StaleVersionError(WeightSyncError):
 
 
 class CorruptBucketError(WeightSyncError):
-    """A received bucket is truncated or fails its checksum; nothing of the round was loaded."""
+    """A received bucket is truncated or fails its checksum. Nothing of the round was loaded,
+    unless `written` is true (a receiver that checks while it writes, `keep_previous=False`)."""
 
 
 # ---------------------------------------------------------------------------------------------- rollout

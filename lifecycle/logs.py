@@ -39,6 +39,9 @@ class Event(str, enum.Enum):
     FAILED = "lifecycle.failed"
     RESOLVED = "lifecycle.resolved"
     CONTENTS = "lifecycle.contents"  # a sync body declared what it did to the weights (note_weights)
+    HOLD = "lifecycle.hold"  # a hold taken (held scope): `holds` after
+    RELEASE = "lifecycle.release"  # a hold given back: `holds` after, `deferred` (what its sleep slept)
+    DEFERRED = "lifecycle.deferred"  # an operation inside a held scope changed the deferred tags
     GROUPS_DESTROYED = "process_groups.destroyed"
     GROUPS_RELOADED = "process_groups.reloaded"
     SYNC_TRANSPORT = "weight_sync.transport"

@@ -7,7 +7,7 @@ import contextlib
 import functools
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeVar
 
@@ -39,6 +39,7 @@ from lifecycle.table import (
     allowed_operations,
     apply_call,
     body_ready,
+    deferred_tags,
     initial_contents,
     invalid_weights,
     mark_unknown,
@@ -48,6 +49,7 @@ from lifecycle.table import (
     row_edges,
     rows_for,
     select_row,
+    unheld_residency,
     update_contents,
 )
 
@@ -94,6 +96,10 @@ class Lifecycle:
     Every operation takes one re-entrant lock, so calls from other threads wait. Calls to
     `sleep()`/`wake_up()` made from inside a running body on the same thread are absorbed as
     logged no-ops; any other nested call is refused.
+
+    `held()` (or `hold()` ... `release()`) is a scope in which no sleep runs: the sleeps the calls
+    inside it ask for are deferred, and the release of the last hold runs one sleep of the tags
+    those calls would have left released without the scope.
     """
 
     def __init__(
@@ -149,6 +155,10 @@ class Lifecycle:
         self._owner: int | None = None  # thread running an operation
         self._running: str | None = None  # that operation
         self._in_body = False
+        # Held scopes: holds taken (any thread), and the residency the calls made since the first
+        # hold would have left without a scope (None: no scope, or a failure dropped what it deferred).
+        self._holds = 0
+        self._unheld: dict[str, Residency] | None = None
         self._context: dict[str, Any] = {"rank": rank, "role": role}
         self.step: int | None = None
 
@@ -181,6 +191,7 @@ class Lifecycle:
                 "groups": self._groups,
                 "contents": self._contents_view(),
                 "weight_version": weight_version,
+                **_backend_descriptions(hooks),
             },
         )
 
@@ -215,12 +226,23 @@ class Lifecycle:
         return self._failure
 
     @property
+    def holds(self) -> int:
+        """How many holds are taken (0: no held scope)."""
+        return self._holds
+
+    @property
+    def deferred(self) -> tuple[str, ...]:
+        """The tags whose sleep the held scope deferred: the release of the last hold sleeps them."""
+        return deferred_tags(self._residency, self._unheld)
+
+    @property
     def context(self) -> dict[str, Any]:
         return {**self._context, "step": self.step}
 
     def snapshot(self) -> dict[str, Any]:
         """Plain, picklable data for drivers: state, residency, groups, contents, weight_version,
-        weights_valid (whether generate may read the weight tags), rank, role, step, failure."""
+        weights_valid (whether generate may read the weight tags), holds, deferred (held scopes),
+        rank, role, step, failure."""
         failure = self._failure
         return {
             "state": self.state.value,
@@ -229,6 +251,8 @@ class Lifecycle:
             "contents": self._contents_view(),
             "weight_version": self._weight_version,
             "weights_valid": not invalid_weights(self._view, self._contents),
+            "holds": self._holds,
+            "deferred": list(self.deferred),
             "rank": self._context.get("rank"),
             "role": self._context.get("role"),
             "step": self.step,
@@ -258,9 +282,11 @@ class Lifecycle:
         if self._owner == threading.get_ident():
             return self._in_body and operation in LIFECYCLE_CALLS
         if state is State.FAILED:
-            return operation == "recover"
-        targets = self._targets(tags)
-        row = select_row(operation, state, self._view, self._residency, targets, None, self._contents)
+            return operation == "recover" or (operation == "release" and self._holds > 0)
+        targets = self.deferred if operation == "release" else self._targets(tags)
+        row = select_row(
+            operation, state, self._view, self._residency, targets, None, self._contents, self._holds
+        )
         return row is not None
 
     # ------------------------------------------------------------------ operations
@@ -272,6 +298,42 @@ class Lifecycle:
     def wake_up(self, tags: Iterable[str] | None = None) -> None:
         """Restore memory (all tags, or the given ones). Idempotent."""
         self._operate("wake_up", tags, None, (), {}, None)
+
+    def hold(self) -> None:
+        """Take a hold: until the last hold is released, no sleep runs (`held()` pairs it with release).
+
+        Holds are counted for the whole machine, whatever thread takes them; refused on a FAILED
+        machine. The machine is not woken: the first wake inside the scope is the caller's, and real.
+        """
+        self._operate("hold", None, None, (), {}, None)
+
+    def release(self) -> None:
+        """Give a hold back; the release of the last one runs the deferred sleep, once, on this thread.
+
+        It sleeps the tags the calls since the first hold would have left released without the
+        scope, with the sleep plan's hooks and failure handling. On a FAILED machine it only gives
+        the hold back. Releasing with no hold taken raises `IllegalTransitionError`.
+        """
+        self._operate("release", None, None, (), {}, None)
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[Lifecycle]:
+        """A held scope: `hold()` on entry, `release()` on exit, also when the block raises.
+
+            with lc.held():
+                lc.wake_up()  # the one real wake
+                lc.run("train", train_step)  # offload_train: its sleep is deferred
+                lc.run("save", save)  # AWAKE: no wake, no pause
+            # here the one sleep runs
+
+        A block that raises still ends with the deferred sleep, and its error propagates; a hook
+        failing in that sleep leaves FAILED and its error reaches the `with` (chained to the block's).
+        """
+        self.hold()
+        try:
+            yield self
+        finally:
+            self.release()
 
     def run(
         self,
@@ -371,12 +433,21 @@ class Lifecycle:
             if self._owner == me:
                 return self._nested(operation)
             state = self.state
-            if state is State.FAILED and operation != "recover":
+            if state is State.FAILED and operation not in ("recover", "release"):
                 raise self._failed_error(operation)
             if operation == "recover" and state is State.FAILED:
                 self._resolve_unknown()
+            if operation == "release":
+                targets = self.deferred  # the release's sleep, if it runs, is of these
             row = select_row(
-                operation, state, self._view, self._residency, targets, recover_target, self._contents
+                operation,
+                state,
+                self._view,
+                self._residency,
+                targets,
+                recover_target,
+                self._contents,
+                self._holds,
             )
             if row is None:
                 raise self._refusal(operation, state, targets, recover_target)
@@ -384,6 +455,12 @@ class Lifecycle:
                 self._weight_version is None or self._weight_version < min_weight_version
             ):
                 raise self._stale(operation, state, min_weight_version)
+            if operation == "hold":
+                self._take_hold()
+                return None
+            if operation == "release" and row.noop:
+                self._give_back(targets)
+                return None
             if row.noop:
                 self._emit(
                     "info",
@@ -391,16 +468,58 @@ class Lifecycle:
                     {
                         "operation": operation,
                         "state": state,
-                        "reason": "idempotent",
+                        "reason": "held" if row.held else "idempotent",
                         "targets": list(targets),
                     },
                 )
+                self._track_unheld(operation, targets, self.deferred)
                 return None
+            deferred = self.deferred
             self._owner, self._running = me, operation
             try:
                 return self._execute(row, targets, body, args, kwargs)
             finally:
                 self._owner = self._running = None
+                if operation == "release":
+                    self._give_back(targets)  # also when its sleep failed: the hold is given back
+                else:
+                    self._track_unheld(operation, targets, deferred)
+
+    def _take_hold(self) -> None:
+        self._holds += 1
+        if self._holds == 1:
+            self._unheld = dict(self._residency)
+        self._emit("info", Event.HOLD, {"state": self.state, "holds": self._holds})
+
+    def _give_back(self, deferred: tuple[str, ...]) -> None:
+        self._holds -= 1
+        if self._holds == 0:
+            self._unheld = None
+        self._emit(
+            "info", Event.RELEASE, {"state": self.state, "holds": self._holds, "deferred": list(deferred)}
+        )
+
+    def _track_unheld(self, operation: str, targets: tuple[str, ...], before: tuple[str, ...]) -> None:
+        """Inside a held scope, replay a finished operation on the rows outside one (no hooks);
+        `before`: the deferred tags when it started."""
+        if not self._holds or self.state is State.FAILED:
+            return
+        if operation == "recover" or self._unheld is None:
+            self._unheld = dict(self._residency)  # after a failure the scope defers from here on
+        else:
+            self._unheld = unheld_residency(operation, targets, self._view, self._unheld)
+        after = self.deferred
+        if after != before:
+            self._emit(
+                "info",
+                Event.DEFERRED,
+                {
+                    "operation": operation,
+                    "state": self.state,
+                    "targets": list(targets),
+                    "deferred": list(after),
+                },
+            )
 
     def _execute(
         self,
@@ -625,6 +744,7 @@ class Lifecycle:
             contents=dict(self._contents),
         )
         self._in_body = False
+        self._unheld = None  # a held scope's deferred sleep is dropped: recover decides where to go
         self._fail_event(self._model)
         self._emit(
             "error",
@@ -731,6 +851,13 @@ class Lifecycle:
         self, operation: str, state: State, targets: tuple[str, ...], recover_target: State | None
     ) -> IllegalTransitionError:
         allowed = allowed_operations(state)
+        if operation == "release" and self._holds == 0:
+            message = (
+                f"{self._who()} cannot release in {state}: no hold is taken (holds 0). Every release() gives "
+                "back one hold() (`with lifecycle.held():` pairs them); remove this release, or take the hold first."
+            )
+            self._emit("warning", Event.REFUSED, {"operation": operation, "state": state, "reason": message})
+            return IllegalTransitionError(message, state=state, operation=operation, allowed=allowed)
         invalid = invalid_weights(self._view, self._contents)
         if invalid and any(row.when is When.WEIGHTS_VALID for row in rows_for(operation, state)):
             return self._invalid_weights(operation, state, invalid)
@@ -874,6 +1001,24 @@ def _hook_dicts(records: list[_Record]) -> list[dict[str, Any]]:
             entry["tag"] = call.tag
         out.append(entry)
     return out
+
+
+def _backend_descriptions(hooks: Hooks) -> dict[str, Any]:
+    """What the backends say of themselves (`describe()`, `notes`), for the configured event.
+
+    The choices a backend made from the environment (a retained CPU backup, the hook mode) are read
+    from the log of the run that made them, not from the code.
+    """
+    described: dict[str, Any] = {}
+    for slot in ("memory", "process_groups"):
+        backend = getattr(hooks, slot)
+        describe = getattr(backend, "describe", None)
+        if callable(describe):
+            described[slot] = str(describe())
+        notes = getattr(backend, "notes", None)
+        if isinstance(notes, list) and notes:
+            described[f"{slot}_notes"] = [str(note) for note in notes]
+    return described
 
 
 def _check_operation(operation: str) -> None:

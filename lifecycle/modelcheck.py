@@ -12,10 +12,15 @@ explored breadth-first and three properties are checked in every reachable state
 - valid weights: the rollout never runs a generate body while its weight tags' contents are
   discarded or unknown (its release has no backup); with the table's contents guard such a
   generate is refused instead, which the check reports as the driver's error (`refused`);
-- progress: every state that is not the end of both programs has a successor (no deadlock).
+- progress: every state that is not the end of both programs has a successor (no deadlock);
+- held: no operation inside a held scope pauses memory (only the release of the last hold does).
 
 `contents_guard=False` explores the same programs with the guard taken out of the table's rows,
 to show the valid-weights property is checked, not assumed.
+
+`held=True` runs the trainer's step inside a held scope (reef #202): hold, wake (the slot restore),
+train, save, sleep, release, so the one sleep of the step is the release of the hold. The same
+properties must hold, with hook failures anywhere (the scope's final sleep included).
 """
 
 from __future__ import annotations
@@ -33,11 +38,13 @@ from lifecycle.table import (
     Row,
     State,
     apply_call,
+    deferred_tags,
     initial_contents,
     invalid_weights,
     plan_calls,
     row_edges,
     select_row,
+    unheld_residency,
     update_contents,
 )
 
@@ -66,6 +73,9 @@ class Machine:
     row: Row | None = None
     recover_to: State | None = None  # set while FAILED: where the failed operation was going
     contents: tuple[Contents, ...] = ()  # in tag order
+    holds: int = 0  # holds taken (a held scope)
+    targets: tuple[str, ...] | None = None  # a release's sleep targets: the deferred tags
+    unheld: tuple[Residency, ...] | None = None  # the residency the scope's calls leave without it
 
 
 @dataclass(frozen=True)
@@ -101,17 +111,46 @@ def _contents(m: Machine, policy: LifecyclePolicy) -> dict[str, Contents]:
     return dict(zip(policy.tags, m.contents, strict=True))
 
 
+def _deferred(m: Machine, policy: LifecyclePolicy) -> tuple[str, ...]:
+    if m.unheld is None:
+        return ()
+    memory = dict(zip(policy.tags, m.residency, strict=True))
+    return deferred_tags(memory, dict(zip(policy.tags, m.unheld, strict=True)))
+
+
+def _replay_unheld(m: Machine, policy: LifecyclePolicy, op: str, targets: tuple[str, ...]) -> Machine:
+    """An operation finished inside a held scope: replay it on the rows outside one (the machine's rule)."""
+    if not m.holds or m.state is State.FAILED:
+        return m
+    if op == "recover" or m.unheld is None:
+        return replace(m, unheld=m.residency)
+    unheld = unheld_residency(op, targets, policy.view(), dict(zip(policy.tags, m.unheld, strict=True)))
+    return replace(m, unheld=tuple(unheld[t] for t in policy.tags))
+
+
 def _begin(
     m: Machine, policy: LifecyclePolicy, op: str, targets: tuple[str, ...] | None, guard: bool = True
 ) -> Machine | None:
     """Start an operation: choose its row (None if refused) and queue its edge and body steps.
 
-    `guard=False` selects rows without the contents guard (the ablation of `contents_guard`)."""
+    `guard=False` selects rows without the contents guard (the ablation of `contents_guard`). A hold
+    or a release counts at once; a release's sleep, when it runs, is its one step."""
     tags = policy.tags if targets is None else targets
+    if op == "release":
+        tags = _deferred(m, policy)
     memory = dict(zip(policy.tags, m.residency, strict=True))
-    row = select_row(op, m.state, policy.view(), memory, tags, None, _contents(m, policy) if guard else None)
+    contents = _contents(m, policy) if guard else None
+    row = select_row(op, m.state, policy.view(), memory, tags, None, contents, m.holds)
     if row is None:
         return None
+    if op == "hold":
+        return replace(m, holds=m.holds + 1, unheld=m.unheld if m.holds else m.residency)
+    if op == "release":
+        m = replace(m, holds=m.holds - 1, unheld=m.unheld if m.holds > 1 else None)
+    if row.noop:
+        return _replay_unheld(replace(m, pending=(), row=None), policy, op, tags)
+    if op == "release":
+        m = replace(m, targets=tags)
     steps: list[str] = []
     edges = row_edges(row)
     for i, edge in enumerate(edges):
@@ -139,13 +178,16 @@ def _advance(
     assert m.row is not None and m.pending
     head, rest = m.pending[0], m.pending[1:]
     if head == "body":
-        return None if fail_at is not None else replace(m, pending=rest, row=m.row if rest else None)
+        if fail_at is not None:
+            return None
+        done = replace(m, pending=rest, row=m.row if rest else None)
+        return done if rest else _replay_unheld(done, policy, m.row.operation, policy.tags)
     edge = row_edges(m.row)[int(head.split(":")[1])]
     memory = dict(zip(policy.tags, m.residency, strict=True))
     groups = m.groups
     calls = []
     if edge.plan is not None:
-        plan_targets = (targets or policy.tags) if edge.phase == "move" else policy.tags
+        plan_targets = (m.targets or targets or policy.tags) if edge.phase == "move" else policy.tags
         calls = plan_calls(edge.plan, policy.view(), memory, groups, plan_targets, hooks)
     if fail_at is not None and fail_at >= len(calls):
         return None
@@ -159,31 +201,52 @@ def _advance(
     held = tuple(contents[t] for t in policy.tags)
     if fail_at is not None:
         goal = m.row.dest if m.row.operation != "recover" else (m.recover_to or m.row.dest)
+        # A failure drops what a held scope deferred; the holds stay taken until released.
         return Machine(
-            State.FAILED, residency, groups, (), None, goal if goal is not State.FAILED else None, held
+            State.FAILED,
+            residency,
+            groups,
+            recover_to=goal if goal is not State.FAILED else None,
+            contents=held,
+            holds=m.holds,
         )
-    return Machine(edge.dest, residency, groups, rest, m.row if rest else None, contents=held)
+    moved = replace(
+        m, state=edge.dest, residency=residency, groups=groups, pending=rest, row=m.row if rest else None
+    )
+    moved = replace(moved, contents=held, recover_to=None, targets=m.targets if rest else None)
+    if rest or m.row.operation == "release":
+        return moved
+    return _replay_unheld(moved, policy, m.row.operation, targets or policy.tags)
 
 
 # A program instruction: (name, guard on the world, the operation it starts or an effect).
 Instr = tuple[str, Callable[[World], bool], str]
 
 
-def _trainer_program(save_every: int, broken: str | None = None) -> list[Instr]:
+def _trainer_program(save_every: int, broken: str | None = None, held: bool = False) -> list[Instr]:
     skip = broken == "skip_sync"  # a driver that forgets the sync of step 1 but still says it synced
-    return [
-        ("wait rollout released", lambda w: w.released >= w.step, "wait"),
+    late = broken == "release_after_sync"  # a driver that holds the trainer across the rollout's sync
+    step: list[Instr] = [
         ("train", lambda w: True, "train"),
         ("save", lambda w: w.step % save_every == 0, "save"),
         ("sleep", lambda w: True, "sleep"),
+    ]
+    release: list[Instr] = [("release", lambda w: True, "release")]
+    if held or late:  # reef #202: one wake (the slot restore) and one sleep (the release) per step
+        step = [("hold", lambda w: True, "hold"), ("wake (slot restore)", lambda w: True, "wake_up"), *step]
+    return [
+        ("wait rollout released", lambda w: w.released >= w.step, "wait"),
+        *step,
+        *(release if held and not late else []),
         ("ready to sync", lambda w: True, "signal:trainer_ready"),
         ("wait rollout weights", lambda w: w.weights_up >= w.step, "wait"),
         ("sync", lambda w: not (skip and w.step == 1), "sync"),
         ("synced", lambda w: True, "signal:synced"),
+        *(release if late else []),
     ]
 
 
-BROKEN = ("wake_before_trainer_sleeps", "serve_before_sync", "skip_sync")
+BROKEN = ("wake_before_trainer_sleeps", "serve_before_sync", "skip_sync", "release_after_sync")
 
 
 def _rollout_program(broken: str | None) -> list[Instr]:
@@ -259,6 +322,9 @@ def _side(
         targets = _targets(prog[pc][2])
         nxt = _advance(m, policy, hooks, targets, None)
         assert nxt is not None
+        if m.holds and op not in ("release", "recover") and _paused(m, nxt):
+            yield f"held: {side} {op} {m.pending[0]} paused memory inside a held scope (step {loop})", w
+            return
         world = replace(w, trainer=nxt) if trainer else replace(w, rollout=nxt)
         if not nxt.pending and op != "recover":
             world = _finish(world, side, op, prog, steps)
@@ -267,6 +333,8 @@ def _side(
             failed = _advance(m, policy, hooks, targets, k)
             if failed is not None:
                 world = replace(w, trainer=failed) if trainer else replace(w, rollout=failed)
+                if op == "release":
+                    world = _next(world, side, prog)  # the hold was given back: recover, then go on
                 yield (
                     f"{side}: {op} {m.pending[0]} hook {k} raised",
                     replace(world, faults_left=w.faults_left - 1),
@@ -318,6 +386,13 @@ def _side(
     yield f"{side}: begin {action}", moved if begun.pending else _finish(moved, side, op, prog, steps)
 
 
+def _paused(before: Machine, after: Machine) -> bool:
+    return any(
+        a is Residency.RESIDENT and b is Residency.RELEASED
+        for a, b in zip(before.residency, after.residency, strict=True)
+    )
+
+
 def _targets(action: str) -> tuple[str, ...] | None:
     return (action.split(":", 1)[1],) if ":" in action and not action.startswith("signal") else None
 
@@ -355,16 +430,18 @@ def explore(
     faults: int = 0,
     broken: str | None = None,
     contents_guard: bool = True,
+    held: bool = False,
     limit: int = 2_000_000,
 ) -> Report:
     """Breadth-first over every interleaving of `steps` loop iterations of both actors.
 
     `faults` hook failures are injected at every possible hook call (each followed by `recover`
-    and a retry); `broken` drops one wait from the rollout's program, to show the check fails.
+    and a retry); `broken` breaks one program (a dropped wait, a skipped sync, a held scope
+    released after the sync), to show the check fails; `held` runs the trainer's step in a held scope.
     """
     if broken is not None and broken not in BROKEN:
         raise ValueError(f"explore: broken must be one of {BROKEN} or None, got {broken!r}")
-    t_prog, r_prog = _trainer_program(save_every, broken), _rollout_program(broken)
+    t_prog, r_prog = _trainer_program(save_every, broken, held), _rollout_program(broken)
     start = World(
         trainer=_start(TRAINER, State.PAUSED, groups=True),  # slime's init ends asleep
         rollout=_start(ROLLOUT, State.AWAKE, groups=False),
@@ -390,7 +467,7 @@ def explore(
         violations += [v for v in _violations(w) if v not in violations]
         moves = list(_successors(w, steps, t_prog, r_prog, contents_guard))
         for label, nxt in moves:
-            if label.startswith(("freshness", "refused", "valid weights")):
+            if label.startswith(("freshness", "refused", "valid weights", "held")):
                 if label not in violations:
                     violations.append(label)
                 continue
@@ -414,9 +491,11 @@ def explore(
 
 
 if __name__ == "__main__":
-    for injected in (0, 1):
-        report = explore(faults=injected)
-        print(
-            f"{injected} hook failure(s) anywhere: {report.states} states, {report.transitions} transitions, "
-            f"{report.completed} terminal, {report.deadlocks} deadlocks; violations: {report.violations or 'none'}"
-        )
+    for scoped in (False, True):
+        for injected in (0, 1):
+            report = explore(faults=injected, held=scoped)
+            print(
+                f"{'trainer step in a held scope, ' if scoped else ''}{injected} hook failure(s) anywhere: "
+                f"{report.states} states, {report.transitions} transitions, {report.completed} terminal, "
+                f"{report.deadlocks} deadlocks; violations: {report.violations or 'none'}"
+            )

@@ -91,6 +91,17 @@ HOOK_RULES: Mapping[Hook, str] = {
 }
 
 
+# What a held scope does, in words, for the generated docs; `unheld_residency` and the rows marked
+# `held` are the rule itself.
+HELD_RULE = (
+    "between `hold()` and the release of the last hold (`Lifecycle.held()`; holds are counted for the "
+    "whole machine) no sleep runs: rows marked *held* replace the rows marked *not held*, and each "
+    "operation is also replayed on the rows outside a scope, without hooks; the release of the last "
+    "hold sleeps the tags resident now that the replay left released (the *deferred* tags), once, "
+    "with the `sleep` plan. A hook failure drops the deferred tags: `recover` decides where to go"
+)
+
+
 @dataclass(frozen=True)
 class Plan:
     """The hook slots run on one edge, as ordered stages.
@@ -167,6 +178,8 @@ class When(str, enum.Enum):
     WEIGHTS_VALID = "the weight tags hold valid contents"
     TARGET_AWAKE = "target=AWAKE"
     TARGET_PAUSED = "target=PAUSED"
+    RELEASE_SLEEPS = "the last hold, a sleep deferred"
+    RELEASE_KEEPS = "another hold remains, or no sleep deferred"
 
 
 class Row(NamedTuple):
@@ -174,7 +187,8 @@ class Row(NamedTuple):
 
     `enter` runs on the edge source → `body_state`, the operation's body (if any) runs in
     `body_state`, and `exit` runs on the edge `body_state` → dest. Rows without a body have
-    `body_state=None` and a single edge source → dest carrying `enter`.
+    `body_state=None` and a single edge source → dest carrying `enter`. `held` limits a row to
+    inside a held scope (True) or outside one (False); None: either.
     """
 
     operation: str
@@ -185,19 +199,21 @@ class Row(NamedTuple):
     exit: Plan | None = None
     when: When = When.ALWAYS
     noop: bool = False
+    held: bool | None = None
     body_context: str | None = None  # "memory.disable": the body allocates outside saver regions
     doc: str = ""
 
 
 S = State
 TABLE: tuple[Row, ...] = (
-    Row("sleep", S.AWAKE, S.PAUSED, enter=SLEEP, doc="release memory"),
+    Row("sleep", S.AWAKE, S.PAUSED, enter=SLEEP, held=False, doc="release memory"),
     Row(
         "sleep",
         S.PAUSED,
         S.PAUSED,
         enter=SLEEP,
         when=When.SOME_RESIDENT,
+        held=False,
         doc="release the targeted tags that a partial wake left resident",
     ),
     Row(
@@ -221,6 +237,7 @@ TABLE: tuple[Row, ...] = (
         body_state=S.AWAKE,
         exit=SLEEP,
         when=When.OFFLOAD,
+        held=False,
         doc="train step, then sleep (slime offload_train, #1856)",
     ),
     Row(
@@ -240,6 +257,7 @@ TABLE: tuple[Row, ...] = (
         body_state=S.AWAKE,
         exit=SLEEP,
         when=When.AUTO_WAKE_OFFLOAD,
+        held=False,
         doc="auto-wake, train step, sleep again",
     ),
     Row(
@@ -259,6 +277,7 @@ TABLE: tuple[Row, ...] = (
         body_state=S.SAVING,
         exit=SLEEP,
         when=When.AUTO_WAKE,
+        held=False,
         doc="resume memory and groups, checkpoint, pause again (slime #1886/#1888)",
     ),
     Row("sync", S.AWAKE, S.AWAKE, body_state=S.SYNCING, body_context="memory.disable", doc="weight update"),
@@ -288,6 +307,81 @@ TABLE: tuple[Row, ...] = (
         enter=SLEEP,
         when=When.TARGET_PAUSED,
         doc="re-run only the sleep hooks the recorded residency still needs",
+    ),
+    # A held scope (`Lifecycle.held()`; reef #202: one wake and one sleep for a step's four phases).
+    # While a hold is taken no sleep plan runs: the rows above that would sleep are replaced by
+    # these, and the release of the last hold runs one sleep of the tags the same calls would have
+    # left released without the scope (`unheld_residency`, `deferred_tags`).
+    Row("hold", S.AWAKE, S.AWAKE, noop=True, doc="take a hold: sleeps wait for the release of the last hold"),
+    Row("hold", S.PAUSED, S.PAUSED, noop=True, doc="take a hold; the first wake inside it is real"),
+    Row("sleep", S.AWAKE, S.AWAKE, noop=True, held=True, doc="deferred to the release of the last hold"),
+    Row(
+        "sleep",
+        S.PAUSED,
+        S.PAUSED,
+        noop=True,
+        when=When.SOME_RESIDENT,
+        held=True,
+        doc="deferred to the release of the last hold",
+    ),
+    Row(
+        "train",
+        S.AWAKE,
+        S.AWAKE,
+        body_state=S.AWAKE,
+        when=When.OFFLOAD,
+        held=True,
+        doc="train step; its sleep deferred",
+    ),
+    Row(
+        "train",
+        S.PAUSED,
+        S.AWAKE,
+        enter=WAKE,
+        body_state=S.AWAKE,
+        when=When.AUTO_WAKE_OFFLOAD,
+        held=True,
+        doc="auto-wake, train step; its sleep deferred",
+    ),
+    Row(
+        "save",
+        S.PAUSED,
+        S.AWAKE,
+        enter=WAKE,
+        body_state=S.SAVING,
+        when=When.AUTO_WAKE,
+        held=True,
+        doc="resume memory and groups, checkpoint; the pause deferred",
+    ),
+    Row(
+        "release",
+        S.AWAKE,
+        S.PAUSED,
+        enter=SLEEP,
+        when=When.RELEASE_SLEEPS,
+        held=True,
+        doc="the scope's one sleep, of the deferred tags",
+    ),
+    Row(
+        "release",
+        S.PAUSED,
+        S.PAUSED,
+        enter=SLEEP,
+        when=When.RELEASE_SLEEPS,
+        held=True,
+        doc="the scope's one sleep, of the deferred tags a partial wake left resident",
+    ),
+    Row("release", S.AWAKE, S.AWAKE, noop=True, when=When.RELEASE_KEEPS, held=True, doc="give the hold back"),
+    Row(
+        "release", S.PAUSED, S.PAUSED, noop=True, when=When.RELEASE_KEEPS, held=True, doc="give the hold back"
+    ),
+    Row(
+        "release",
+        S.FAILED,
+        S.FAILED,
+        noop=True,
+        held=True,
+        doc="give the hold back: the failure dropped the deferred sleep (recover decides where to go)",
     ),
 )
 del S
@@ -339,6 +433,7 @@ del _row
 
 
 def rows_for(operation: str, source: State) -> tuple[Row, ...]:
+    """The rows of (operation, source), in table order, inside and outside a held scope."""
     return _ROWS.get((operation, source), ())
 
 
@@ -372,12 +467,17 @@ def guard_holds(
     targets: Iterable[str],
     recover_target: State | None = None,
     contents: Mapping[str, Contents] | None = None,
+    holds: int = 0,
 ) -> bool:
     """Whether a row guard holds. `contents=None` (a caller that does not track contents) passes
-    the contents guard: the log checker reports generation on invalid weights itself."""
+    the contents guard: the log checker reports generation on invalid weights itself. `holds` is
+    the number of holds taken; a release's `targets` are the deferred tags (`deferred_tags`)."""
     if when is When.ALWAYS:
         return True
     targets = tuple(targets)
+    if when in (When.RELEASE_SLEEPS, When.RELEASE_KEEPS):
+        sleeps = holds == 1 and any(memory[t] is Residency.RESIDENT for t in targets)
+        return sleeps if when is When.RELEASE_SLEEPS else not sleeps
     if when is When.OFFLOAD:
         return policy.offload_train
     if when is When.NO_OFFLOAD:
@@ -407,6 +507,21 @@ def guard_holds(
     raise AssertionError(f"unhandled guard {when!r}")
 
 
+def row_applies(
+    row: Row,
+    policy: PolicyView,
+    memory: Mapping[str, Residency],
+    targets: Iterable[str],
+    recover_target: State | None = None,
+    contents: Mapping[str, Contents] | None = None,
+    holds: int = 0,
+) -> bool:
+    """Whether `row` applies: inside or outside a held scope as it says, and its guard holds."""
+    if row.held is not None and row.held is not (holds > 0):
+        return False
+    return guard_holds(row.when, policy, memory, targets, recover_target, contents, holds)
+
+
 def select_row(
     operation: str,
     source: State,
@@ -415,11 +530,12 @@ def select_row(
     targets: Iterable[str],
     recover_target: State | None = None,
     contents: Mapping[str, Contents] | None = None,
+    holds: int = 0,
 ) -> Row | None:
-    """The first row for (operation, source) whose guard holds, or None."""
+    """The first row for (operation, source) that applies, or None. `holds`: holds taken (0: no scope)."""
     targets = targets if isinstance(targets, tuple) else tuple(targets)
     for row in rows_for(operation, source):
-        if guard_holds(row.when, policy, memory, targets, recover_target, contents):
+        if row_applies(row, policy, memory, targets, recover_target, contents, holds):
             return row
     return None
 
@@ -536,6 +652,39 @@ def mark_unknown(call: Call, memory: dict[str, Residency], groups: Groups | None
     elif call.hook in (Hook.PROCESS_GROUPS_DESTROY, Hook.PROCESS_GROUPS_RELOAD):
         return Groups.UNKNOWN
     return groups
+
+
+def unheld_residency(
+    operation: str, targets: Iterable[str], policy: PolicyView, memory: Mapping[str, Residency]
+) -> dict[str, Residency]:
+    """The residency `operation` leaves outside a held scope, from `memory`: a replay, no hook runs.
+
+    Inside a held scope the machine runs the held rows, which never pause; the scope replays the
+    same calls here on the rows outside a scope, from the residency they would have left. A call
+    those rows refuse leaves it as it was. Body operations act on all tags (`targets` is ignored
+    on their enter and exit edges, as the machine does).
+    """
+    after = dict(memory)
+    state = State.AWAKE if all(r is Residency.RESIDENT for r in after.values()) else State.PAUSED
+    targets = tuple(targets)
+    row = select_row(operation, state, policy, after, targets)
+    if row is None:
+        return after
+    for edge in row_edges(row):
+        if edge.plan is not None:
+            edge_targets = targets if edge.phase == "move" else tuple(after)
+            for call in plan_calls(edge.plan, policy, after, None, edge_targets, frozenset()):
+                apply_call(call, after, None)
+    return after
+
+
+def deferred_tags(memory: Mapping[str, Residency], unheld: Mapping[str, Residency] | None) -> tuple[str, ...]:
+    """The tags whose sleep a held scope deferred: resident now, released by the same calls without it."""
+    if unheld is None:
+        return ()
+    return tuple(
+        t for t, r in memory.items() if r is Residency.RESIDENT and unheld.get(t) is Residency.RELEASED
+    )
 
 
 def body_ready(operation: str, policy: PolicyView, memory: Mapping[str, Residency]) -> bool:

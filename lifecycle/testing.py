@@ -57,6 +57,13 @@ class CallLog:
                 b + (f".{m}" if m else "") + (f"[{t}]" if t is not None else "") for b, m, t in self.calls
             ]
 
+    def count(self, name: str) -> int:
+        """How many calls of "backend.method" (any tag) or of one "backend.method[tag]" were made.
+
+        A held scope's test reads its wakes and sleeps here: `log.count("memory.resume") == 1`.
+        """
+        return sum(call == name or call.startswith(f"{name}[") for call in self.names())
+
     def clear(self) -> None:
         with self._lock:
             self.calls.clear()

@@ -6,7 +6,9 @@
 Each machine's states tile its time from its `lifecycle.configured` event to the last timestamp
 of its file; transitions, their hooks and bodies nest inside the state they ran in; no-ops,
 refusals, failures, weight-sync and memory-audit events are instants; so are the changes of a
-rollout's weight contents (discarded or unknown, then valid at a version). Lines that are not events are skipped
+rollout's weight contents (discarded or unknown, then valid at a version) and of a held scope's
+deferred sleep. A held scope (first hold to last release) is a slice on a track of its own
+beside its machine's, since it spans state changes. Lines that are not events are skipped
 here: `lifecycle.checker` is what reports them. Every function takes log paths, files already
 read (`lifecycle.logs.read_logs`) or, past `read_lanes`, the lanes themselves.
 """
@@ -65,7 +67,9 @@ _MARKS: Mapping[str, tuple[str, str, float, str]] = {
     "release_short": ("^", "#ff6f00", 50.0, "release freed too little"),
     "weights_valid": ("*", "#2e7d32", 60.0, "weights valid (version)"),
     "weights_invalid": ("*", "white", 60.0, "weights discarded/unknown"),
+    "deferred": ("s", "#7e57c2", 22.0, "sleep deferred (held scope)"),
 }
+_HELD_COLOR = "#7e57c2"
 
 
 @dataclass
@@ -100,10 +104,12 @@ class Lane:
     states: list[tuple[float, float, State]] = field(default_factory=list)
     spans: list[Span] = field(default_factory=list)
     marks: list[Mark] = field(default_factory=list)
+    held: list[tuple[float, float]] = field(default_factory=list)  # held scopes: first hold to last release
     name: str = ""  # the label, with the file name when two files hold the same rank and role
     _current: tuple[float, State] | None = None
     _weight_tags: tuple[str, ...] = ()  # the tags `generate` reads (from the configured policy)
     _weights: str | None = None  # "valid", or what the weight tags hold when they are not
+    _held_since: float | None = None
 
     def note_contents(self, d: Mapping[str, Any], when: float) -> None:
         """Mark when the weight tags' contents change: invalid (discarded/unknown) or valid at a version."""
@@ -143,6 +149,17 @@ class Lane:
             start, state = self._current
             self.states.append((start, max(end, start), state))
             self._current = None
+        if self._held_since is not None:  # a scope still held when the log ends
+            self.held.append((self._held_since, max(end, self._held_since)))
+            self._held_since = None
+
+    def note_holds(self, holds: int, when: float) -> None:
+        """A hold taken or given back: the scope opens at the first hold and closes at the last release."""
+        if holds > 0 and self._held_since is None:
+            self._held_since = when
+        elif holds == 0 and self._held_since is not None:
+            self.held.append((self._held_since, max(when, self._held_since)))
+            self._held_since = None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -257,6 +274,13 @@ def _add_event(lane: Lane, name: str, d: dict[str, Any], when: float) -> float:
             lane.marks.append(
                 Mark(kind, f"{kind} {d.get('operation')}", when, _pick(d, "operation", "state", "reason"))
             )
+        elif event in (Event.HOLD, Event.RELEASE):
+            lane.note_holds(int(d["holds"]), when)
+            lane.marks.append(Mark("scope", name, when, _pick(d, "state", "holds", "deferred")))
+        elif event is Event.DEFERRED:
+            deferred = list(d["deferred"])
+            what = f"sleep deferred {deferred}" if deferred else "deferred sleep cancelled"
+            lane.marks.append(Mark("deferred", what, when, _pick(d, "operation", "targets", "deferred")))
         elif event is Event.RESOLVED:
             lane.marks.append(Mark("resolved", "resolved", when, {"resolved": d.get("resolved")}))
             lane.note_contents(d, when)
@@ -384,6 +408,30 @@ def build_trace(logs: Logs | Sequence[Lane]) -> dict[str, Any]:
             if cname:
                 event["cname"] = cname
             events.append(event)
+        if lane.held:
+            held_tid = tids[pid] = tids[pid] + 1
+            events.append(
+                {
+                    "ph": "M",
+                    "name": "thread_name",
+                    "pid": pid,
+                    "tid": held_tid,
+                    "args": {"name": f"{tname} held"},
+                }
+            )
+            events.append(
+                {
+                    "ph": "M",
+                    "name": "thread_sort_index",
+                    "pid": pid,
+                    "tid": held_tid,
+                    "args": {"sort_index": held_tid},
+                }
+            )
+            for start, end in lane.held:
+                ts = us(start)
+                held = {"ph": "X", "name": "held", "cat": "held", "pid": pid, "tid": held_tid, "ts": ts}
+                events.append(held | {"dur": max(round(us(end) - ts, 3), 0.0), "args": {}})
         for mark in lane.marks:
             # A failure is drawn across the whole rank (scope "p") so it is seen when zoomed out.
             scope = "p" if mark.kind == "failed" else "t"
@@ -478,6 +526,15 @@ def _draw(lanes: list[Lane]) -> tuple[Figure, tuple[str, ...], int, dict[str, in
                 bars += len(ranges)
         if lane.states:
             right = max(right, lane.states[-1][1] - origin)
+        if lane.held:  # a thin band above the lane's states: the held scopes
+            axes.broken_barh(
+                [(s - origin, e - s) for s, e in lane.held],
+                (y + 0.40, 0.12),
+                facecolors=_HELD_COLOR,
+                edgecolors=_HELD_COLOR,
+                linewidth=0.4,
+                gid=f"held {index}",
+            )
         for kind, (marker, color, size, _) in _MARKS.items():
             xs = [m.time - origin for m in lane.marks if m.kind == kind]
             if xs:
@@ -517,6 +574,7 @@ def _draw(lanes: list[Lane]) -> tuple[Figure, tuple[str, ...], int, dict[str, in
     axes.grid(axis="x", linewidth=0.4, alpha=0.5)
     axes.set_title(f"lifecycle timeline: {count} lane{'s' if count != 1 else ''}, {right:.3g} s")
     handles: list[Any] = [Patch(facecolor=STATE_COLORS[s], label=s.value) for s in State]
+    handles.append(Patch(facecolor=_HELD_COLOR, label="held scope"))
     handles += [
         Line2D(
             [],

@@ -8,6 +8,12 @@ wrap it with `ray.remote` to make it an actor.
 A release without a backup (SGLang's default) discards the weights: the machine then refuses
 `generate` (InvalidWeightsError) until a sync's final round is loaded, and `generate` can require a
 minimum weight version (the trainer's) so that a restarted engine cannot serve its old checkpoint.
+
+A corrupt round is refused with `CorruptBucketError` and may be sent again (the sender does once).
+With the receiver's default (`WeightReceiver(keep_previous=True)`) nothing was written and the
+weights stay as they were; with `keep_previous=False` (two passes instead of three) the round was
+written while checked, so the served weights are unknown (generation refused) until a round loads
+whole; the weight version stays the last one loaded either way.
 """
 
 from __future__ import annotations
@@ -158,9 +164,10 @@ class RolloutActor:
         if round_index == 0:
             self._loaded_bytes = 0
         final = payloads[0].final
+        overwriting = final if self._stages else round_index == 0
 
         def before_write() -> None:
-            if final if self._stages else round_index == 0:
+            if overwriting:
                 # From the first write into the served weights on, a failure leaves them part
                 # old, part new. An engine that stages rounds writes them at the final one.
                 self.lifecycle.note_weights(
@@ -197,15 +204,27 @@ class RolloutActor:
                         )
                     nbytes, transport = received.nbytes, received.transport
             self._loaded_bytes += nbytes
-        except CorruptBucketError:
+        except CorruptBucketError as error:
             elapsed = time.perf_counter() - self.gate.started
-            self.gate.abort()
+            self.gate.retry(version, round_index)  # the sender may send this round again
+            if error.fields.get("written") and (overwriting or not self._stages):
+                # Written while checked (the receiver's two-pass path): the weights hold part of
+                # a corrupt round, whatever they held before. Unknown until a round loads whole.
+                self.lifecycle.note_weights(
+                    Contents.UNKNOWN,
+                    version,
+                    reason=(
+                        f"round {round_index} of version {version} failed its checksum after it was "
+                        "written (keep_previous=False): the weights hold part of a corrupt round"
+                    ),
+                )
             self.lifecycle.event(
                 Event.SYNC_LOADED,
                 "error",
                 version=version,
                 bytes=self._loaded_bytes,
                 checksum_ok=False,
+                written=bool(error.fields.get("written")),
                 duration_ms=round(elapsed * 1e3, 3),
                 transport=payloads[0].transport,
                 ok=False,

@@ -528,6 +528,22 @@ def padded(nbytes: int, to: int = WORD) -> int:
     return -(-nbytes // to) * to
 
 
+def tiles_bucket(entries: Sequence[TensorEntry], nbytes: int) -> bool:
+    """Whether the entries, each padded to 16 bytes, cover the bucket's `padded(nbytes, 16)` bytes
+    once each, in order: then the checksums of the copies that read them (`kernels.scatter_checked`)
+    add up to the bucket's WSUM64. Aligned layouts (this module's, `align=16`) always do."""
+    if isinstance(entries, PackedEntries):
+        offsets, sizes = entries.column(0).tolist(), entries.column(1).tolist()
+    else:
+        offsets, sizes = [e.offset for e in entries], [e.nbytes for e in entries]
+    end = 0
+    for offset, size in zip(offsets, sizes, strict=True):
+        if offset != end:
+            return False
+        end = padded(offset + size, ALIGN)
+    return end == padded(nbytes, ALIGN) and (not offsets or offsets[-1] + sizes[-1] == nbytes)
+
+
 def checksum_trailer(region: torch.Tensor, nbytes: int) -> torch.Tensor:
     """The WSUM64_DEVICE (s1, s2) int64 pair of a bucket of `nbytes` in `region`: a view of the
     16 bytes at `padded(nbytes, 16)`, where the sender's packing kernel adds them."""

@@ -137,7 +137,10 @@ class CudaIpcSender(SenderTransport):
                 )
             if self.checksums:
                 self._packer.checksum(
-                    staging.tensor, bucket.nbytes, sums=checksum_trailer(staging.tensor, bucket.nbytes)
+                    staging.tensor,
+                    bucket.nbytes,
+                    sums=checksum_trailer(staging.tensor, bucket.nbytes),
+                    key=bucket.slot,
                 )
         else:
             key = f"r{self._parity}p{position}"

@@ -9,6 +9,12 @@ queued right behind the verification and gated by its verdict on the device (a f
 makes it write nothing), while the host reads the checksums and raises. Or `open` hands out views
 of the buckets for an engine that copies them itself (`load_weights`). `VersionGate` refuses stale, repeated and
 out-of-order updates. The rollout (`actor_integration.rollout`) imports this side only.
+
+`WeightReceiver(keep_previous=False)` trades that guarantee for a pass over the data: `load_into`
+then writes the round while checksumming what it reads (one read of the buckets, one write of
+the engine's tensors) and compares afterwards. A corrupt bucket is still refused with
+`CorruptBucketError` (its `written` field true), but the targets hold part of the round by then:
+the rollout marks its weights invalid until a round loads whole (the sender re-sends it once).
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from actor_integration.weight_sync.buckets import (
     checksum_trailer,
     dtype_from_name,
     padded,
+    tiles_bucket,
     unpack,
     wsum64_value,
 )
@@ -171,6 +178,7 @@ class _Names(Sequence[tuple[str, ...]]):
 class _Plan:
     targets: WeightTargets  # held so its id stays unique while the plan is cached
     by_device: dict[torch.device, tuple[kernels.ScatterPlan, list[int]]]  # plan, bucket indices
+    tiled: bool = False  # every bucket carries a device checksum its entries tile: copies can check it
 
 
 class WeightReceiver:
@@ -181,12 +189,25 @@ class WeightReceiver:
     handle, mapping, upload buffer and copy plan: the rollout calls it when it sleeps.
     Where CUDA is already initialised (the engine is on its GPU) the copy kernels are compiled
     on construction. `last_timings` holds the phases of the last round in milliseconds (open, verify, copy, close).
+
+    `keep_previous` (with `verify`) chooses what a corrupt round costs in `load_into`. True (the
+    default): every bucket is verified before anything is written, so the engine keeps its
+    previous weights; three passes over the data (the sender's pack, this verification, the
+    copy). False: the copy checksums what it reads and the round is compared afterwards, two
+    passes; a corrupt round has then been written (`CorruptBucketError.written`), the engine's
+    weights are invalid until the round is sent again. Rounds the copy cannot check whole (host
+    checksums, a layout that does not tile its buckets) are verified first either way.
     """
 
     def __init__(
-        self, *, verify: bool = True, transports: Mapping[str, ReceiverTransport] | None = None
+        self,
+        *,
+        verify: bool = True,
+        keep_previous: bool = True,
+        transports: Mapping[str, ReceiverTransport] | None = None,
     ) -> None:
         self.verify = verify
+        self.keep_previous = keep_previous
         self._transports: dict[str, ReceiverTransport] = dict(transports or {})
         self._uploads: dict[tuple[torch.device, int, int], torch.Tensor] = {}  # device copies of host buckets
         self._plans: OrderedDict[Any, _Plan] = OrderedDict()
@@ -240,9 +261,11 @@ class WeightReceiver:
     ) -> LoadedRound:
         """Verify one round, then copy it into `targets` (no intermediate tensor).
 
-        Nothing in `targets` is written unless every bucket of the round passed its checksum and
-        every tensor matched a target (name, shape, dtype; all of them if `targets.complete`).
-        `before_write` runs between the checks and the first write."""
+        Nothing in `targets` is written unless every tensor matched a target (name, shape, dtype;
+        all of them if `targets.complete`) and, with `keep_previous` (the default), every bucket
+        of the round passed its checksum; without it the checksums are compared after the copy
+        that computed them (`CorruptBucketError` with `written=True`). `before_write` runs
+        between the checks and the first write."""
         if not isinstance(targets, WeightTargets):
             if isinstance(payloads, (list, tuple)):
                 self.discard(payloads)
@@ -265,6 +288,11 @@ class WeightReceiver:
                 b.work = self._upload(b, devices[b.rank_index])
             timings["open_ms"] = _ms(t0)
             t1 = time.perf_counter()
+            if self.verify and not self.keep_previous:
+                plan = self._plan(buckets, targets)
+                if plan.tiled:
+                    self._write_checked(buckets, plan, transport, timings, before_write)
+                    return _loaded(first, buckets, len(payloads))
             pending = self._launch_verify(buckets)
             plan = self._plan(buckets, targets)  # host work, while the device verifies
             gates = _gates(pending, plan)
@@ -287,10 +315,7 @@ class WeightReceiver:
                 if device.type == "cuda":
                     torch.cuda.current_stream(device).synchronize()
             timings["copy_ms"] = _ms(t2)
-            manifests: list[list[BucketManifest]] = [[] for _ in payloads]
-            for b in buckets:
-                manifests[b.rank_index].append(b.manifest)
-            return LoadedRound(first.version, first.round, first.final, first.transport, manifests)
+            return _loaded(first, buckets, len(payloads))
         finally:
             for b in buckets:
                 b.region = b.work = None
@@ -298,6 +323,33 @@ class WeightReceiver:
             transport.close_round()
             timings["close_ms"] = _ms(t3)
             self.last_timings = timings
+
+    def _write_checked(
+        self,
+        buckets: list[_Bucket],
+        plan: _Plan,
+        transport: ReceiverTransport,
+        timings: dict[str, float],
+        before_write: Callable[[], Any] | None,
+    ) -> None:
+        """The two-pass path: copy every bucket into its targets while checksumming what is read,
+        then compare with the senders' values (raises after the write)."""
+        if before_write is not None:
+            before_write()
+        t2 = time.perf_counter()
+        pending: dict[torch.device, _Pending] = {}
+        for device, (scatter_plan, indices) in plan.by_device.items():
+            chosen = [buckets[i] for i in indices]
+            sums = kernels.scatter_checked(
+                scatter_plan, [_work(b) for b in chosen], [b.manifest.nbytes for b in chosen], device
+            )
+            pending[device] = _pending(indices, sums, _expected(chosen, device), device)
+        transport.settle()  # host bookkeeping while the device copies
+        self._check(buckets, pending, written=True)
+        for device in plan.by_device:
+            if device.type == "cuda":
+                torch.cuda.current_stream(device).synchronize()
+        timings["copy_ms"] = _ms(t2)
 
     # ------------------------------------------------------------------ steps
 
@@ -382,41 +434,41 @@ class WeightReceiver:
             sums = kernels.region_sums(
                 [_work(b) for b in chosen], [b.manifest.nbytes for b in chosen], device
             )
-            expected = _expected(chosen, device)
-            gate = kernels.verdict(sums, expected)
-            cuda = device.type == "cuda"
-            host = torch.empty((2, len(indices), 2), dtype=torch.int64, pin_memory=cuda)
-            host[0].copy_(sums, non_blocking=cuda)
-            host[1].copy_(expected, non_blocking=cuda)
-            event = None
-            if cuda:
-                event = torch.cuda.Event()  # type: ignore[no-untyped-call]
-                event.record(torch.cuda.current_stream(device))
-            pending[device] = _Pending(indices, host, event, gate)
+            pending[device] = _pending(indices, sums, _expected(chosen, device), device)
         return pending
 
-    def _check(self, buckets: list[_Bucket], pending: dict[torch.device, _Pending]) -> None:
+    def _check(
+        self, buckets: list[_Bucket], pending: dict[torch.device, _Pending], *, written: bool = False
+    ) -> None:
         for p in pending.values():
             if p.event is not None:
                 p.event.synchronize()  # the checksums only; copies queued after them run on
             got, want = p.host[0].tolist(), p.host[1].tolist()
             for i, actual, expected in zip(p.indices, got, want, strict=True):
-                self._compare(buckets[i], wsum64_value(actual), wsum64_value(expected))
+                self._compare(buckets[i], wsum64_value(actual), wsum64_value(expected), written=written)
 
     def _verify(self, buckets: list[_Bucket]) -> None:
         self._check(buckets, self._launch_verify(buckets))
 
     @staticmethod
-    def _compare(b: _Bucket, actual: int, expected: int) -> None:
+    def _compare(b: _Bucket, actual: int, expected: int, *, written: bool = False) -> None:
         manifest, p = b.manifest, b.payload
         if actual != expected:
+            after = (
+                "; the round was written while checked (WeightReceiver(keep_previous=False)): the "
+                "targets hold part of it and are not valid until a round loads whole (send it again)"
+                if written
+                else ""
+            )
             raise CorruptBucketError(
                 f"bucket {manifest.index} of version {p.version} from rank {p.rank} (slot {p.slot}, "
                 f"transport {p.transport}) fails its {manifest.checksum_kind} checksum: expected "
-                f"{expected:#x}, got {actual:#x}; it was corrupted or truncated in transit",
+                f"{expected:#x}, got {actual:#x}; it was corrupted or truncated in transit{after}",
                 version=p.version,
                 rank=p.rank,
                 bucket=manifest.index,
+                round=p.round,
+                written=written,
             )
 
     def _plan(self, buckets: list[_Bucket], targets: WeightTargets) -> _Plan:
@@ -424,7 +476,7 @@ class WeightReceiver:
         key = (
             id(targets),
             tuple(
-                (b.rank_index, w.data_ptr(), w.device, _entries_key(b.manifest))
+                (b.rank_index, w.data_ptr(), w.device, b.manifest.checksum_kind, _entries_key(b.manifest))
                 for b, w in zip(buckets, works, strict=True)
             ),
         )
@@ -452,7 +504,14 @@ class WeightReceiver:
         for device, indices in per_device.items():
             pieces = [(buckets[i].work, _packed(buckets[i].manifest), resolved[i]) for i in indices]
             by_device[device] = (kernels.plan_scatter(pieces, device), indices)  # type: ignore[arg-type]
-        plan = _Plan(targets, by_device)
+        tiled = all(
+            b.manifest.checksum_kind in (WSUM64, WSUM64_DEVICE)
+            and _work(b).device == device
+            and tiles_bucket(b.manifest.entries, b.manifest.nbytes)
+            for device, (_scatter, indices) in by_device.items()
+            for b in (buckets[i] for i in indices)
+        )
+        plan = _Plan(targets, by_device, tiled)
         self._plans[key] = plan
         while len(self._plans) > 64:  # a streamed update has a plan per round
             self._plans.popitem(last=False)
@@ -506,6 +565,30 @@ class _Pending:
     host: torch.Tensor
     event: torch.cuda.Event | None
     gate: torch.Tensor
+
+
+def _pending(
+    indices: list[int], sums: torch.Tensor, expected: torch.Tensor, device: torch.device
+) -> _Pending:
+    """Start reading a device group's (sums, expected) back (pinned, no wait) and compare them on
+    the device (the verdict that may gate a copy)."""
+    gate = kernels.verdict(sums, expected)
+    cuda = device.type == "cuda"
+    host = torch.empty((2, len(indices), 2), dtype=torch.int64, pin_memory=cuda)
+    host[0].copy_(sums, non_blocking=cuda)
+    host[1].copy_(expected, non_blocking=cuda)
+    event = None
+    if cuda:
+        event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        event.record(torch.cuda.current_stream(device))
+    return _Pending(indices, host, event, gate)
+
+
+def _loaded(first: RankPayload, buckets: list[_Bucket], ranks: int) -> LoadedRound:
+    manifests: list[list[BucketManifest]] = [[] for _ in range(ranks)]
+    for b in buckets:
+        manifests[b.rank_index].append(b.manifest)
+    return LoadedRound(first.version, first.round, first.final, first.transport, manifests)
 
 
 def _gates(pending: dict[torch.device, _Pending], plan: _Plan) -> dict[torch.device, torch.Tensor]:
@@ -632,3 +715,11 @@ class VersionGate:
 
     def abort(self) -> None:
         self.staging, self.next_round = None, 0
+
+    def retry(self, version: int, round_index: int) -> None:
+        """Round `round_index` of `version` failed where it may be sent again (a corrupt bucket):
+        the next round admitted may be that one (or a round 0)."""
+        if round_index == 0 or self.staging != version:
+            self.abort()
+        else:
+            self.next_round = round_index

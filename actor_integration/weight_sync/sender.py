@@ -31,7 +31,7 @@ from actor_integration.weight_sync.buckets import ArenaBucket, Bucket, LayoutCac
 from actor_integration.weight_sync.topology import RankSlot
 from actor_integration.weight_sync.transport import SenderTransport, emit
 from actor_integration.weight_sync.wire import RankPayload, payload_mismatch
-from lifecycle.errors import WeightSyncError, WeightSyncTimeout
+from lifecycle.errors import CorruptBucketError, WeightSyncError, WeightSyncTimeout
 from lifecycle.hooks import EventSink
 from lifecycle.logs import Event
 
@@ -55,6 +55,7 @@ class SyncReport:
     phases_ms: Mapping[str, float] = dataclasses.field(default_factory=dict)
     # pack_ms: exporting (layout, launching the packing copies); ready_ms: waiting for the packing
     # and checksums; engine_ms: waiting for acknowledgements (overlaps packing when pipelined)
+    resends: int = 0  # rounds the engine found corrupt and that were packed and sent again
 
     @property
     def gbps(self) -> float:
@@ -145,6 +146,11 @@ class WeightSender:
     set of staging buffers while the engine loads round r. Off by default: a colocated trainer and
     engine time-slice one GPU (no MPS), so their kernels do not overlap, and on the H200 the
     switching cost more than the overlap hid.
+
+    `corrupt_resends` (default 1): how many times a round the engine refuses as corrupt
+    (`CorruptBucketError`: a bucket failed its checksum) is packed again from the same tensors and
+    sent again before `send` raises that error. Every rank of the slot re-sends together. Not for
+    an arena's round (the arena is the only copy of its bytes) nor a pipelined one.
     """
 
     def __init__(
@@ -163,6 +169,7 @@ class WeightSender:
         store: Any = None,
         checksums: bool = True,
         pipelined: bool = False,
+        corrupt_resends: int = 1,
     ) -> None:
         if not isinstance(topology_slot, RankSlot):
             raise TypeError(
@@ -199,6 +206,10 @@ class WeightSender:
                 "WeightSender: the nccl transport broadcasts from one source rank; give it a one-rank slot "
                 "(RankSlot.single(rank)) on the source rank"
             )
+        if not isinstance(corrupt_resends, int) or isinstance(corrupt_resends, bool) or corrupt_resends < 0:
+            raise ValueError(
+                f"WeightSender: corrupt_resends must be a non-negative int, got {corrupt_resends!r}"
+            )
         if round_buckets == -1:
             round_buckets = transport.default_round_buckets
         if round_buckets is not None and (not isinstance(round_buckets, int) or round_buckets < 1):
@@ -227,6 +238,7 @@ class WeightSender:
         transport.checksums = bool(checksums)
         transport.pipelined = bool(pipelined)
         self.pipelined = bool(pipelined)
+        self.corrupt_resends = corrupt_resends
         self.layouts = LayoutCache()  # the previous update's layouts, reused while shapes repeat
 
     # ------------------------------------------------------------------ public
@@ -254,13 +266,13 @@ class WeightSender:
                 version=version,
             )
         start = time.perf_counter()
-        nbytes = buckets = rounds = 0
+        nbytes = buckets = rounds = resends = 0
         results: list[Any] = []
         phases: dict[str, float] = {}
         error: BaseException | None = None
         try:
             if self.slot.slot is not None:
-                nbytes, buckets, rounds = self._send_rounds(version, named_tensors, results, phases)
+                nbytes, buckets, rounds, resends = self._send_rounds(version, named_tensors, results, phases)
             self.last_version = version
             return SyncReport(
                 version=version,
@@ -274,6 +286,7 @@ class WeightSender:
                 duration_s=time.perf_counter() - start,
                 engine_results=tuple(results),
                 phases_ms={k: round(v * 1e3, 3) for k, v in phases.items()},
+                resends=resends,
             )
         except BaseException as exc:
             error = exc
@@ -291,6 +304,7 @@ class WeightSender:
                 "bytes": nbytes,
                 "buckets": buckets,
                 "rounds": rounds,
+                "resends": resends,
                 "duration_ms": round(elapsed * 1e3, 3),
                 "gbps": round(nbytes / elapsed / 1e9, 3) if elapsed > 0 and nbytes else 0.0,
                 "ok": error is None,
@@ -346,7 +360,8 @@ class WeightSender:
         named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]] | StagingArena,
         results: list[Any],
         phases: dict[str, float],
-    ) -> tuple[int, int, int]:
+    ) -> tuple[int, int, int, int]:
+        """Send the update round by round: (bytes, buckets, rounds, rounds re-sent)."""
         planned = _Peekable(self._plan(named_tensors))
         if planned.exhausted:
             raise ValueError(f"WeightSender.send(version={version}): no tensors given")
@@ -356,45 +371,49 @@ class WeightSender:
         nbytes = buckets = 0
         inflight: _Round | None = None
         exported: list[Any] = []
+        resends = 0
         try:
             for round_index in itertools.count():
                 t0 = time.perf_counter()
                 self.transport.begin_round(version, round_index)
+                taken: list[Bucket] = []  # kept until acknowledged: a corrupt round is packed again
                 exported = []
                 while len(exported) < limit:
                     bucket = planned.take()
                     if bucket is None:
                         break
+                    taken.append(bucket)
                     exported.append(self.transport.export(len(exported), bucket))
-                t1 = time.perf_counter()
-                manifests = self.transport.ready()
-                t2 = time.perf_counter()
-                _add(phases, "pack_ms", t1 - t0)
-                _add(phases, "ready_ms", t2 - t1)
-                payload = RankPayload(
-                    version=version,
-                    round=round_index,
-                    final=planned.exhausted,
-                    slot=self.slot.slot,
-                    rank=self.rank,
-                    transport=self.transport.name,
-                    sender=self.transport.sender_id,
-                    gpu=self.transport.gpu,
-                    buckets=tuple(manifests),
-                    descriptors=tuple(exported),
-                )
+                payload = self._payload(version, round_index, planned.exhausted, exported, t0, phases)
                 if inflight is not None:
                     done, inflight = inflight, None
                     self._finish(done, results, phases)
                 inflight = self._start(payload)
                 exported = []  # handed over: the engine accounts for them now
-                if not pipelined or payload.final:
+                attempt = 0
+                while not pipelined or payload.final:
                     done, inflight = inflight, None
-                    self._finish(done, results, phases)
+                    try:
+                        self._finish(done, results, phases)
+                        break
+                    except CorruptBucketError as error:
+                        if not self._may_resend(attempt, taken):
+                            raise self._gave_up(error, attempt) from error
+                    # The bytes went bad between the packing and the engine's check (or in the
+                    # engine): pack the round again from the trainer's tensors and hand it over.
+                    attempt += 1
+                    resends += 1
+                    t0 = time.perf_counter()
+                    self.transport.begin_round(version, round_index)
+                    for bucket in taken:
+                        exported.append(self.transport.export(len(exported), bucket))
+                    payload = self._payload(version, round_index, payload.final, exported, t0, phases)
+                    inflight = self._start(payload, attempt)
+                    exported = []
                 nbytes += payload.nbytes
-                buckets += len(manifests)
+                buckets += len(payload.buckets)
                 if payload.final:
-                    return nbytes, buckets, round_index + 1
+                    return nbytes, buckets, round_index + 1, resends
         except BaseException:
             if inflight is not None:  # let the round the engine is loading finish first
                 with contextlib.suppress(BaseException):
@@ -403,6 +422,55 @@ class WeightSender:
                 self.transport.abandon(exported)
             raise
         raise AssertionError("unreachable")
+
+    def _payload(
+        self,
+        version: int,
+        round_index: int,
+        final: bool,
+        exported: list[Any],
+        t0: float,
+        phases: dict[str, float],
+    ) -> RankPayload:
+        """The round's payload once the transport has its manifests (after the exports)."""
+        t1 = time.perf_counter()
+        manifests = self.transport.ready()
+        _add(phases, "pack_ms", t1 - t0)
+        _add(phases, "ready_ms", time.perf_counter() - t1)
+        return RankPayload(
+            version=version,
+            round=round_index,
+            final=final,
+            slot=self.slot.slot,
+            rank=self.rank,
+            transport=self.transport.name,
+            sender=self.transport.sender_id,
+            gpu=self.transport.gpu,
+            buckets=tuple(manifests),
+            descriptors=tuple(exported),
+        )
+
+    def _may_resend(self, attempt: int, taken: list[Bucket]) -> bool:
+        """Whether a round the engine found corrupt is sent again; every rank of the slot decides
+        the same from the same settings. Never an arena's round: the arena is the only copy of
+        its bytes, and checksumming it again would vouch for the corruption. Never a pipelined
+        round: the next one is already packed behind it."""
+        return (
+            attempt < self.corrupt_resends
+            and not self.pipelined
+            and not any(isinstance(b, ArenaBucket) for b in taken)
+        )
+
+    def _gave_up(self, error: CorruptBucketError, attempt: int) -> CorruptBucketError:
+        if attempt == 0:
+            return error
+        return CorruptBucketError(
+            f"{error}. The round was packed and sent again {attempt} time(s) and failed again: not a "
+            "transient fault; suspect the GPU or host memory, or a process writing into the staging "
+            "buffers. The engine's weights are as its log says (kept with WeightReceiver(keep_previous="
+            "True), invalid until the next sync otherwise).",
+            **{**error.fields, "resends": attempt},
+        )
 
     def _plan(
         self, named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]] | StagingArena
@@ -413,14 +481,14 @@ class WeightSender:
             return iter(named_tensors.buckets)
         return iter_buckets(named_tensors, self.bucket_bytes, align=self.transport.align, cache=self.layouts)
 
-    def _start(self, payload: RankPayload) -> _Round:
+    def _start(self, payload: RankPayload, attempt: int = 0) -> _Round:
         """Hand the round over: the coordinator has the engine call running when this returns;
         a follower has delivered its payload to the coordinator."""
         t0 = time.monotonic()
         if not self.slot.is_coordinator:
-            return self._follow_start(payload, t0)
+            return self._follow_start(payload, t0, attempt)
         others = [r for r in self.slot.ranks if r != self.rank]
-        board = self._board(payload) if others else None
+        board = self._board(payload, attempt) if others else None
         if board is not None:
             missing = board.await_arrivals(others, t0 + self.deadline_s)
             if missing:
@@ -492,11 +560,15 @@ class WeightSender:
                     ),
                 ) from None
             except Exception as exc:
-                raise WeightSyncError(
+                # A corrupt bucket keeps its type (it survives the pickling to the followers), so
+                # every rank of the slot can decide to send the round again.
+                refused = CorruptBucketError if _is_corrupt(exc) else WeightSyncError
+                raise refused(
                     f"weight sync of slot {self.slot.slot}: the engine refused version {payload.version} "
                     f"(round {payload.round}): {exc}",
                     slot=self.slot.slot,
                     version=payload.version,
+                    round=payload.round,
                 ) from exc
         except WeightSyncError as error:
             if board is not None:
@@ -506,10 +578,10 @@ class WeightSender:
             board.post("status", inflight.others, None)
         return result
 
-    def _follow_start(self, payload: RankPayload, t0: float) -> _Round:
+    def _follow_start(self, payload: RankPayload, t0: float, attempt: int) -> _Round:
         coordinator = self.slot.coordinator
         assert coordinator is not None
-        board = self._board(payload)
+        board = self._board(payload, attempt)
         board.arrive(self.rank)
         # The coordinator may enter up to deadline_s after us and then wait deadline_s for others.
         go = board.await_message("go", self.rank, t0 + 2 * self.deadline_s)
@@ -566,11 +638,11 @@ class WeightSender:
             ) from exc
         return list(gathered) if gathered is not None else []
 
-    def _board(self, payload: RankPayload) -> _Board:
+    def _board(self, payload: RankPayload, attempt: int = 0) -> _Board:
         # Looked up per round: reloading the process groups (after a sleep) replaces the store.
         store = self.store if self.store is not None else dist.distributed_c10d._get_default_store()
         prefix = f"weight_sync/{'-'.join(map(str, self.slot.ranks))}/v{payload.version}/r{payload.round}"
-        return _Board(store, prefix)
+        return _Board(store, prefix + (f"/resend{attempt}" if attempt else ""))
 
     def _timeout(
         self,
@@ -658,6 +730,19 @@ class _Board:
         message = pickle.loads(self.store.get(key))
         self.store.delete_key(key)
         return message
+
+
+def _is_corrupt(exc: BaseException | None) -> bool:
+    """Whether an engine call failed on a corrupt bucket: the error itself, what it wraps, or a
+    Ray task error's `cause`."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, CorruptBucketError):
+            return True
+        seen.add(id(exc))
+        cause = getattr(exc, "cause", None)
+        exc = cause if isinstance(cause, BaseException) else exc.__cause__
+    return False
 
 
 def _with_deadline(fn: Callable[[], Any], deadline: float) -> Any:

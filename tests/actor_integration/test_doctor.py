@@ -102,3 +102,24 @@ class TestDoctorCommand:
         _code, report = self.run(capsys)
         assert report["transport"] == "shm"
         assert self.verdicts(report)["CUDA IPC + expandable_segments"] == "skip"
+
+
+class TestCpuBackupRetention:
+    """The retain choice is visible before the job starts."""
+
+    def test_unset_says_the_adapter_retains(self):
+        from actor_integration.doctor import check_cpu_backup_retention
+
+        check = check_cpu_backup_retention({"TMS_INIT_ENABLE_CPU_BACKUP": "1"})
+        assert check.verdict == "ok" and "SlimeLifecycleMixin retains the backup" in check.detail
+
+    def test_a_user_who_turned_retain_off_is_warned_with_the_cost(self):
+        from actor_integration.doctor import check_cpu_backup_retention
+
+        check = check_cpu_backup_retention({"TMS_INIT_ENABLE_CPU_BACKUP": "1", "TMS_RETAIN_CPU_BACKUP": "0"})
+        assert check.verdict == "warn" and "every pause allocates the pinned backup again" in check.detail
+
+    def test_without_a_backup_there_is_nothing_to_retain(self):
+        from actor_integration.doctor import check_cpu_backup_retention
+
+        assert check_cpu_backup_retention({}).verdict == "skip"

@@ -120,11 +120,66 @@ class TestWithTheMixin:
             "contents": {"*": "valid"},
             "weight_version": None,
             "weights_valid": True,
+            "holds": 0,
+            "deferred": [],
             "rank": 5,
             "role": "actor",
             "step": None,
             "failure": None,
         }
+
+
+class TestHeldScope:
+    """reef #202: a slime-based job woke and slept the trainer four times a step where once would do."""
+
+    @staticmethod
+    def step(actor: LifecycleSlimeActor, rollout_id: int) -> None:
+        actor.wake_up()  # slot restore: wake, then load the slot's weights
+        actor.tms.touch()
+        actor.calls.add("body", "load", "slot")
+        actor.train(rollout_id)  # offload_train: its own wake/sleep absorbed, the sleep after it deferred
+        actor.save_model(rollout_id)  # the LoRA save, on resident memory
+        actor.update_weights()  # publication
+
+    def test_reef_202_step_in_one_scope_wakes_once_and_sleeps_once(self):
+        """Slot restore, train, save and publish between lifecycle_hold() and lifecycle_release(): one
+        memory.resume, one memory.pause, one reload and one destroy of the process groups."""
+        actor = wrapped()
+        assert actor.lifecycle_hold()["holds"] == 1
+        self.step(actor, 1)
+        assert actor.lifecycle.state is State.AWAKE and actor.lifecycle.deferred == ("*",)
+        after = actor.lifecycle_release()
+        assert (after["state"], after["holds"], after["deferred"]) == ("PAUSED", 0, [])
+        names = actor.calls.names()
+        assert [names.count(n) for n in WAKE + SLEEP] == [1] * len(WAKE + SLEEP)
+        assert names == [
+            *WAKE,
+            "body.load[slot]",
+            "body.train[1]",
+            "body.save[1]",
+            "memory.disable",
+            "body.sync[1]",
+            *SLEEP,
+        ]
+        assert actor.saved_weights == [1] and actor.pushed == [
+            1
+        ]  # the save and the sync saw the trained weights
+
+    def test_the_same_step_without_a_scope_cycles_per_phase(self):
+        actor = wrapped()
+        self.step(actor, 1)
+        names = actor.calls.names()
+        assert (names.count("memory.resume"), names.count("memory.pause")) == (2, 2)
+        assert (names.count("process_groups.reload"), names.count("process_groups.destroy")) == (3, 3)
+
+    def test_the_scope_inside_the_actor(self):
+        """Code running inside the actor uses the machine's context manager; the outcome is the same."""
+        actor = wrapped()
+        with actor.lifecycle.held():
+            self.step(actor, 2)
+        names = actor.calls.names()
+        assert (names.count("memory.resume"), names.count("memory.pause")) == (1, 1)
+        assert actor.lifecycle.state is State.PAUSED
 
 
 class TestLazyConfiguration:

@@ -14,6 +14,7 @@ from actor_integration import (
     InconsistentGroupError,
     LifecycleGroup,
 )
+from lifecycle.checker import check_files
 from tests.helpers.slime_like import LifecycleSlimeActor
 
 pytestmark = pytest.mark.ray
@@ -41,6 +42,13 @@ class SlowSlimeActor(LifecycleSlimeActor):
 
     def ping(self) -> str:
         return "pong"
+
+    def fail_next(self, hook: str) -> None:
+        """Make the next call of a memory hook raise (the actor's fakes take an injector)."""
+        from lifecycle.testing import FaultInjector
+
+        self.tms.faults = FaultInjector()
+        self.tms.faults.arm(hook)
 
 
 @pytest.fixture(scope="module")
@@ -105,6 +113,55 @@ class TestSlimeOrder:
         group = LifecycleGroup(actors, timeout_s=30)
         with pytest.raises(GroupCallError, match=r"recover raised on ranks \[0, 1\].*only legal from FAILED"):
             group.call("lifecycle_recover", "AWAKE")
+        for a in actors:
+            ray.kill(a)
+
+
+class TestHeldScope:
+    def test_every_rank_in_one_scope_wakes_once_and_sleeps_once(self, ray_cluster, remote_cls, tmp_path):
+        """reef #202's step on two ranks inside group.held(): one resume, pause, reload and destroy per rank,
+        every rank held and released together, and logs the checker finds clean."""
+        ray = ray_cluster
+        actors = make_actors(ray, remote_cls, 2, tmp_path)
+        group = LifecycleGroup(actors, timeout_s=30)
+        before = {r: ray.get(a.calls_made.remote()) for r, a in enumerate(actors)}  # init ends asleep
+        with group.held():
+            assert {(s["state"], s["holds"]) for s in group.states().values()} == {("PAUSED", 1)}
+            group.wake_up()  # the slot restore's wake
+            group.call("train", 1)
+            group.call("save_model", 1)
+            assert group.call("update_weights") == {0: 1, 1: 1}
+            states = group.states()
+            assert {(s["state"], tuple(s["deferred"])) for s in states.values()} == {("AWAKE", ("*",))}
+        states = group.assert_consistent()
+        assert {(s["state"], s["holds"], s["groups"]) for s in states.values()} == {
+            ("PAUSED", 0, "destroyed")
+        }
+        for rank, actor in enumerate(actors):
+            made = ray.get(actor.calls_made.remote())[len(before[rank]) :]
+            counts = {n: made.count(n) for n in ("memory.resume", "memory.pause")}
+            counts |= {n: made.count(n) for n in ("process_groups.reload", "process_groups.destroy")}
+            assert set(counts.values()) == {1}, (rank, made)
+        ray.get([a.flush_logs.remote() for a in actors])
+        assert check_files([tmp_path]) == []
+        for a in actors:
+            ray.kill(a)
+
+    def test_a_rank_that_refuses_the_hold_leaves_no_rank_holding(self, ray_cluster, remote_cls, tmp_path):
+        """A FAILED rank refuses the hold; the ranks that took it give it back before the error is raised."""
+        ray = ray_cluster
+        actors = make_actors(ray, remote_cls, 2, tmp_path)
+        group = LifecycleGroup(actors, timeout_s=30)
+        ray.get(actors[1].fail_next.remote("memory.resume"))
+        with pytest.raises(GroupCallError, match=r"wake_up raised on ranks \[1\]"):
+            group.wake_up()
+        with (
+            pytest.raises(GroupCallError, match=r"lifecycle_hold raised on ranks \[1\].*hold is refused"),
+            group.held(),
+        ):
+            pytest.fail("the block of a scope that was not taken must not run")
+        states = group.states()
+        assert (states[0]["holds"], states[1]["holds"], states[1]["state"]) == (0, 0, "FAILED")
         for a in actors:
             ray.kill(a)
 

@@ -13,6 +13,13 @@
 5. Integrity: a staging buffer corrupted after packing, and a bucket truncated, are refused by the
    rollout in another process and its previous weights stay loaded; streamed (pipelined) rounds,
    the arena and the shm host path from GPU tensors arrive bit-exact.
+6. A real checkpoint layout (Qwen3-30B-A3B-shaped, scaled down: an embedding and a head larger
+   than the bucket, 256-byte q/k norms, fp32 router biases among bf16 tensors) arrives bit-exact on
+   every path: the default, two-pass verification, the arena (both ways), streamed rounds, shm.
+7. Two-pass verification (`WeightReceiver(keep_previous=False)`) under a corrupted staging buffer:
+   the round is written, the weights are unknown and generation refused, the sender re-sends the
+   round and it loads; a round corrupt every time fails with CorruptBucketError; an arena's round
+   is not re-sent; the weight version only ever records whole rounds.
 
 Measured figures are printed and, when LIFECYCLE_GPU_OUT is set, written there as JSON.
 """
@@ -34,7 +41,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from actor_integration.tiny_model import TinyLMConfig  # noqa: E402 - after the importorskip
-from tests.helpers.engine_pipe import EngineClient, serve_rollout  # noqa: E402
+from tests.helpers.engine_pipe import EngineClient, serve_rollout, serve_tensors_rollout  # noqa: E402
 from tests.helpers.models import perturbed  # noqa: E402
 
 pytestmark = [
@@ -592,3 +599,173 @@ def test_streamed_rounds_arena_and_shm_from_gpu_arrive_bit_exact():
         conn.send(None)
         server.join(60)
     record("paths", result)
+
+
+# ----------------------------------------------------------------------------------------------
+# 6. A real checkpoint layout on every path.
+
+
+def layout_specs():
+    """Qwen3-30B-A3B's tensors (names, shapes, dtypes) with 8 experts, a 32768-token vocabulary
+    and 2 layers: 0.5 GB, its embedding and head (128 MiB each) larger than a 64 MiB bucket."""
+    import dataclasses
+
+    from actor_integration.weight_sync.checkpoint_layouts import QWEN3_30B_A3B, specs_nbytes, tensor_specs
+
+    specs = tensor_specs(dataclasses.replace(QWEN3_30B_A3B, experts=8, vocab=32768), layers=2)
+    sizes = [specs_nbytes([s]) for s in specs]
+    assert max(sizes) > LAYOUT_BUCKET and min(sizes) < 1024
+    assert {d for _, _, d in specs} == {torch.bfloat16, torch.float32}
+    return specs
+
+
+LAYOUT_BUCKET = 64 << 20
+
+
+def tensors_rollout_process(specs):
+    import torch.multiprocessing as mp
+
+    spawn = mp.get_context("spawn")
+    ours, theirs = spawn.Pipe()
+    server = spawn.Process(target=serve_tensors_rollout, args=(theirs, specs, "cuda:0"), daemon=True)
+    server.start()
+    return server, ours, EngineClient(ours)
+
+
+def test_a_real_checkpoint_layout_arrives_bit_exact_on_every_path():
+    from actor_integration.weight_sync.checkpoint_layouts import materialize
+    from actor_integration.weight_sync.cuda_ipc import CudaIpcSender
+    from actor_integration.weight_sync.shm import ShmSender
+    from tests.helpers.weight_sync_doubles import fingerprints
+
+    specs = layout_specs()
+    server, conn, rollout = tensors_rollout_process(specs)
+    result: dict = {}
+    try:
+        torch.cuda.set_device(0)
+        paths = ("default", "two-pass", "arena", "arena, two-pass", "streamed", "streamed, two-pass", "shm")
+        for version, path in enumerate(paths, start=1):
+            rollout.call("keep_previous", "two-pass" not in path)
+            transport = ShmSender() if path == "shm" else CudaIpcSender(device=0)
+            sender = single_sender(
+                rollout,
+                transport,
+                bucket_bytes=LAYOUT_BUCKET,
+                round_buckets=1 if path.startswith("streamed") else -1,
+            )
+            weights = materialize(specs, "cuda:0", seed=version)
+            source = weights
+            if path.startswith("arena"):
+                source = sender.arena(weights)
+                for name, tensor in weights.items():
+                    source[name].copy_(tensor)
+            report = sender.send(version, source)
+            got = rollout.call("fingerprints")
+            differing = [name for name, value in fingerprints(weights).items() if got.get(name) != value]
+            result[path] = {"buckets": report.buckets, "rounds": report.rounds, "differing": len(differing)}
+            assert differing == [], f"{path}: {differing[:5]}"
+            assert rollout.call("weight_version") == version and rollout.call("contents") == "valid"
+            sender.close()
+    finally:
+        conn.send(None)
+        server.join(60)
+    record("layouts", result)
+
+
+# ----------------------------------------------------------------------------------------------
+# 7. Two-pass verification under corruption.
+
+
+def test_two_pass_verification_resends_a_corrupt_round_and_keeps_the_version_history():
+    from actor_integration.weight_sync import CorruptBucketError
+    from actor_integration.weight_sync.checkpoint_layouts import materialize
+    from actor_integration.weight_sync.cuda_ipc import CudaIpcSender
+    from lifecycle import InvalidWeightsError
+    from tests.helpers.weight_sync_doubles import fingerprints
+
+    specs = layout_specs()
+    server, conn, rollout = tensors_rollout_process(specs)
+    result: dict = {}
+    try:
+        torch.cuda.set_device(0)
+        rollout.call("keep_previous", False)
+        transport = CudaIpcSender(device=0)
+        sender = single_sender(rollout, transport, bucket_bytes=LAYOUT_BUCKET)
+        first = materialize(specs, "cuda:0", seed=1)
+        sender.send(1, first)
+        assert rollout.call("fingerprints") == fingerprints(first)
+        calls: list[dict] = []
+
+        def corrupt_first(version, payloads):
+            if not calls:
+                staging = transport._staging["r0p1"].tensor  # bucket 1, packed and checksummed already
+                staging[17] ^= 0x40
+                torch.cuda.synchronize()
+                calls.append({"corrupted": True})
+            else:  # the re-send: the corrupt round was written, and nothing may serve it
+                state = {
+                    "contents": rollout.call("contents"),
+                    "versions": [rollout.call("weight_version"), rollout.call("lifecycle_version")],
+                }
+                try:
+                    rollout.call("generate", [[1, 2]], 4)
+                    state["generate"] = "served"
+                except InvalidWeightsError as exc:
+                    state["generate"] = f"refused: {str(exc).splitlines()[0][:120]}"
+                state["overwritten"] = rollout.call("fingerprints") != fingerprints(first)
+                calls.append(state)
+            return rollout(version, payloads)
+
+        sender.engine_call = corrupt_first
+        second = materialize(specs, "cuda:0", seed=2)
+        report = sender.send(2, second)
+        result["resent"] = {"resends": report.resends, "between": calls[1]}
+        assert report.resends == 1 and len(calls) == 2
+        assert calls[1]["contents"] == "unknown" and calls[1]["versions"] == [1, 1]
+        assert calls[1]["generate"].startswith("refused") and calls[1]["overwritten"]
+        assert rollout.call("fingerprints") == fingerprints(second)
+        assert rollout.call("weight_version") == 2 and rollout.call("contents") == "valid"
+
+        def corrupt_always(version, payloads):
+            calls.append({"corrupted": True})
+            transport._staging["r0p1"].tensor[17] ^= 0x40
+            torch.cuda.synchronize()
+            return rollout(version, payloads)
+
+        calls.clear()
+        sender.engine_call = corrupt_always
+        with pytest.raises(CorruptBucketError, match="sent again 1 time") as info:
+            sender.send(3, materialize(specs, "cuda:0", seed=3))
+        result["every_time"] = str(info.value).splitlines()[0][:300]
+        assert len(calls) == 2 and rollout.call("contents") == "unknown"
+        assert rollout.call("weight_version") == 2 and rollout.call("lifecycle_version") == 2
+        sender.close()
+
+        arena_transport = CudaIpcSender(device=0)
+        arena_sender = single_sender(rollout, arena_transport, bucket_bytes=LAYOUT_BUCKET)
+        fourth = materialize(specs, "cuda:0", seed=4)
+        arena = arena_sender.arena(fourth)
+        for name, tensor in fourth.items():
+            arena[name].copy_(tensor)
+        calls.clear()
+
+        def corrupt_arena(version, payloads):
+            calls.append({"corrupted": True})
+            arena_transport._staging["a1"].tensor[17] ^= 0x40  # the arena is the only copy
+            torch.cuda.synchronize()
+            return rollout(version, payloads)
+
+        arena_sender.engine_call = corrupt_arena
+        with pytest.raises(CorruptBucketError) as info:
+            arena_sender.send(4, arena)
+        assert len(calls) == 1 and "resends" not in info.value.fields  # not re-sent
+        arena_transport._staging["a1"].tensor[17] ^= 0x40  # repaired: the next version loads
+        arena_sender.engine_call = rollout
+        arena_sender.send(5, arena)
+        assert rollout.call("fingerprints") == fingerprints(fourth)
+        assert rollout.call("weight_version") == 5 and rollout.call("contents") == "valid"
+        arena_sender.close()
+    finally:
+        conn.send(None)
+        server.join(60)
+    record("two_pass_faults", result)

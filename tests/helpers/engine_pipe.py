@@ -39,12 +39,35 @@ def serve_rollout(
     """Serve `RolloutActor` methods over `conn` until it sends None. Besides the actor's methods:
     `seen_ranks` (the payload ranks of every update), `handles_opened` (cuda_ipc opens so far) and
     `visible_devices` (this process's CUDA_VISIBLE_DEVICES)."""
-    actor = RolloutActor(ReferenceEngine(config, devices=list(devices)), receiver=receiver)
+    serve(conn, RolloutActor(ReferenceEngine(config, devices=list(devices)), receiver=receiver))
+
+
+def serve_tensors_rollout(
+    conn: Connection, specs: Sequence[tuple[str, tuple[int, ...], Any]], device: str
+) -> None:
+    """`serve` a `RolloutActor` over a `TensorsEngine` of `specs` (any checkpoint layout)."""
+    from tests.helpers.weight_sync_doubles import TensorsEngine
+
+    serve(conn, RolloutActor(TensorsEngine(specs, device)))
+
+
+def serve(conn: Connection, actor: RolloutActor) -> None:
+    """Serve the actor's methods over `conn` until it sends None, and these queries: `seen_ranks`,
+    `handles_opened`, `visible_devices`, `contents` (the weights' contents), `lifecycle_version`,
+    `fingerprints` (engines that have them), `keep_previous` (sets the receiver's)."""
     seen_ranks: list[list[int]] = []
-    queries = {
+
+    def keep_previous(value: bool) -> None:
+        actor.receiver.keep_previous = value
+
+    queries: dict[str, Any] = {
         "seen_ranks": lambda: seen_ranks,
         "handles_opened": lambda: actor.receiver.transport("cuda_ipc").handles_opened,  # type: ignore[attr-defined]
         "visible_devices": lambda: os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "contents": lambda: actor.lifecycle.contents["weights"].value,
+        "lifecycle_version": lambda: actor.lifecycle.weight_version,
+        "fingerprints": lambda: actor.engine.fingerprints(),  # type: ignore[attr-defined]
+        "keep_previous": keep_previous,
     }
     while True:
         message = conn.recv()
@@ -53,7 +76,7 @@ def serve_rollout(
         method, args = message
         try:
             if method in queries:
-                result = queries[method]()
+                result = queries[method](*args)
             else:
                 if method == "update_weights":
                     seen_ranks.append([p.rank for p in args[1]])

@@ -14,6 +14,7 @@ asserts where the real one exits or asserts). `RECORD` holds what the stand-ins 
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import importlib.util
 import os
@@ -56,6 +57,16 @@ REAL_MODULES = (
     "slime/ray/actor_group.py",
     "slime/backends/megatron_utils/actor.py",
 )
+# On a CUDA machine slime's own accelerator and memory helpers run too (the package first, its
+# submodules in dependency order, its __init__ last).
+CUDA_MODULES = (
+    "slime/utils/accelerator/base.py",
+    "slime/utils/accelerator/torch_accelerator.py",
+    "slime/utils/accelerator/cuda.py",
+    "slime/utils/accelerator/musa.py",
+    "slime/utils/accelerator/__init__.py",
+    "slime/utils/memory_utils.py",
+)
 PACKAGES = (
     "slime",
     "slime.utils",
@@ -90,6 +101,8 @@ class SlimeSource:
         return ["git", f"--git-dir={self.location}"] if is_git_dir else ["git", "-C", str(self.location)]
 
     def read(self, path: str) -> str:
+        if (self.location / "COMMIT").is_file():  # an exported tree: `export_tree` wrote it, no git needed
+            return (self.location / path).read_text()
         command = [*self._git(), "show", f"{self.commit}:{path}"]
         proc = subprocess.run(command, capture_output=True, text=True, timeout=60)
         if proc.returncode != 0:
@@ -97,8 +110,70 @@ class SlimeSource:
         return proc.stdout
 
     def resolved_commit(self) -> str:
+        if (self.location / "COMMIT").is_file():
+            return (self.location / "COMMIT").read_text().strip()
         command = [*self._git(), "rev-parse", self.commit]
         return subprocess.run(command, capture_output=True, text=True, timeout=60).stdout.strip()
+
+    def export_tree(self, destination: Path) -> SlimeSource:
+        """The modules `install` runs, written as plain files (with the resolved commit in COMMIT), for a
+        machine without git or network; never commit the result."""
+        for path in (*REAL_MODULES, *CUDA_MODULES):
+            target = destination / path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(self.read(path))
+        (destination / "COMMIT").write_text(self.resolved_commit() + "\n")
+        return SlimeSource(destination, self.commit)
+
+
+def slime_args(world_size: int, **overrides: Any) -> argparse.Namespace:
+    """slime's parsed flags for a colocated, offloaded actor (only what the code paths read)."""
+    args = argparse.Namespace(
+        debug_rollout_only=False,
+        debug_train_only=False,
+        distributed_backend="nccl",
+        distributed_timeout_minutes=1,
+        num_gpus_per_node=world_size,
+        hf_checkpoint="unused",
+        offload_train=True,
+        colocate=True,
+        use_critic=False,
+        release_train=False,
+        keep_old_actor=False,
+        update_weights_interval=1,
+        vocab_size=None,
+        update_weight_mode="full",
+        update_weight_transport="cuda_ipc",
+        model_name=None,
+        update_weight_start_version=0,
+        rollout_data_postprocess_path=None,
+        use_routing_replay=True,
+        use_rollout_routing_replay=False,
+        compute_advantages_and_returns=True,
+        loss_type="policy_loss",
+        kl_coef=0.0,
+        use_rollout_logprobs=False,
+        get_mismatch_metrics=False,
+        use_opd=False,
+        advantage_estimator="grpo",
+        save_debug_train_data=None,
+        ref_update_interval=None,
+        async_save=False,
+        save_hf=None,
+        use_fault_tolerance=False,
+        tensor_model_parallel_size=1,
+        pipeline_model_parallel_size=world_size,
+        virtual_pipeline_model_parallel_size=None,
+        context_parallel_size=1,
+        expert_model_parallel_size=1,
+        expert_tensor_parallel_size=1,
+        seed=1234,
+        train_env_vars={},
+        train_backend="megatron",
+        ci_test=False,
+    )
+    vars(args).update(overrides)
+    return args
 
 
 # ---------------------------------------------------------------------------------------------- records
@@ -401,19 +476,28 @@ class _NoPinnedTorch:
         return torch.empty_like(tensor, **kwargs)
 
 
-def install(source: SlimeSource) -> types.ModuleType:
-    """Make `import slime...` resolve to slime's source (stand-ins for the heavy internals); returns the actor module."""
+def install(source: SlimeSource, *, device: str = "cpu", model_and_optimizer: Any = None) -> types.ModuleType:
+    """Make `import slime...` resolve to slime's source (stand-ins for the heavy internals); returns the actor module.
+
+    `device="cuda"`: slime's own accelerator and memory helpers and the real torch_memory_saver run
+    too (the launcher's preload environment must be set before the process started);
+    `model_and_optimizer(args, role)` replaces the tiny model's stand-in.
+    """
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+    cuda = device == "cuda"
     tms_utils = importlib.import_module("torch_memory_saver.utils")  # the real one: it locates the .so files
     for name in PACKAGES:
         _module(name, __path__=[])
-    _module(
-        "torch_memory_saver",
-        torch_memory_saver=SAVER,
-        utils=tms_utils,
-        # slime's RayTrainGroup finds the preload library next to the installed package.
-        __file__=str(Path(tms_utils.__file__).with_name("__init__.py")),
-    )
-    sys.modules["torch_memory_saver.utils"] = tms_utils
+    if not cuda:
+        _module(
+            "torch_memory_saver",
+            torch_memory_saver=SAVER,
+            utils=tms_utils,
+            # slime's RayTrainGroup finds the preload library next to the installed package.
+            __file__=str(Path(tms_utils.__file__).with_name("__init__.py")),
+        )
+        sys.modules["torch_memory_saver.utils"] = tms_utils
     config = types.SimpleNamespace(vocab_size=32, quantization_config=None)
     tokenizer = types.SimpleNamespace(vocab_size=32)
     _module(
@@ -422,19 +506,30 @@ def install(source: SlimeSource) -> types.ModuleType:
         AutoTokenizer=types.SimpleNamespace(from_pretrained=lambda *a, **k: tokenizer),
     )
     _ray()
-    _module("slime.utils.accelerator", **_accelerator())
-    _module("slime.utils.memory_utils", **_memory_utils())
+    if not cuda:
+        _module("slime.utils.accelerator", **_accelerator())
+        _module("slime.utils.memory_utils", **_memory_utils())
     _module("slime.utils.http_utils", is_port_available=_port_free)
     _module("slime.utils.data", process_rollout_data=lambda args, ref, rank, size: dict(ref.inner))
     _observability()
     _megatron_stand_ins()
-    for path in REAL_MODULES:
-        name = path.removesuffix(".py").replace("/", ".")
-        module = _module(
-            name, __file__=f"<slime {source.commit}>/{path}", __package__=name.rpartition(".")[0]
-        )
+    if model_and_optimizer is not None:
+        sys.modules[
+            "slime.backends.megatron_utils.model"
+        ].initialize_model_and_optimizer = model_and_optimizer
+    if cuda:
+        _module("slime.utils.accelerator", __path__=[])
+    for path in (*CUDA_MODULES, *REAL_MODULES) if cuda else REAL_MODULES:
+        name = path.removesuffix(".py").replace("/", ".").removesuffix(".__init__")
+        package = name if path.endswith("__init__.py") else name.rpartition(".")[0]
+        module = sys.modules[name] if name in sys.modules and path.endswith("__init__.py") else None
+        if module is None:
+            module = _module(name, __package__=package)
+        module.__file__ = f"<slime {source.commit}>/{path}"
+        module.__package__ = package
         exec(compile(source.read(path), module.__file__, "exec"), module.__dict__)
-    sys.modules["slime.utils.tensor_backper"].torch = _NoPinnedTorch()
+    if not cuda:
+        sys.modules["slime.utils.tensor_backper"].torch = _NoPinnedTorch()
     return sys.modules["slime.backends.megatron_utils.actor"]
 
 

@@ -160,6 +160,54 @@ def rollout_failures(path: Path) -> None:
         lc.recover(State.AWAKE)
 
 
+def held_scopes(path: Path) -> None:
+    """Held scopes on a trainer: reef #202's step, nested holds, a failure inside one and in its final sleep."""
+    with json_log(path):
+        policy = LifecyclePolicy(offload_train=True, use_routing_replay=True)
+        lc, rec = recording_lifecycle(policy, initial=State.PAUSED, rank=3, role="trainer")
+        with lc.held():  # from PAUSED
+            lc.run("train", body(rec, lc, "train"))  # auto-wake, train, its sleep deferred
+            lc.run("save", body(rec, lc, "save"))
+            lc.run("sync", body(rec, lc, "sync"))
+        # the release slept: PAUSED
+        with lc.held():
+            lc.run("save", body(rec, lc, "save"))  # from PAUSED: wake, save, its pause deferred
+            with lc.held():
+                lc.sleep()  # deferred
+                lc.run("train", body(rec, lc, "train"))  # from AWAKE, its sleep deferred
+            lc.wake_up()  # cancels the deferred sleep
+        lc.sleep()
+        with lc.held():
+            pass  # PAUSED: nothing to defer
+        lc.hold()
+        rec.faults.arm("memory.resume")
+        expect(InjectedFault, lc.wake_up)  # a failure inside the scope
+        lc.release()  # on FAILED: gives the hold back
+        lc.recover(State.AWAKE)
+        rec.faults.arm("memory.pause")
+        with pytest.raises(InjectedFault), lc.held():
+            lc.run("train", body(rec, lc, "train"))  # the final sleep fails
+        lc.recover(State.PAUSED)
+        expect(IllegalTransitionError, lc.release)  # no hold taken
+
+
+def held_rollout(path: Path) -> None:
+    """Held scopes over per-tag sleeps and partial wakes."""
+    with json_log(path):
+        policy = LifecyclePolicy(memory_tags=TAGS, sync_requires=("weights",), model_tag=None)
+        lc, rec = recording_lifecycle(policy, generation=True, initial=State.PAUSED, rank=4, role="rollout")
+        lc.wake_up(tags=["weights"])
+        with lc.held():
+            lc.sleep()  # PAUSED with weights resident: deferred
+            lc.run("sync", body(rec, lc, "sync"))
+        lc.wake_up()
+        with lc.held():
+            lc.sleep(tags=["kv_cache"])
+            lc.wake_up(tags=["weights"])  # no-op; kv_cache stays deferred
+            lc.run("generate", body(rec, lc, "generate"))
+        lc.wake_up()
+
+
 def weight_sync(directory: Path) -> list[Path]:
     """Four trainer ranks in two slots and two rollout engines, three versions."""
     out = []
@@ -263,8 +311,13 @@ def random_walk(path: Path, seed: int) -> None:
                 rec.faults.arm(rng.choice(hooks), at=rng.randint(1, 2), after_effect=rng.random() < 0.5)
             choice = rng.random()
             tags = list(rng.sample(TAGS, rng.randint(1, 3))) if tagged and rng.random() < 0.6 else None
+            scope = rng.random()
             try:
-                if lc.state is State.FAILED and choice < 0.7:
+                if scope < 0.06:
+                    lc.hold()
+                elif scope < 0.12:
+                    lc.release()  # refused when no hold is taken
+                elif lc.state is State.FAILED and choice < 0.7:
                     lc.recover(rng.choice((State.AWAKE, State.PAUSED)))
                 elif choice < 0.25:
                     lc.sleep(tags)
@@ -281,7 +334,15 @@ def random_walk(path: Path, seed: int) -> None:
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     directory = tmp_path_factory.mktemp("corpus")
     files = {}
-    for scenario in (trainer_offload, trainer_resident, rollout_tags, failures, rollout_failures):
+    for scenario in (
+        trainer_offload,
+        trainer_resident,
+        rollout_tags,
+        failures,
+        rollout_failures,
+        held_scopes,
+        held_rollout,
+    ):
         files[scenario.__name__] = directory / f"{scenario.__name__}.jsonl"
         scenario(files[scenario.__name__])
     for path in weight_sync(directory / "sync"):
@@ -370,7 +431,9 @@ class TestCleanLogs:
         reasons = {line.get("reason") for path in corpus.values() for line in load(path)}
         for event in ("lifecycle.failed", "lifecycle.resolved", "lifecycle.refused", "weight_sync.update"):
             assert event in names
-        assert {"idempotent", "nested in train", "nested in save"} <= reasons
+        assert {"idempotent", "nested in train", "nested in save", "held"} <= reasons
+        for event in ("lifecycle.hold", "lifecycle.release", "lifecycle.deferred"):
+            assert event in names
 
     def test_a_directory_is_read_as_its_jsonl_files(self, corpus: dict[str, Path]) -> None:
         """Passing the log directory checks every *.jsonl in it (here: the cross-rank sync logs)."""
@@ -649,6 +712,65 @@ class TestReplayFindings:
         assert_finding(
             check_files([dump(path, lines)]), path, i + 1, "malformed lifecycle.transition", "'ASLEEP'"
         )
+
+
+class TestHeldFindings:
+    def test_a_pause_inside_a_held_scope(self, corpus: dict[str, Path], tmp_path: Path) -> None:
+        """A sleep that ran its hooks while a hold was taken is reported at its line."""
+        path, lines = edited(corpus, "trainer_resident", tmp_path)
+        i = find(lines, "lifecycle.transition", operation="sleep", src="AWAKE")
+        hold = {k: lines[i][k] for k in ("rank", "role", "step", "timestamp", "level")}
+        lines.insert(i + 1, dict(hold, event="lifecycle.release", state="PAUSED", holds=0, deferred=[]))
+        lines.insert(i, dict(hold, event="lifecycle.hold", state="AWAKE", holds=1))
+        assert_finding(
+            check_files([dump(path, lines)]),
+            path,
+            i + 2,
+            "sleep from AWAKE on ['*'] ran hooks inside a held scope (held since line",
+            "defers it to the release of the last hold",
+        )
+
+    def test_a_last_release_that_left_a_deferred_sleep(self, corpus: dict[str, Path], tmp_path: Path) -> None:
+        """A scope whose release ran no sleep although one was deferred (it left the actor AWAKE) is reported."""
+        path, lines = edited(corpus, "held_scopes", tmp_path)
+        i = find(lines, "lifecycle.transition", operation="release")
+        assert lines[i + 1]["event"] == "lifecycle.release" and lines[i + 1]["deferred"] == ["*"]
+        del lines[i]
+        findings = check_files([dump(path, lines)])
+        assert_finding(
+            findings, path, i + 1, "was released with the sleep of ['*'] deferred, but no sleep ran", "AWAKE"
+        )
+
+    def test_deferred_tags_that_differ_from_the_replay(self, corpus: dict[str, Path], tmp_path: Path) -> None:
+        path, lines = edited(corpus, "held_rollout", tmp_path)
+        i = find(lines, "lifecycle.deferred", deferred=["kv_cache"])
+        lines[i]["deferred"] = ["weights", "kv_cache"]
+        findings = check_files([dump(path, lines)])
+        assert_finding(
+            findings,
+            path,
+            i + 1,
+            "the log defers the sleep of ['weights', 'kv_cache'], the replay ['kv_cache']",
+        )
+
+    def test_a_release_with_no_hold(self, corpus: dict[str, Path], tmp_path: Path) -> None:
+        path, lines = edited(corpus, "held_scopes", tmp_path)
+        i = next(
+            n
+            for n, line in enumerate(lines[:-1])
+            if line["event"] == "lifecycle.hold" and lines[n + 1]["event"] == "lifecycle.release"
+        )
+        del lines[i]
+        findings = check_files([dump(path, lines)])
+        assert_finding(findings, path, i + 1, "release with no hold taken")
+        assert len(findings) == 1, "\n".join(map(str, findings))
+
+    def test_a_held_no_op_outside_a_scope(self, corpus: dict[str, Path], tmp_path: Path) -> None:
+        path, lines = edited(corpus, "held_rollout", tmp_path)
+        i = find(lines, "lifecycle.noop", reason="held")
+        noop = lines.pop(i)
+        lines.insert(1, noop)
+        assert_finding(check_files([dump(path, lines)]), path, 2, "no-op 'held' outside a held scope")
 
 
 class TestContentsFindings:

@@ -2,7 +2,9 @@
 
 After each one the machine is FAILED with the exact residency, nothing else ran (but, where the
 plan runs a stage's hooks together, the rest of that stage), and `recover` reaches both AWAKE and
-PAUSED without a protocol violation (the fakes raise where TMS would exit).
+PAUSED without a protocol violation (the fakes raise where TMS would exit). Rows of a held scope
+are included: the first wake inside it, and the release of the last hold, whose sleep fails like
+any other.
 """
 
 import itertools
@@ -28,12 +30,18 @@ def _setup(row: Row, lc) -> None:
     """Bring the machine to the row's source state, with the residency its guard needs."""
     if row.source is State.PAUSED:
         lc.sleep()
-        if row.when.name in ("SOME_RESIDENT", "SYNC_TAGS_RESIDENT"):
+        if row.when.name in ("SOME_RESIDENT", "SYNC_TAGS_RESIDENT") or row.operation == "release":
             lc.wake_up(tags=["weights"])
+    if row.held:
+        lc.hold()
+    if row.operation == "release":
+        lc.sleep()  # deferred: the release sleeps it
 
 
 def _operate(row: Row, lc, rec) -> None:
-    if row.operation == "sleep":
+    if row.operation == "release":
+        lc.release()
+    elif row.operation == "sleep":
         lc.sleep()
     elif row.operation == "wake_up":
         lc.wake_up(tags=["weights"] if row.when.name == "PARTIAL" else None)
@@ -129,6 +137,9 @@ def test_failure_at_every_hook_call(row, index, after, target, overlap):
 
     with pytest.raises(LifecycleFailedError):
         lc.sleep()  # nothing runs while FAILED
+    if row.held and row.operation != "release":
+        lc.release()  # gives the hold back on FAILED, runs nothing
+    assert lc.holds == 0
     lc.recover(target)
     assert lc.state is target
     resident = not any(rec.memory.paused.values())

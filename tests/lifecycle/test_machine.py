@@ -53,6 +53,31 @@ class Scenario:
     initial: State = State.AWAKE
     setup: Callable[[Lifecycle, Recorders], Any] | None = None
     residency: dict[str, Residency] = field(default_factory=dict)
+    events: list[str] = field(default_factory=lambda: ["lifecycle.noop"])  # what a row without hooks logs
+
+
+def held(*then: Callable[[Lifecycle, Recorders], Any]) -> Callable[[Lifecycle, Recorders], Any]:
+    """Set-up that takes a hold, then does `then`."""
+
+    def setup(lc: Lifecycle, rec: Recorders) -> None:
+        lc.hold()
+        for step in then:
+            step(lc, rec)
+
+    return setup
+
+
+def wake_weights(lc: Lifecycle, rec: Recorders) -> None:
+    lc.wake_up(tags=["weights"])
+
+
+def held_then_failed(lc: Lifecycle, rec: Recorders) -> None:
+    """Set-up: a hold, then the first wake inside it fails (memory.resume raised)."""
+    lc.hold()
+    rec.faults.arm(Hook.MEMORY_RESUME)
+    with pytest.raises(InjectedFault):
+        lc.wake_up()
+    assert lc.state is State.FAILED
 
 
 R, X = Residency.RESIDENT, Residency.RELEASED
@@ -113,6 +138,61 @@ SCENARIOS: list[Scenario] = [
         State.PAUSED,
         setup=fail_then(None),
     ),
+    # held scopes
+    Scenario(ON, lambda lc, rec: lc.hold(), [], State.AWAKE, events=["lifecycle.hold"]),
+    Scenario(
+        ON, lambda lc, rec: lc.hold(), [], State.PAUSED, initial=State.PAUSED, events=["lifecycle.hold"]
+    ),
+    Scenario(
+        ON,
+        lambda lc, rec: lc.sleep(),
+        [],
+        State.AWAKE,
+        setup=held(),
+        events=["lifecycle.noop", "lifecycle.deferred"],
+    ),
+    Scenario(
+        TAGGED,
+        lambda lc, rec: lc.sleep(),
+        [],
+        State.PAUSED,
+        initial=State.PAUSED,
+        setup=held(wake_weights),
+        residency={"weights": R, "kv_cache": X},
+        events=["lifecycle.noop", "lifecycle.deferred"],
+    ),
+    Scenario(OFF, body("train"), ["body.train"], State.AWAKE, setup=held()),
+    Scenario(OFF, body("train"), [*WAKE, "body.train"], State.AWAKE, initial=State.PAUSED, setup=held()),
+    Scenario(ON, body("save"), [*WAKE, "body.save"], State.AWAKE, initial=State.PAUSED, setup=held()),
+    Scenario(ON, lambda lc, rec: lc.release(), SLEEP, State.PAUSED, setup=held(lambda lc, rec: lc.sleep())),
+    Scenario(
+        TAGGED,
+        lambda lc, rec: lc.release(),
+        ["routing_replay.clear", "clear_memory", "memory.pause[weights]"],
+        State.PAUSED,
+        initial=State.PAUSED,
+        setup=held(wake_weights, lambda lc, rec: lc.sleep()),
+        residency={"weights": X, "kv_cache": X},
+    ),
+    Scenario(ON, lambda lc, rec: lc.release(), [], State.AWAKE, setup=held(), events=["lifecycle.release"]),
+    Scenario(
+        ON,
+        lambda lc, rec: lc.release(),
+        [],
+        State.PAUSED,
+        initial=State.PAUSED,
+        setup=held(),
+        events=["lifecycle.release"],
+    ),
+    Scenario(
+        ON,
+        lambda lc, rec: lc.release(),
+        [],
+        State.FAILED,
+        initial=State.PAUSED,
+        setup=held_then_failed,
+        events=["lifecycle.release"],
+    ),
 ]
 
 
@@ -144,7 +224,7 @@ def test_row(index, row):
     ]
     assert transitions == [(e.source, e.dest, e.operation, e.phase) for e in row_edges(row)]
     if row.noop:
-        assert [e["event"] for e in events] == ["lifecycle.noop"]
+        assert [e["event"] for e in events] == sc.events
     if sc.residency:
         assert lc.residency == sc.residency
     if sc.final is State.AWAKE:

@@ -69,3 +69,21 @@ class TestColocatedLoop:
     def test_unknown_breakage_is_refused(self):
         with pytest.raises(ValueError, match="broken must be one of"):
             explore(broken="nope")
+
+
+class TestHeldScope:
+    """reef #202's trainer step inside a held scope: hold, wake (slot restore), train, save, sleep, release."""
+
+    @pytest.mark.parametrize("faults", [0, 1, 2])
+    def test_invariants_hold_with_the_trainer_step_in_a_scope(self, faults):
+        """Exclusion, freshness, valid weights, progress, and no pause inside the scope, with hook failures
+        anywhere, the scope's final sleep included."""
+        report = explore(steps=3, save_every=2, faults=faults, held=True)
+        assert report.violations == [] and report.deadlocks == 0
+        assert report.completed >= 1
+        assert report.states > explore(steps=3, save_every=2, faults=faults).states  # the scope's own steps
+
+    def test_a_scope_released_after_the_sync_breaks_exclusion(self):
+        """A driver that signals the rollout while still holding the trainer awake is caught."""
+        report = explore(steps=2, broken="release_after_sync")
+        assert any(v.startswith("exclusion: trainer AWAKE") for v in report.violations), report.violations

@@ -444,3 +444,45 @@ class TestPicture:
             "assert not bad, bad"
         )
         subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[2])
+
+
+class TestHeldScopes:
+    def test_a_held_scope_is_a_slice_on_its_own_track_and_deferrals_are_instants(
+        self, tmp_path: Path
+    ) -> None:
+        """Each held scope (first hold to last release) is one slice on the machine's "held" track; each
+        change of its deferred sleep is an instant on the machine's own track."""
+        path = tmp_path / "held.jsonl"
+        with json_log(path):
+            lc, rec = recording_lifecycle(
+                LifecyclePolicy(offload_train=True), initial=State.PAUSED, rank=0, role="trainer"
+            )
+            for _ in range(2):
+                with lc.held():
+                    lc.wake_up()
+                    with lc.held():  # nested: still one scope
+                        lc.run("train", make_body(rec, lc, "train"))
+                    lc.run("save", make_body(rec, lc, "save"))
+        trace = build_trace([path])
+        names = track_names(trace)
+        assert sorted(names.values()) == ["rank 0 trainer", "rank 0 trainer held"]
+        (held_track,) = [k for k, name in names.items() if name.endswith("held")]
+        scopes = tracks(trace)[held_track]
+        assert [(e["name"], e["cat"]) for e in scopes] == [("held", "held"), ("held", "held")]
+        lines = raw_lines(path)
+        origin = trace["otherData"]["origin_epoch_s"]
+        holds = [epoch(x["timestamp"]) for x in lines if x["event"] == "lifecycle.hold" and x["holds"] == 1]
+        releases = [
+            epoch(x["timestamp"]) for x in lines if x["event"] == "lifecycle.release" and x["holds"] == 0
+        ]
+        for scope, start, end in zip(scopes, holds, releases, strict=True):
+            assert scope["ts"] == pytest.approx((start - origin) * 1e6, abs=1.0)
+            assert scope["ts"] + scope["dur"] == pytest.approx((end - origin) * 1e6, abs=1.0)
+        deferred = [e["name"] for e in track_of(trace, 0, "trainer") if e.get("cat") == "deferred"]
+        assert deferred == ["sleep deferred ['*']", "sleep deferred ['*']"]
+        picture = render_png([path], tmp_path / "held.png")
+        assert picture.markers["deferred"] == 2
+        figure = draw_figure([path])
+        (axes,) = figure.axes
+        assert [c for c in axes.collections if c.get_gid() == "held 0"]
+        assert "held scope" in [t.get_text() for t in axes.get_legend().get_texts()]

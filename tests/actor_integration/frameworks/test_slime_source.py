@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import os
 import sys
-from argparse import Namespace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.helpers.slime_source import HOW_TO_RUN, SOURCE_ENV, SlimeSource, SlimeSourceUnavailable
+from tests.helpers.slime_source import HOW_TO_RUN, SOURCE_ENV, SlimeSource, SlimeSourceUnavailable, slime_args
 from tests.helpers.spawn import no_crash, run_world
 
 try:
@@ -42,54 +41,6 @@ def _source_readable() -> None:
 
 
 DEADLINE_S = 240.0
-
-
-def _args(world_size: int) -> Namespace:
-    """slime's parsed flags for a colocated, offloaded actor (only what the code paths read)."""
-    return Namespace(
-        debug_rollout_only=False,
-        debug_train_only=False,
-        distributed_backend="nccl",
-        distributed_timeout_minutes=1,
-        num_gpus_per_node=world_size,
-        hf_checkpoint="unused",
-        offload_train=True,
-        colocate=True,
-        use_critic=False,
-        release_train=False,
-        keep_old_actor=False,
-        update_weights_interval=1,
-        vocab_size=None,
-        update_weight_mode="full",
-        update_weight_transport="cuda_ipc",
-        model_name=None,
-        update_weight_start_version=0,
-        rollout_data_postprocess_path=None,
-        use_routing_replay=True,
-        use_rollout_routing_replay=False,
-        compute_advantages_and_returns=True,
-        loss_type="policy_loss",
-        kl_coef=0.0,
-        use_rollout_logprobs=False,
-        get_mismatch_metrics=False,
-        use_opd=False,
-        advantage_estimator="grpo",
-        save_debug_train_data=None,
-        ref_update_interval=None,
-        async_save=False,
-        save_hf=None,
-        use_fault_tolerance=False,
-        tensor_model_parallel_size=1,
-        pipeline_model_parallel_size=world_size,
-        virtual_pipeline_model_parallel_size=None,
-        context_parallel_size=1,
-        expert_model_parallel_size=1,
-        expert_tensor_parallel_size=1,
-        seed=1234,
-        train_env_vars={},
-        train_backend="megatron",
-        ci_test=False,
-    )
 
 
 def _rollout(step: int) -> Any:
@@ -182,7 +133,7 @@ def _worker(
         state = machine.state.value if machine is not None else None
         out["steps"].append({"step": name, "state": state, "error": error, "pauses": SAVER.pause_count})
 
-    step("init", lambda: actor.init(_args(world_size), "actor"))
+    step("init", lambda: actor.init(slime_args(world_size), "actor"))
     actor.set_rollout_manager(RolloutManager())
     out["groups_init"] = _groups()
     out["weights_init"] = model_checksum(actor.model)
@@ -244,7 +195,7 @@ def _pp4_run(actor: Any, serial: list[int]) -> dict[str, Any]:
     from tests.helpers.slime_source import RolloutManager
 
     out: dict[str, Any] = {"states": []}
-    actor.init(_args(4), "actor")
+    actor.init(slime_args(4), "actor")
     rank, world_size = dist.get_rank(), dist.get_world_size()
     actor.set_rollout_manager(RolloutManager())
     out["groups_init"] = _groups()
@@ -278,7 +229,7 @@ def _ray_group_run(actor_module: Any, trainer: type) -> dict[str, Any]:
     for name in ("LD_PRELOAD", "TMS_INIT_ENABLE", "TMS_INIT_ENABLE_CPU_BACKUP"):
         os.environ.pop(name)  # RayTrainGroup must put them there itself
     placement = sys.modules["ray.util.placement_group"].PlacementGroup()
-    group = RayTrainGroup(_args(1), 1, 1, pg=(placement, [0], [0]), actor_cls=trainer)
+    group = RayTrainGroup(slime_args(1), 1, 1, pg=(placement, [0], [0]), actor_cls=trainer)
     out: dict[str, Any] = {"create": group.create(rollout_manager=RolloutManager())}
     actor = group._actor_handlers[0].instance
     out["env_vars"] = RECORD["ray_actors"][0]["env_vars"]

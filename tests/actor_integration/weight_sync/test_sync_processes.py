@@ -122,6 +122,21 @@ def trainer_main(rank, world, port, conn, out, disk_dir) -> None:
     except WeightSyncError as exc:
         result["errors"].append([type(exc).__name__, str(exc)])
     record(shm.send(3, trained(3).named_weights()))
+    # The engine finds the follower's bucket of v4's first round damaged after it was packed:
+    # every rank of the slot packs that round again and sends it once more.
+    attempts = []
+
+    def damaging(version, payloads):
+        attempts.append(payloads[0].round)
+        if len(attempts) == 1:
+            with open(payloads[1].descriptors[0].path, "r+b") as f:
+                f.write(b"\xff\xfe\xfd")
+        return engine(version, payloads)
+
+    if me.is_coordinator:
+        shm.engine_call = damaging
+    report = shm.send(4, trained(4).named_weights())
+    result["resent"] = [report.version, report.resends, report.rounds, attempts]
     for s in (shm, disk, replay):
         s.close()
     dist.barrier()
@@ -181,8 +196,14 @@ def three_ranks(tmp_path_factory):
 class TestSlotOfTwoRanks:
     def test_the_engine_holds_the_last_version_bit_exact(self, three_ranks):
         _results, engine, _out = three_ranks
-        assert engine["checksum"] == weights_checksum(trained(3).named_weights())
-        assert engine["version"] == 3
+        assert engine["checksum"] == weights_checksum(trained(4).named_weights())
+        assert engine["version"] == 4
+
+    def test_a_round_the_engine_found_corrupt_is_sent_again_by_every_rank_of_the_slot(self, three_ranks):
+        results, _engine, _out = three_ranks
+        version, resends, rounds, attempts = results[0]["resent"]
+        assert (version, resends) == (4, 1) and results[1]["resent"][:3] == [4, 1, rounds]
+        assert attempts == [0, *range(rounds)]  # round 0 twice, then the others once
 
     def test_the_coordinator_passes_one_payload_per_slot_rank_in_rank_order(self, three_ranks):
         _results, engine, _out = three_ranks

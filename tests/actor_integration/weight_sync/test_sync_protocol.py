@@ -23,11 +23,13 @@ from actor_integration.weight_sync import (
     WeightSender,
     WeightSyncError,
     WeightSyncTimeout,
+    kernels,
 )
 from actor_integration.weight_sync.disk import DiskSender
 from actor_integration.weight_sync.shm import ShmSender
-from lifecycle import capture_events
+from lifecycle import Contents, InvalidWeightsError, capture_events
 from tests.helpers.models import perturbed
+from tests.helpers.weight_sync_doubles import DeviceChecksumShm
 
 CONFIG = TinyLMConfig(vocab_size=61, dim=16, n_layers=2, n_heads=2, max_seq_len=32, seed=3)
 
@@ -145,8 +147,10 @@ class TestRefusals:
         assert actor.weights_checksum() == weights_checksum(good.named_weights())
         assert actor.weight_version() == 1
         assert actor.generate([[1, 2]], 4) == good.generate([[1, 2]], max_new_tokens=4)
-        (loaded,) = [e for e in events if e["event"] == "weight_sync.loaded"]
-        assert loaded["checksum_ok"] is False and loaded["version"] == 2
+        # The sender packed and sent the corrupt round once more (corrupt_resends=1): refused again.
+        loaded = [e for e in events if e["event"] == "weight_sync.loaded"]
+        assert [(e["checksum_ok"], e["version"], e["written"]) for e in loaded] == [(False, 2, False)] * 2
+        assert isinstance(info.value, CorruptBucketError) and info.value.resends == 1
         sender.engine_call = actor.update_weights
         sender.send(3, trained(3).named_weights())
         assert actor.weights_checksum() == weights_checksum(trained(3).named_weights())
@@ -382,3 +386,193 @@ class TestPipelinedRounds:
     def test_pipelining_needs_a_double_buffered_transport(self, actor):
         with pytest.raises(ValueError, match="double-buffered"):
             sender_for(actor, ShmSender(), pipelined=True)
+
+
+def damage(payload, position=-1, data=b"\x00\x01\x02"):
+    """Write over the start of one bucket of a payload after it was packed and checksummed."""
+    with open(payload.descriptors[position].path, "r+b") as f:
+        f.write(data)
+
+
+class TestTwoPassVerification:
+    """`WeightReceiver(keep_previous=False)`: the round is written while checksummed and compared
+    after; a corrupt round leaves the weights invalid (generation refused) and the sender sends
+    the round again once. The version history never records the corrupt round."""
+
+    @pytest.fixture
+    def actor(self):
+        return RolloutActor(ReferenceEngine(CONFIG), receiver=WeightReceiver(keep_previous=False))
+
+    def one_round_sender(self, actor, **kwargs):
+        return sender_for(actor, DeviceChecksumShm(), round_buckets=None, **kwargs)
+
+    def test_a_clean_round_is_written_once_with_the_checksums_of_the_copy(self, actor, monkeypatch):
+        checked = []
+        scatter_checked = kernels.scatter_checked
+        monkeypatch.setattr(kernels, "scatter_checked", lambda *a: checked.append(1) or scatter_checked(*a))
+        monkeypatch.setattr(
+            WeightReceiver,
+            "_launch_verify",
+            lambda *a: pytest.fail("the round was verified before the write"),
+        )
+        sender = self.one_round_sender(actor)
+        model = trained(1)
+        sender.send(1, model.named_weights())
+        assert checked == [1] and actor.weights_checksum() == weights_checksum(model.named_weights())
+        assert actor.weight_version() == 1 and actor.lifecycle.contents["weights"] is Contents.VALID
+        sender.close()
+
+    def test_a_corrupted_bucket_leaves_the_weights_invalid_until_the_resent_round_loads(self, actor):
+        good, new = trained(1), trained(2)
+        sender = self.one_round_sender(actor)
+        sender.send(1, good.named_weights())
+        seen = []
+
+        def engine(version, payloads):
+            if not seen:
+                damage(payloads[0])
+            else:  # the re-send: the corrupt round was written, and nothing serves it
+                seen.append(
+                    {
+                        "contents": actor.lifecycle.contents["weights"],
+                        "version": (actor.weight_version(), actor.lifecycle.weight_version),
+                        "engine_version": actor.engine.weight_version,
+                        "overwritten": actor.engine.weights_checksum()
+                        != weights_checksum(good.named_weights()),
+                    }
+                )
+                with pytest.raises(InvalidWeightsError, match="unknown"):
+                    actor.generate([[1, 2]], 4)
+            seen.append(payloads[0].round)
+            return actor.update_weights(version, payloads)
+
+        sender.engine_call = engine
+        with capture_events() as events:
+            report = sender.send(2, new.named_weights())
+        assert seen[0] == 0 and seen[2] == 0 and report.resends == 1
+        assert seen[1] == {
+            "contents": Contents.UNKNOWN,
+            "version": (1, 1),
+            "engine_version": 1,
+            "overwritten": True,
+        }
+        assert actor.weights_checksum() == weights_checksum(new.named_weights())
+        assert actor.weight_version() == 2 and actor.lifecycle.weight_version == 2
+        assert actor.generate([[1, 2]], 4) == new.generate([[1, 2]], max_new_tokens=4)
+        loaded = [
+            (e["version"], e["ok"], e.get("written")) for e in events if e["event"] == "weight_sync.loaded"
+        ]
+        assert loaded == [(2, False, True), (2, True, None)]
+        reasons = [e["reason"] for e in events if e["event"] == "lifecycle.contents"]
+        assert any("failed its checksum after it was written" in r for r in reasons)
+        (update,) = [e for e in events if e["event"] == "weight_sync.update"]
+        assert update["resends"] == 1 and update["ok"] is True
+        sender.close()
+
+    def test_a_round_corrupt_every_time_fails_with_the_typed_error_and_stays_invalid(self, actor):
+        good = trained(1)
+        sender = self.one_round_sender(actor)
+        sender.send(1, good.named_weights())
+        calls = []
+
+        def engine(version, payloads):
+            calls.append(version)
+            damage(payloads[0])
+            return actor.update_weights(version, payloads)
+
+        sender.engine_call = engine
+        with pytest.raises(CorruptBucketError, match="sent again 1 time") as info:
+            sender.send(2, trained(2).named_weights())
+        assert calls == [2, 2] and info.value.resends == 1 and info.value.version == 2
+        assert isinstance(info.value.__cause__, CorruptBucketError)
+        assert actor.lifecycle.contents["weights"] is Contents.UNKNOWN
+        assert actor.weight_version() == 1 and actor.lifecycle.weight_version == 1
+        with pytest.raises(InvalidWeightsError):
+            actor.generate([[1, 2]], 4)
+        sender.engine_call = actor.update_weights  # the next sync repairs them
+        sender.send(3, trained(3).named_weights())
+        assert actor.weights_checksum() == weights_checksum(trained(3).named_weights())
+        assert actor.weight_version() == 3 and actor.lifecycle.contents["weights"] is Contents.VALID
+        sender.close()
+
+    def test_without_resends_the_first_corrupt_round_fails(self, actor):
+        sender = self.one_round_sender(actor, corrupt_resends=0)
+        sender.send(1, trained(1).named_weights())
+        calls = []
+
+        def engine(version, payloads):
+            calls.append(version)
+            damage(payloads[0])
+            return actor.update_weights(version, payloads)
+
+        sender.engine_call = engine
+        with pytest.raises(CorruptBucketError, match="fails its wsum64 checksum") as info:
+            sender.send(2, trained(2).named_weights())
+        assert calls == [2] and "resends" not in info.value.fields
+        sender.close()
+
+    def test_a_corrupt_round_of_a_staged_version_keeps_the_served_weights_and_is_resent(self, actor):
+        """Rounds of a version in several rounds go into the engine's staging tensors: a corrupt
+        one does not touch the served weights, and its re-send continues the version."""
+        good, new = trained(1), trained(2)
+        sender = sender_for(actor, DeviceChecksumShm(), round_buckets=2)
+        sender.send(1, good.named_weights())
+        rounds = []
+
+        def engine(version, payloads):
+            if payloads[0].round == 1 and 1 not in rounds:
+                damage(payloads[0], position=0)
+            elif payloads[0].round == 1:  # the re-send: the served weights are the old ones, valid
+                assert actor.lifecycle.contents["weights"] is Contents.VALID
+                assert actor.generate([[1, 2]], 4) == good.generate([[1, 2]], max_new_tokens=4)
+            rounds.append(payloads[0].round)
+            return actor.update_weights(version, payloads)
+
+        sender.engine_call = engine
+        report = sender.send(2, new.named_weights())
+        assert report.rounds > 2 and rounds == [0, 1, *range(1, report.rounds)] and report.resends == 1
+        assert actor.weights_checksum() == weights_checksum(new.named_weights())
+        sender.close()
+
+    def test_the_default_keeps_the_previous_weights_served_until_the_resent_round_loads(self):
+        actor = RolloutActor(ReferenceEngine(CONFIG))
+        good, new = trained(1), trained(2)
+        sender = sender_for(actor, DeviceChecksumShm(), round_buckets=None)
+        sender.send(1, good.named_weights())
+        served = []
+
+        def engine(version, payloads):
+            if not served:
+                damage(payloads[0])
+            else:
+                served.append(actor.generate([[1, 2]], 4) == good.generate([[1, 2]], max_new_tokens=4))
+            served.append(payloads[0].round)
+            return actor.update_weights(version, payloads)
+
+        sender.engine_call = engine
+        report = sender.send(2, new.named_weights())
+        assert served == [0, True, 0] and report.resends == 1
+        assert actor.weights_checksum() == weights_checksum(new.named_weights())
+        sender.close()
+
+    def test_rounds_the_copy_cannot_check_whole_are_verified_before_the_write(self, actor):
+        """Host checksums (CRC32, what shm gives host tensors) are not computed by the copy: such a
+        round is verified first, so a corrupt one leaves the previous weights, as by default."""
+        good = trained(1)
+        sender = sender_for(actor, ShmSender(), round_buckets=None, corrupt_resends=0)
+        sender.send(1, good.named_weights())
+
+        def engine(version, payloads):
+            damage(payloads[0])
+            return actor.update_weights(version, payloads)
+
+        sender.engine_call = engine
+        with pytest.raises(CorruptBucketError, match="crc32"):
+            sender.send(2, trained(2).named_weights())
+        assert actor.weights_checksum() == weights_checksum(good.named_weights())
+        assert actor.lifecycle.contents["weights"] is Contents.VALID
+        sender.close()
+
+    def test_a_negative_resend_count_is_refused(self, actor):
+        with pytest.raises(ValueError, match="corrupt_resends"):
+            sender_for(actor, ShmSender(), corrupt_resends=-1)
