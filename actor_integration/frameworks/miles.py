@@ -368,9 +368,10 @@ class MilesLifecycleMixin(LifecycleMixin):
         """miles' `update_weights(info)` as the sync operation; then, from PAUSED, the release of the
         tags kept for it (`param_buffer`), which miles' body asks for after its push."""
         lifecycle, layout = self.lifecycle, self.lifecycle_layout()
-        from_paused = lifecycle.state is State.PAUSED
-        if from_paused:
+        if lifecycle.state is State.PAUSED:
             self._refuse_released_params(layout)
+        # Asleep, or awake only because a held scope deferred its sleep (then the release is deferred too).
+        asleep = lifecycle.state is State.PAUSED or bool(lifecycle.deferred)
         claimed: list[str] = []
         self.__dict__["_lifecycle_claimed_pauses"] = claimed
         try:
@@ -379,7 +380,7 @@ class MilesLifecycleMixin(LifecycleMixin):
             self.__dict__.pop("_lifecycle_claimed_pauses", None)
             # From AWAKE the params stay: an awake actor holds all its memory (plain miles pauses
             # them there, and its next train step writes released memory).
-            if claimed and from_paused and lifecycle.state is State.PAUSED:
+            if claimed and asleep and lifecycle.state is not State.FAILED:
                 lifecycle.sleep(tuple(dict.fromkeys(claimed)))
 
     def lifecycle_body_globals(self, operation: str) -> Mapping[str, Any]:

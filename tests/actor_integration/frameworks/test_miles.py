@@ -128,6 +128,25 @@ class TestPerTagResidency:
         actor.update_weights("info")
         assert actor.saved == [0] and actor.pushed == [0]
 
+    def test_a_held_scope_releases_the_params_with_its_one_sleep(self):
+        """A driver's held scope (one wake and one sleep per step): the push inside it asks for the
+        param release as without the scope, and the scope's release makes it with the others."""
+        actor = fresh("rematerialize")
+        actor.lifecycle_hold()
+        actor.train(1)
+        actor.save_model(1)
+        actor.sleep()  # deferred: the actor stays awake
+        actor.update_weights("info")
+        assert actor.lifecycle.state is State.AWAKE and actor.pushed == [1]
+        actor.calls.clear()
+        assert actor.lifecycle_release()["state"] == "PAUSED"
+        assert [c for c in actor.calls.names() if c.startswith("memory.pause")] == [
+            "memory.pause[grad_buffer]",
+            "memory.pause[default]",
+            "memory.pause[param_buffer]",
+        ]
+        assert machine_paused(actor.lifecycle.residency) == actor.tms.paused
+
     def test_lora_rollout_never_touches_the_adapters_buffers(self):
         actor = fresh("lora rollout")
         actor.train(1)

@@ -91,6 +91,18 @@ class TestUnderTheAdapter:
             assert search.violations == 0, render(config, search)
 
     @pytest.mark.slow
+    def test_no_sequence_with_held_scopes_breaks(self):
+        """A driver's hold and release between miles' calls (LifecycleGroup.held()): still nothing."""
+        methods = {
+            **METHODS,
+            "hold": lambda actor: actor.lifecycle_hold(),
+            "release": lambda actor: actor.lifecycle_release(),
+        }
+        for config in CONFIGS:
+            search = explore(lambda config=config: started(LifecycleMilesActor, config), methods, 4, check)
+            assert search.violations == 0, render(config, search)
+
+    @pytest.mark.slow
     def test_no_longer_sequence_breaks(self):
         for config, search in _searches(LifecycleMilesActor, SLOW_ADAPTER_DEPTH).items():
             assert search.violations == 0, render(config, search)
