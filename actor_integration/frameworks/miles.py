@@ -365,8 +365,9 @@ class MilesLifecycleMixin(LifecycleMixin):
         return super().save_model(*args, **kwargs)
 
     def update_weights(self, *args: Any, **kwargs: Any) -> Any:
-        """miles' `update_weights(info)` as the sync operation; then, from PAUSED, the release of the
-        tags kept for it (`param_buffer`), which miles' body asks for after its push."""
+        """miles' `update_weights(info)` as the sync operation; then, when the actor is asleep (or awake
+        only because a held scope deferred its sleep), the release of the tags kept for it
+        (`param_buffer`), which miles' body asks for after its push."""
         lifecycle, layout = self.lifecycle, self.lifecycle_layout()
         if lifecycle.state is State.PAUSED:
             self._refuse_released_params(layout)
