@@ -233,7 +233,7 @@ class TorchMemorySaverBackend:
                 "allocation is the preload library's: the backend set hook_mode='preload'"
             )
         self._init_enable = is_true(self._environ.get("TMS_INIT_ENABLE"))
-        if self._init_enable and self.tags is not None:
+        if self._init_enable and self.tags is not None and _TMS_DEFAULT_TAG not in self.tags:
             self.notes.append(
                 f"TMS_INIT_ENABLE puts allocations outside region() under TMS tag 'default', which this backend "
                 f"(tags {list(self.tags)}) never pauses; use tags=None to pause them too"

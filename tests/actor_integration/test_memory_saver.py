@@ -545,6 +545,16 @@ class TestTorchMemorySaverBackendConfiguration:
         backend, _ = tms_backend(environ=preload_env(TMS_INIT_ENABLE="1"), hook_mode="preload", cuda_major=13)
         assert any("TMS tag 'default', which this backend" in note for note in backend.notes)
 
+    def test_no_unpaused_default_note_when_default_is_declared(self) -> None:
+        """miles' tag layouts declare 'default' itself: the backend pauses it, so no note says otherwise."""
+        backend, _ = tms_backend(
+            tags=("grad_buffer", "default"),
+            environ=preload_env(TMS_INIT_ENABLE="1"),
+            hook_mode="preload",
+            cuda_major=13,
+        )
+        assert not any("TMS tag 'default', which this backend" in note for note in backend.notes)
+
     def test_describe(self) -> None:
         backend, _ = tms_backend(cpu_backup=["weights"], retain_cpu_backup=True)
         text = backend.describe()
