@@ -167,7 +167,10 @@ class TestNcclAndCommunicators:
         )
         monkeypatch.setattr(_nccl, "torch_nccl_version", lambda: (2, 28, 9))
         detail = check_nccl().detail
-        assert "NCCL 2.30.7 loaded from /x/libnccl.so.2 (torch was built against 2.28.9; its NCCL calls run" in detail
+        assert (
+            "NCCL 2.30.7 loaded from /x/libnccl.so.2 (torch was built against 2.28.9; its NCCL calls run"
+            in detail
+        )
 
     @pytest.mark.parametrize("reachable", [True, False])
     def test_destroy_is_recommended_with_the_measurement_and_suspend_stays_opt_in(
