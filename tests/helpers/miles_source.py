@@ -22,13 +22,10 @@ import importlib
 import logging
 import math
 import os
-import socket
-import subprocess
 import sys
 import types
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -36,6 +33,13 @@ import torch.distributed as dist
 
 from actor_integration.frameworks.miles import MILES_COMMIT
 from lifecycle.testing import CallLog, ProtocolViolation
+from tests.helpers.framework_source import (
+    FrameworkSource,
+    SourceUnavailable,
+    port_free,
+    ray_stand_in,
+    stand_in_module,
+)
 from tests.helpers.miles_like import MilesMemory
 from tests.helpers.slime_source import checksum, model_checksum
 
@@ -87,38 +91,18 @@ PACKAGES = (
 ACTOR_MODULE = "miles.backends.megatron_utils.actor"
 
 
-class MilesSourceUnavailable(RuntimeError):
+class MilesSourceUnavailable(SourceUnavailable):
     """miles' source is not reachable here (CI has no network): the suite skips with HOW_TO_RUN."""
 
 
 @dataclass(frozen=True)
-class MilesSource:
-    location: Path
-    commit: str
-
-    @classmethod
-    def find(cls) -> MilesSource:
-        given = os.environ.get(SOURCE_ENV)
-        if not given:
-            raise MilesSourceUnavailable(f"{SOURCE_ENV} is not set; {HOW_TO_RUN}")
-        source = cls(Path(given).expanduser(), os.environ.get(COMMIT_ENV, MILES_COMMIT))
-        source.read(ACTOR_MODULE.replace(".", "/") + ".py")  # fails early, with the reason
-        return source
-
-    def _git(self) -> list[str]:
-        is_git_dir = (self.location / "HEAD").is_file() and (self.location / "objects").is_dir()
-        return ["git", f"--git-dir={self.location}"] if is_git_dir else ["git", "-C", str(self.location)]
-
-    def read(self, path: str) -> str:
-        command = [*self._git(), "show", f"{self.commit}:{path}"]
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=60)
-        if proc.returncode != 0:
-            raise MilesSourceUnavailable(f"`{' '.join(command)}` failed: {proc.stderr.strip()}; {HOW_TO_RUN}")
-        return proc.stdout
-
-    def resolved_commit(self) -> str:
-        command = [*self._git(), "rev-parse", self.commit]
-        return subprocess.run(command, capture_output=True, text=True, timeout=60).stdout.strip()
+class MilesSource(FrameworkSource):
+    SOURCE_ENV = SOURCE_ENV
+    COMMIT_ENV = COMMIT_ENV
+    DEFAULT_COMMIT = MILES_COMMIT
+    HOW_TO_RUN = HOW_TO_RUN
+    PROBE = ACTOR_MODULE.replace(".", "/") + ".py"
+    UNAVAILABLE = MilesSourceUnavailable
 
 
 # ---------------------------------------------------------------------------------------------- records
@@ -144,14 +128,7 @@ def params_tag() -> str:
 # ---------------------------------------------------------------------------------------------- stand-ins
 
 
-def _module(name: str, **attrs: Any) -> types.ModuleType:
-    module = types.ModuleType(name)
-    module.__dict__.update(attrs)
-    sys.modules[name] = module
-    parent, _, child = name.rpartition(".")
-    if parent in sys.modules:
-        setattr(sys.modules[parent], child, module)
-    return module
+_module = stand_in_module
 
 
 class _LocalActorClass:
@@ -179,27 +156,7 @@ class _LocalActorClass:
 
 
 def _ray() -> None:
-    def remote(*args: Any, **options: Any) -> Any:
-        if args and isinstance(args[0], type):  # bare @ray.remote
-            return _LocalActorClass(args[0], {})
-        return lambda cls: _LocalActorClass(cls, options)
-
-    _module(
-        "ray",
-        remote=remote,
-        get=lambda refs, timeout=None: refs,
-        put=lambda value: value,
-        get_gpu_ids=lambda: [0],
-        _private=types.SimpleNamespace(
-            services=types.SimpleNamespace(get_node_ip_address=lambda: "127.0.0.1")
-        ),
-    )
-    _module("ray.util")
-    _module("ray.util.placement_group", PlacementGroup=type("PlacementGroup", (), {}))
-    _module(
-        "ray.util.scheduling_strategies",
-        PlacementGroupSchedulingStrategy=lambda placement_group, placement_group_bundle_index: None,
-    )
+    ray_stand_in(_LocalActorClass, put=lambda value: value)
 
 
 class RolloutManager:
@@ -492,7 +449,7 @@ def _miles_stand_ins() -> None:
     def inplace_modify_args(args: Any, overrides: dict[str, Any]) -> Iterator[None]:
         yield
 
-    _module("miles.utils.http_utils", is_port_available=_port_free)
+    _module("miles.utils.http_utils", is_port_available=port_free)
     _module(
         "miles.utils.memory_utils",
         clear_memory=lambda clear_host_memory=False: None,
@@ -584,13 +541,6 @@ def install(source: MilesSource) -> types.ModuleType:
     for name in ("miles.utils.tensor_backper", "miles.ray.train_actor", "miles.utils.environ"):
         sys.modules[name].torch = _CpuTorch()
     return sys.modules[ACTOR_MODULE]
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s, contextlib.suppress(OSError):
-        s.bind(("", port))
-        return True
-    return False
 
 
 def fresh_process_state() -> None:

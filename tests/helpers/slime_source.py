@@ -15,11 +15,8 @@ asserts where the real one exits or asserts). `RECORD` holds what the stand-ins 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.util
 import os
-import socket
-import subprocess
 import sys
 import types
 from collections.abc import Iterator
@@ -32,6 +29,13 @@ import torch.distributed as dist
 
 from actor_integration.frameworks.slime import SLIME_COMMIT
 from lifecycle.testing import FakeMemorySaver, ProtocolViolation
+from tests.helpers.framework_source import (
+    FrameworkSource,
+    SourceUnavailable,
+    port_free,
+    ray_stand_in,
+    stand_in_module,
+)
 
 SOURCE_ENV = "RL_LIFECYCLE_SLIME_SOURCE"
 COMMIT_ENV = "RL_LIFECYCLE_SLIME_COMMIT"
@@ -78,52 +82,23 @@ PACKAGES = (
 )
 
 
-class SlimeSourceUnavailable(RuntimeError):
+class SlimeSourceUnavailable(SourceUnavailable):
     """slime's source is not reachable here (CI has no network): the suite skips with HOW_TO_RUN."""
 
 
 @dataclass(frozen=True)
-class SlimeSource:
-    location: Path
-    commit: str
-
-    @classmethod
-    def find(cls) -> SlimeSource:
-        given = os.environ.get(SOURCE_ENV)
-        if not given:
-            raise SlimeSourceUnavailable(f"{SOURCE_ENV} is not set; {HOW_TO_RUN}")
-        source = cls(Path(given).expanduser(), os.environ.get(COMMIT_ENV, SLIME_COMMIT))
-        source.read("slime/backends/megatron_utils/actor.py")  # fails early, with the reason
-        return source
-
-    def _git(self) -> list[str]:
-        is_git_dir = (self.location / "HEAD").is_file() and (self.location / "objects").is_dir()
-        return ["git", f"--git-dir={self.location}"] if is_git_dir else ["git", "-C", str(self.location)]
-
-    def read(self, path: str) -> str:
-        if (self.location / "COMMIT").is_file():  # an exported tree: `export_tree` wrote it, no git needed
-            return (self.location / path).read_text()
-        command = [*self._git(), "show", f"{self.commit}:{path}"]
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=60)
-        if proc.returncode != 0:
-            raise SlimeSourceUnavailable(f"`{' '.join(command)}` failed: {proc.stderr.strip()}; {HOW_TO_RUN}")
-        return proc.stdout
-
-    def resolved_commit(self) -> str:
-        if (self.location / "COMMIT").is_file():
-            return (self.location / "COMMIT").read_text().strip()
-        command = [*self._git(), "rev-parse", self.commit]
-        return subprocess.run(command, capture_output=True, text=True, timeout=60).stdout.strip()
+class SlimeSource(FrameworkSource):
+    SOURCE_ENV = SOURCE_ENV
+    COMMIT_ENV = COMMIT_ENV
+    DEFAULT_COMMIT = SLIME_COMMIT
+    HOW_TO_RUN = HOW_TO_RUN
+    PROBE = "slime/backends/megatron_utils/actor.py"
+    UNAVAILABLE = SlimeSourceUnavailable
 
     def export_tree(self, destination: Path) -> SlimeSource:
-        """The modules `install` runs, written as plain files (with the resolved commit in COMMIT), for a
-        machine without git or network; never commit the result."""
-        for path in (*REAL_MODULES, *CUDA_MODULES):
-            target = destination / path
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(self.read(path))
-        (destination / "COMMIT").write_text(self.resolved_commit() + "\n")
-        return SlimeSource(destination, self.commit)
+        """The modules `install` runs, as plain files, for a machine without git or network."""
+        exported: SlimeSource = self.export(destination, (*REAL_MODULES, *CUDA_MODULES))
+        return exported
 
 
 def slime_args(world_size: int, **overrides: Any) -> argparse.Namespace:
@@ -207,14 +182,7 @@ def _live(group: Any, what: str) -> Any:
 # ---------------------------------------------------------------------------------------------- stand-ins
 
 
-def _module(name: str, **attrs: Any) -> types.ModuleType:
-    module = types.ModuleType(name)
-    module.__dict__.update(attrs)
-    sys.modules[name] = module
-    parent, _, child = name.rpartition(".")
-    if parent in sys.modules:
-        setattr(sys.modules[parent], child, module)
-    return module
+_module = stand_in_module
 
 
 def _accelerator() -> dict[str, Any]:
@@ -275,30 +243,7 @@ class _LocalActor:
 
 
 def _ray() -> None:
-    def remote(*args: Any, **options: Any) -> Any:
-        if args and isinstance(args[0], type):  # bare @ray.remote
-            return _LocalActorClass(args[0], {})
-        return lambda cls: _LocalActorClass(cls, options)
-
-    def get(refs: Any, timeout: float | None = None) -> Any:
-        return refs
-
-    _module(
-        "ray",
-        remote=remote,
-        get=get,
-        get_gpu_ids=lambda: [0],
-        kill=lambda actor, no_restart=True: None,
-        _private=types.SimpleNamespace(
-            services=types.SimpleNamespace(get_node_ip_address=lambda: "127.0.0.1")
-        ),
-    )
-    _module("ray.util")
-    _module("ray.util.placement_group", PlacementGroup=type("PlacementGroup", (), {}))
-    _module(
-        "ray.util.scheduling_strategies",
-        PlacementGroupSchedulingStrategy=lambda placement_group, placement_group_bundle_index: None,
-    )
+    ray_stand_in(_LocalActorClass, kill=lambda actor, no_restart=True: None)
 
 
 class RolloutManager:
@@ -509,7 +454,7 @@ def install(source: SlimeSource, *, device: str = "cpu", model_and_optimizer: An
     if not cuda:
         _module("slime.utils.accelerator", **_accelerator())
         _module("slime.utils.memory_utils", **_memory_utils())
-    _module("slime.utils.http_utils", is_port_available=_port_free)
+    _module("slime.utils.http_utils", is_port_available=port_free)
     _module("slime.utils.data", process_rollout_data=lambda args, ref, rank, size: dict(ref.inner))
     _observability()
     _megatron_stand_ins()
@@ -531,16 +476,3 @@ def install(source: SlimeSource, *, device: str = "cpu", model_and_optimizer: An
     if not cuda:
         sys.modules["slime.utils.tensor_backper"].torch = _NoPinnedTorch()
     return sys.modules["slime.backends.megatron_utils.actor"]
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s, contextlib.suppress(OSError):
-        s.bind(("", port))
-        return True
-    return False
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])

@@ -279,9 +279,9 @@ def _worker(
 
 def _reproductions(actor_module: Any) -> dict[str, Any]:
     """Each of the model check's reproductions on miles' real class, plain and under the adapter (one rank)."""
+    from tests.helpers.framework_source import free_port
     from tests.helpers.method_sequences import KINDS
     from tests.helpers.miles_source import RECORD, engines_and_lock, fresh_process_state
-    from tests.helpers.slime_source import free_port
 
     def kind_of(exc: BaseException) -> str:
         return next((kind for needle, kind in KINDS.items() if needle in str(exc)), f"other: {exc!r}")
@@ -373,7 +373,7 @@ def _launcher_run(actor_module: Any, config: str) -> dict[str, Any]:
 
 
 def _run(variant: str, config: str = "all memory", world_size: int = 2) -> list[dict[str, Any]]:
-    from tests.helpers.slime_source import free_port
+    from tests.helpers.framework_source import free_port
 
     assert SOURCE is not None
     results = run_world(

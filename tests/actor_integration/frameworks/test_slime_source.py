@@ -249,7 +249,7 @@ def _ray_group_run(actor_module: Any, trainer: type) -> dict[str, Any]:
 
 
 def _run(variant: str, world_size: int = 2) -> list[dict[str, Any]]:
-    from tests.helpers.slime_source import free_port
+    from tests.helpers.framework_source import free_port
 
     assert SOURCE is not None
     results = run_world(

@@ -1,0 +1,130 @@
+"""What the slime and miles source loaders share (tests only): reading a framework's source at a
+pinned commit, putting stand-in modules in place, Ray run in the calling process, free ports.
+
+Nothing of either framework is stored in this repository: `FrameworkSource.read` takes a file from a
+checkout or git directory (`git show COMMIT:PATH`) or from a tree `export_tree` wrote for a machine
+without git (the resolved commit in its COMMIT file).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import types
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+
+class SourceUnavailable(RuntimeError):
+    """A framework's source is not reachable here (CI has no network): its suite skips."""
+
+
+@dataclass(frozen=True)
+class FrameworkSource:
+    """A framework's source at one commit; subclasses name the variables that find it."""
+
+    location: Path
+    commit: str
+
+    SOURCE_ENV: ClassVar[str]
+    COMMIT_ENV: ClassVar[str]
+    DEFAULT_COMMIT: ClassVar[str]
+    HOW_TO_RUN: ClassVar[str]
+    PROBE: ClassVar[str]  # a file every commit has: `find` reads it to fail early, with the reason
+    UNAVAILABLE: ClassVar[type[SourceUnavailable]] = SourceUnavailable
+
+    @classmethod
+    def find(cls) -> Any:
+        given = os.environ.get(cls.SOURCE_ENV)
+        if not given:
+            raise cls.UNAVAILABLE(f"{cls.SOURCE_ENV} is not set; {cls.HOW_TO_RUN}")
+        source = cls(Path(given).expanduser(), os.environ.get(cls.COMMIT_ENV, cls.DEFAULT_COMMIT))
+        source.read(cls.PROBE)
+        return source
+
+    def _exported(self) -> bool:
+        return (self.location / "COMMIT").is_file()
+
+    def _git(self) -> list[str]:
+        is_git_dir = (self.location / "HEAD").is_file() and (self.location / "objects").is_dir()
+        return ["git", f"--git-dir={self.location}"] if is_git_dir else ["git", "-C", str(self.location)]
+
+    def read(self, path: str) -> str:
+        if self._exported():
+            return (self.location / path).read_text()
+        command = [*self._git(), "show", f"{self.commit}:{path}"]
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=60)
+        if proc.returncode != 0:
+            raise self.UNAVAILABLE(f"`{' '.join(command)}` failed: {proc.stderr.strip()}; {self.HOW_TO_RUN}")
+        return proc.stdout
+
+    def resolved_commit(self) -> str:
+        if self._exported():
+            return (self.location / "COMMIT").read_text().strip()
+        command = [*self._git(), "rev-parse", self.commit]
+        return subprocess.run(command, capture_output=True, text=True, timeout=60).stdout.strip()
+
+    def export(self, destination: Path, paths: Iterable[str]) -> Any:
+        """`paths` written as plain files with the resolved commit in COMMIT; never commit the result."""
+        for path in paths:
+            target = destination / path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(self.read(path))
+        (destination / "COMMIT").write_text(self.resolved_commit() + "\n")
+        return type(self)(destination, self.commit)
+
+
+def stand_in_module(name: str, **attrs: Any) -> types.ModuleType:
+    """A module named `name` in sys.modules (and as its parent's attribute) holding `attrs`."""
+    module = types.ModuleType(name)
+    module.__dict__.update(attrs)
+    sys.modules[name] = module
+    parent, _, child = name.rpartition(".")
+    if parent in sys.modules:
+        setattr(sys.modules[parent], child, module)
+    return module
+
+
+def ray_stand_in(local_actor_class: Callable[[type, dict[str, Any]], Any], **extra: Any) -> None:
+    """`ray` run in this process: `ray.remote(cls)` is `local_actor_class(cls, options)`; `ray.get` returns
+    what it is given; one GPU (index 0) on 127.0.0.1; `extra` adds the framework's other calls."""
+
+    def remote(*args: Any, **options: Any) -> Any:
+        if args and isinstance(args[0], type):  # bare @ray.remote
+            return local_actor_class(args[0], {})
+        return lambda cls: local_actor_class(cls, options)
+
+    stand_in_module(
+        "ray",
+        remote=remote,
+        get=lambda refs, timeout=None: refs,
+        get_gpu_ids=lambda: [0],
+        _private=types.SimpleNamespace(
+            services=types.SimpleNamespace(get_node_ip_address=lambda: "127.0.0.1")
+        ),
+        **extra,
+    )
+    stand_in_module("ray.util")
+    stand_in_module("ray.util.placement_group", PlacementGroup=type("PlacementGroup", (), {}))
+    stand_in_module(
+        "ray.util.scheduling_strategies",
+        PlacementGroupSchedulingStrategy=lambda placement_group, placement_group_bundle_index: None,
+    )
+
+
+def port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s, contextlib.suppress(OSError):
+        s.bind(("", port))
+        return True
+    return False
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
