@@ -79,6 +79,30 @@ class FrameworkSource:
         return type(self)(destination, self.commit)
 
 
+def suite_source(cls: type[FrameworkSource], who: str) -> tuple[Any, Any, Any]:
+    """For a source suite: (the source or None, its `pytestmark`, an autouse fixture to assign).
+
+    The suite skips where nobody pointed at the source (CI); a location given on purpose but
+    unreadable fails every test with the reason instead.
+    """
+    import pytest
+
+    try:
+        source, unavailable = cls.find(), ""
+    except cls.UNAVAILABLE as exc:
+        source, unavailable = None, str(exc)
+    mark = pytest.mark.skipif(
+        cls.SOURCE_ENV not in os.environ, reason=f"{who} source is not available: {cls.HOW_TO_RUN}"
+    )
+
+    @pytest.fixture(autouse=True)
+    def source_readable() -> None:
+        if source is None:
+            pytest.fail(f"{cls.SOURCE_ENV} is set but {who} source cannot be read: {unavailable}")
+
+    return source, mark, source_readable
+
+
 def stand_in_module(name: str, **attrs: Any) -> types.ModuleType:
     """A module named `name` in sys.modules (and as its parent's attribute) holding `attrs`."""
     module = types.ModuleType(name)

@@ -23,26 +23,13 @@ from typing import Any
 
 import pytest
 
+from tests.helpers.framework_source import suite_source
 from tests.helpers.miles_like import REFUSED, REPRODUCTIONS
-from tests.helpers.miles_source import HOW_TO_RUN, SOURCE_ENV, MilesSource, MilesSourceUnavailable
+from tests.helpers.miles_source import MilesSource
 from tests.helpers.spawn import no_crash, run_world
 
-try:
-    SOURCE: MilesSource | None = MilesSource.find()
-    UNAVAILABLE = ""
-except MilesSourceUnavailable as exc:
-    SOURCE, UNAVAILABLE = None, str(exc)
-
-# Skipped where nobody pointed at miles' source (CI); a wrong path given on purpose fails instead.
-pytestmark = pytest.mark.skipif(
-    SOURCE_ENV not in os.environ, reason=f"miles' source is not available: {HOW_TO_RUN}"
-)
-
-
-@pytest.fixture(autouse=True)
-def _source_readable() -> None:
-    if SOURCE is None:
-        pytest.fail(f"{SOURCE_ENV} is set but miles' source cannot be read: {UNAVAILABLE}")
+SOURCE: MilesSource | None
+SOURCE, pytestmark, _source_readable = suite_source(MilesSource, "miles'")
 
 
 DEADLINE_S = 300.0

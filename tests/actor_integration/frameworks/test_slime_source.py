@@ -19,25 +19,12 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.slime_source import HOW_TO_RUN, SOURCE_ENV, SlimeSource, SlimeSourceUnavailable, slime_args
+from tests.helpers.framework_source import suite_source
+from tests.helpers.slime_source import SlimeSource, slime_args
 from tests.helpers.spawn import no_crash, run_world
 
-try:
-    SOURCE: SlimeSource | None = SlimeSource.find()
-    UNAVAILABLE = ""
-except SlimeSourceUnavailable as exc:
-    SOURCE, UNAVAILABLE = None, str(exc)
-
-# Skipped where nobody pointed at slime's source (CI); a wrong path given on purpose fails instead.
-pytestmark = pytest.mark.skipif(
-    SOURCE_ENV not in os.environ, reason=f"slime's source is not available: {HOW_TO_RUN}"
-)
-
-
-@pytest.fixture(autouse=True)
-def _source_readable() -> None:
-    if SOURCE is None:
-        pytest.fail(f"{SOURCE_ENV} is set but slime's source cannot be read: {UNAVAILABLE}")
+SOURCE: SlimeSource | None
+SOURCE, pytestmark, _source_readable = suite_source(SlimeSource, "slime's")
 
 
 DEADLINE_S = 240.0
