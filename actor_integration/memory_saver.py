@@ -420,6 +420,40 @@ class TorchMemorySaverBackend:
         figures["seconds"] = round(time.perf_counter() - t0, 3)
         return figures
 
+    def check_retained_backup(
+        self,
+        *,
+        ranks_per_node: int | None = None,
+        unbacked_bytes: int = 0,
+        backed_up: bool | None = None,
+    ) -> dict[str, Any] | None:
+        """`check_host_memory` for a preloaded process (`TMS_INIT_ENABLE=1`), before its first pause.
+
+        There torch_memory_saver backs up every allocation of the process, so what it will hold is
+        the caching allocator's segments (`torch.cuda.memory_reserved()`, after `empty_cache()` as the
+        sleep's clear-memory hook does) less `unbacked_bytes` (allocations whose tag has no backup,
+        e.g. Megatron's param and grad buffers under miles' --offload-train). `backed_up`: whether
+        the process's allocations are backed up at all (default: a tag of this backend has
+        cpu_backup). Returns the figures (noted in `notes`), or None where nothing is held between
+        steps (no backup, not retained) or CUDA is not initialised.
+        """
+        backed_up = self.is_backed_up() if backed_up is None else backed_up
+        if not (self.retain_cpu_backup and backed_up and torch.cuda.is_initialized()):  # type: ignore[no-untyped-call]
+            return None
+        torch.cuda.empty_cache()
+        nbytes = max(0, int(torch.cuda.memory_reserved()) - unbacked_bytes)
+        figures = self.check_host_memory(ranks_per_node=ranks_per_node, nbytes=nbytes)
+        less = (
+            f" (the allocator's segments less {unbacked_bytes / 2**30:.2f} GiB without backup)"
+            if unbacked_bytes
+            else ""
+        )
+        self.notes.append(
+            f"host RAM checked for the retained backup: {nbytes / 2**30:.2f} GiB per rank{less} x "
+            f"{figures['ranks_per_node']} ranks, {figures['available_bytes'] / 2**30:.1f} GiB available"
+        )
+        return figures
+
     def check_host_memory(
         self, *, ranks_per_node: int | None = None, nbytes: int | None = None
     ) -> dict[str, Any]:

@@ -167,29 +167,17 @@ def check_miles_backup_fits(
 ) -> dict[str, Any] | None:
     """Refuse (or warn about) a retained backup the node's host RAM cannot hold, before the first pause.
 
-    What torch_memory_saver will hold in miles' preloaded process: the caching allocator's segments
-    (`torch.cuda.memory_reserved()`, after `empty_cache()` as the sleep's clear-memory hook does) less
-    Megatron's DDP param and grad buffers of `model`, which have no backup under --offload-train.
+    `TorchMemorySaverBackend.check_retained_backup` less Megatron's DDP param and grad buffers of
+    `model`, which have no backup under --offload-train.
     `environ`: the launcher's environment the backend was built from (default: this process's).
     Returns the figures, or None where there is nothing to check (not retained, no backup, no CUDA).
     """
-    import torch
-
     env: Mapping[str, str] = os.environ if environ is None else environ
-    backed_up = is_true(env.get("TMS_INIT_ENABLE_CPU_BACKUP"))
-    if not (memory.retain_cpu_backup and backed_up and torch.cuda.is_initialized()):  # type: ignore[no-untyped-call]
-        return None
-    torch.cuda.empty_cache()
-    unbacked = _ddp_buffer_bytes(model)
-    figures = memory.check_host_memory(
-        ranks_per_node=ranks_per_node, nbytes=max(0, int(torch.cuda.memory_reserved()) - unbacked)
+    return memory.check_retained_backup(
+        ranks_per_node=ranks_per_node,
+        unbacked_bytes=_ddp_buffer_bytes(model),
+        backed_up=is_true(env.get("TMS_INIT_ENABLE_CPU_BACKUP")),
     )
-    memory.notes.append(
-        f"host RAM checked for the retained backup: {figures['backup_bytes'] / 2**30:.2f} GiB per rank (the "
-        f"allocator's segments less {unbacked / 2**30:.2f} GiB of param and grad buffers) x "
-        f"{figures['ranks_per_node']} ranks, {figures['available_bytes'] / 2**30:.1f} GiB available"
-    )
-    return figures
 
 
 def _ddp_buffer_bytes(model: Any) -> int:

@@ -117,7 +117,8 @@ class RegistryProcessGroups:
                 if not dist.is_initialized():
                     self._after_world_destroyed()
         else:
-            live = [w.group for w in wrappers if w.group is not None]
+            # A rank outside a group holds torch's NON_GROUP_MEMBER sentinel: nothing of its own to free.
+            live = [w.group for w in wrappers if w.group not in (None, dist.GroupMember.NON_GROUP_MEMBER)]
             for wrapper in wrappers:
                 wrapper.group = None
             torn = len(live)

@@ -60,7 +60,6 @@ __all__ = [
     "SLIME_COMMIT",
     "SlimeLifecycleMixin",
     "SlimeProcessGroups",
-    "check_backup_fits",
     "slime_memory_backend",
 ]
 
@@ -111,31 +110,6 @@ def slime_memory_backend(
             + ("" if retain else ": every pause allocates the pinned backup again and every resume frees it")
         )
     return memory
-
-
-def check_backup_fits(
-    memory: TorchMemorySaverBackend, *, ranks_per_node: int | None = None
-) -> dict[str, Any] | None:
-    """Refuse (or warn about) a retained backup the node's host RAM cannot hold, before the first pause.
-
-    Under slime's preload environment torch_memory_saver backs up every allocation of the process:
-    the caching allocator's segments (`torch.cuda.memory_reserved()`, taken after `empty_cache()`,
-    as the sleep's clear-memory hook does) are what it will hold. Returns the figures, or None
-    where there is nothing to check (no backup, not retained, CUDA not initialised).
-    """
-    import torch
-
-    if not (memory.retain_cpu_backup and memory.is_backed_up() and torch.cuda.is_initialized()):  # type: ignore[no-untyped-call]
-        return None
-    torch.cuda.empty_cache()
-    figures = memory.check_host_memory(
-        ranks_per_node=ranks_per_node, nbytes=int(torch.cuda.memory_reserved())
-    )
-    memory.notes.append(
-        f"host RAM checked for the retained backup: {figures['backup_bytes'] / 2**30:.2f} GiB per rank x "
-        f"{figures['ranks_per_node']} ranks, {figures['available_bytes'] / 2**30:.1f} GiB available"
-    )
-    return figures
 
 
 class SlimeProcessGroups(RegistryProcessGroups):
@@ -249,7 +223,7 @@ class SlimeLifecycleMixin(LifecycleMixin):
     def lifecycle_memory(self) -> MemoryBackend:
         """slime's memory as one unit, its backup retained (`slime_memory_backend`), checked against host RAM."""
         memory = slime_memory_backend()
-        check_backup_fits(memory, ranks_per_node=_ranks_per_node(self.args))
+        memory.check_retained_backup(ranks_per_node=_ranks_per_node(self.args))
         return memory
 
     def lifecycle_hooks(self) -> Hooks:

@@ -9,7 +9,6 @@ import torch.distributed as dist
 from actor_integration.frameworks.slime import (
     SlimeLifecycleMixin,
     SlimeProcessGroups,
-    check_backup_fits,
     slime_memory_backend,
 )
 from lifecycle import Hooks, Lifecycle, LifecyclePolicy, State
@@ -184,7 +183,7 @@ class TestBackends:
         memory = slime_memory_backend(environ=env, saver=saver, cuda_major=13)
         assert saver.retain_cpu_backup is False
         assert any("TMS_RETAIN_CPU_BACKUP='0', honoured" in note for note in memory.notes)
-        assert check_backup_fits(memory) is None  # nothing retained: nothing to hold between steps
+        assert memory.check_retained_backup() is None  # nothing retained: nothing to hold between steps
 
     def test_a_backup_the_host_cannot_hold_is_refused_before_the_first_pause(self, monkeypatch):
         """What torch_memory_saver will hold (the allocator's segments) x the ranks of the node, against host RAM."""
@@ -201,9 +200,9 @@ class TestBackends:
         with pytest.raises(
             MemorySaverConfigError, match=r"GiB per rank x 4 ranks\) and .* GiB are available"
         ):
-            check_backup_fits(memory, ranks_per_node=4)
+            memory.check_retained_backup(ranks_per_node=4)
         assert saver.pause_count == 0
-        figures = check_backup_fits(memory, ranks_per_node=1)
+        figures = memory.check_retained_backup(ranks_per_node=1)
         assert figures is not None and figures["backup_bytes"] == available // 4 + (1 << 30)
         assert any("host RAM checked for the retained backup" in note for note in memory.notes)
 
