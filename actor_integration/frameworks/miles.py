@@ -184,7 +184,9 @@ def _ddp_buffer_bytes(model: Any) -> int:
     """The bytes of Megatron's DDP param and grad buffers (`_ParamAndGradBuffer.param_data/grad_data`)."""
     total = 0
     for chunk in model or ():
-        for buffer in (*getattr(chunk, "buffers", ()), *getattr(chunk, "expert_parallel_buffers", ())):
+        # Megatron's DDP wrapper keeps them as lists; on a plain nn.Module `buffers` is a method.
+        found = [getattr(chunk, name, ()) for name in ("buffers", "expert_parallel_buffers")]
+        for buffer in (b for listed in found if isinstance(listed, (list, tuple)) for b in listed):
             for name in ("param_data", "grad_data"):
                 data = getattr(buffer, name, None)
                 if data is not None and hasattr(data, "element_size"):

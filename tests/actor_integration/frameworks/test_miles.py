@@ -358,6 +358,21 @@ class TestBackends:
         env["TMS_INIT_ENABLE_CPU_BACKUP"] = "0"
         assert check_miles_backup_fits(memory, model, environ=env) is None  # nothing backed up
 
+    def test_the_host_check_takes_plain_module_chunks(self, monkeypatch):
+        """A model chunk that is a plain nn.Module (no DDP wrapper) has a `buffers()` method, not buffer
+        lists: nothing is subtracted, and the check still runs."""
+        import torch
+
+        env = preload_env(TMS_INIT_ENABLE="1", TMS_INIT_ENABLE_CPU_BACKUP="1")
+        memory = miles_memory_backend(ALL_MEMORY, environ=env, saver=FakeMemorySaver(), cuda_major=13)
+        model = [torch.nn.Linear(4, 4)]
+        assert check_miles_backup_fits(memory, model, environ=env) is None  # CUDA not initialised here
+        monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+        monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+        monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 1 << 20)
+        figures = check_miles_backup_fits(memory, model, ranks_per_node=1, environ=env)
+        assert figures is not None and figures["backup_bytes"] == 1 << 20
+
     def test_process_groups_need_miles_module(self):
         with pytest.raises(TypeError, match="lacks"):
             MilesProcessGroups(types.ModuleType("miles.utils.reloadable_process_group"))
