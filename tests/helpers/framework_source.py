@@ -152,3 +152,42 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def initialize_megatron_groups(args: Any) -> None:
+    """What slime's and miles' `initialize.init` do to process groups: Megatron's groups from the parsed
+    flags, through the `dist.new_group` the framework has patched by then (so each is wrapped)."""
+    import torch
+    from megatron.core import parallel_state as mpu
+
+    mpu.initialize_model_parallel(
+        tensor_model_parallel_size=args.tensor_model_parallel_size,
+        pipeline_model_parallel_size=args.pipeline_model_parallel_size,
+        virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size,
+        context_parallel_size=args.context_parallel_size,
+        expert_model_parallel_size=args.expert_model_parallel_size,
+        expert_tensor_parallel_size=args.expert_tensor_parallel_size,
+        order="tp-cp-ep-dp-pp",
+    )
+    torch.manual_seed(args.seed + 100 * mpu.get_pipeline_model_parallel_rank())
+
+
+def group_counts(framework: str) -> dict[str, int]:
+    """Groups torch holds in this process, and the framework's registry of wrappers (`<framework>_registry`)."""
+    import torch.distributed as dist
+
+    groups_module = sys.modules[f"{framework}.utils.reloadable_process_group"]
+    registry = groups_module.ReloadableProcessGroup.GROUPS
+    return {
+        "live": len(dist.distributed_c10d._world.pg_map),
+        f"{framework}_registry": len(registry.get(os.getpid(), [])),
+    }
+
+
+def error_of(call: Callable[[], Any]) -> str | None:
+    """`call()`'s exception as "Type: message", or None when it returned."""
+    try:
+        call()
+    except BaseException as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None

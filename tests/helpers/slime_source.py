@@ -32,6 +32,7 @@ from lifecycle.testing import FakeMemorySaver, ProtocolViolation
 from tests.helpers.framework_source import (
     FrameworkSource,
     SourceUnavailable,
+    initialize_megatron_groups,
     port_free,
     ray_stand_in,
     stand_in_module,
@@ -299,18 +300,7 @@ def _megatron_stand_ins() -> None:
     base = "slime.backends.megatron_utils"
 
     def init(args: Any) -> None:
-        # What slime's initialize.init does to process groups: Megatron's groups through the
-        # dist.new_group slime has patched by now (so each is wrapped and reloadable).
-        mpu.initialize_model_parallel(
-            tensor_model_parallel_size=args.tensor_model_parallel_size,
-            pipeline_model_parallel_size=args.pipeline_model_parallel_size,
-            virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size,
-            context_parallel_size=args.context_parallel_size,
-            expert_model_parallel_size=args.expert_model_parallel_size,
-            expert_tensor_parallel_size=args.expert_tensor_parallel_size,
-            order="tp-cp-ep-dp-pp",
-        )
-        torch.manual_seed(args.seed + 100 * mpu.get_pipeline_model_parallel_rank())
+        initialize_megatron_groups(args)
 
     def is_megatron_main_rank() -> bool:
         return mpu.get_pipeline_model_parallel_rank() == mpu.get_pipeline_model_parallel_world_size() - 1

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.framework_source import suite_source
+from tests.helpers.framework_source import error_of, group_counts, suite_source
 from tests.helpers.miles_like import REFUSED, REPRODUCTIONS
 from tests.helpers.miles_source import MilesSource
 from tests.helpers.spawn import no_crash, run_world
@@ -131,21 +131,10 @@ def _lifecycle_class(actor_module: Any) -> type:
 
 
 def _groups() -> dict[str, int]:
-    import torch.distributed as dist
-
-    registry = sys.modules["miles.utils.reloadable_process_group"].ReloadableProcessGroup.GROUPS
-    return {
-        "live": len(dist.distributed_c10d._world.pg_map),
-        "miles_registry": len(registry.get(os.getpid(), [])),
-    }
+    return group_counts("miles")
 
 
-def _error(call: Any) -> str | None:
-    try:
-        call()
-    except BaseException as exc:
-        return f"{type(exc).__name__}: {exc}"
-    return None
+_error = error_of
 
 
 def _memory_calls() -> list[str]:

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.framework_source import suite_source
+from tests.helpers.framework_source import error_of, group_counts, suite_source
 from tests.helpers.slime_source import SlimeSource, slime_args
 from tests.helpers.spawn import no_crash, run_world
 
@@ -82,21 +82,10 @@ def _classes(actor_module: Any) -> dict[str, type]:
 
 
 def _groups() -> dict[str, int]:
-    import torch.distributed as dist
-
-    registry = sys.modules["slime.utils.reloadable_process_group"].ReloadableProcessGroup.GROUPS
-    return {
-        "live": len(dist.distributed_c10d._world.pg_map),
-        "slime_registry": len(registry.get(os.getpid(), [])),
-    }
+    return group_counts("slime")
 
 
-def _error(call: Any) -> str | None:
-    try:
-        call()
-    except BaseException as exc:
-        return f"{type(exc).__name__}: {exc}"
-    return None
+_error = error_of
 
 
 def _worker(
