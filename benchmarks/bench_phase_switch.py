@@ -705,19 +705,27 @@ def way_of(column: str) -> str:
 
 
 def run_column(column: str, cfg: Config) -> dict[str, Any]:
+    return run_spawned(column_main, (column, cfg), cfg.timeout_s, {"column": column})
+
+
+def run_spawned(
+    target: Callable[..., None], args: tuple[Any, ...], timeout_s: float, label: dict[str, Any]
+) -> dict[str, Any]:
+    """`target(*args, out)` in a spawned process, which writes its JSON result to `out`; the result,
+    or `label` with the error when the process outlived `timeout_s` or wrote nothing."""
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory() as tmp:
-        out = str(Path(tmp) / f"{column}.json")
-        process = ctx.Process(target=column_main, args=(column, cfg, out))
+        out = str(Path(tmp) / "result.json")
+        process = ctx.Process(target=target, args=(*args, out))
         process.start()
-        process.join(cfg.timeout_s)
+        process.join(timeout_s)
         if process.is_alive():
             process.kill()
-            return {"column": column, "error": f"timed out after {cfg.timeout_s} s"}
+            return {**label, "error": f"timed out after {timeout_s} s"}
         if not Path(out).exists():
-            return {"column": column, "error": f"exited with code {process.exitcode} and no result"}
+            return {**label, "error": f"exited with code {process.exitcode} and no result"}
         result: dict[str, Any] = json.loads(Path(out).read_text())
         return result
 
@@ -776,21 +784,7 @@ def teardown_main(cfg: Config, out: str) -> None:
 
 
 def run_teardown(cfg: Config) -> dict[str, Any]:
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    with tempfile.TemporaryDirectory() as tmp:
-        out = str(Path(tmp) / "teardown.json")
-        process = ctx.Process(target=teardown_main, args=(cfg, out))
-        process.start()
-        process.join(cfg.timeout_s)
-        if process.is_alive():
-            process.kill()
-            return {"error": "timed out"}
-        result: dict[str, Any] = (
-            json.loads(Path(out).read_text()) if Path(out).exists() else {"error": "no result"}
-        )
-        return result
+    return run_spawned(teardown_main, (cfg,), cfg.timeout_s, {})
 
 
 # ---------------------------------------------------------------------------------------------- ways
@@ -854,21 +848,7 @@ def way_main(cfg: Config, way: str, out: str) -> None:
 
 
 def run_way(cfg: Config, way: str) -> dict[str, Any]:
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    with tempfile.TemporaryDirectory() as tmp:
-        out = str(Path(tmp) / f"{way}.json")
-        process = ctx.Process(target=way_main, args=(cfg, way, out))
-        process.start()
-        process.join(cfg.timeout_s)
-        if process.is_alive():
-            process.kill()
-            return {"way": way, "error": "timed out"}
-        result: dict[str, Any] = (
-            json.loads(Path(out).read_text()) if Path(out).exists() else {"way": way, "error": "no result"}
-        )
-        return result
+    return run_spawned(way_main, (cfg, way), cfg.timeout_s, {"way": way})
 
 
 def suspend_unreachable(cfg: Config) -> str | None:
