@@ -12,17 +12,27 @@ Face checkpoints name them, in module order (embedding, then per layer attention
 experts, then the final norm and the head), which is the order a Megatron-to-HF conversion yields
 them. What a real update mixes, and equal tensors do not: 256-byte q/k norms next to 47 MiB
 projections, an embedding and a head larger than a 512 MiB bucket, thousands of 3 MiB experts.
+
+`QWEN2_SHAPES` holds Qwen2-7B and Qwen2-0.5B (the configs under configs/, which SGLang serves), with
+q/k/v biases and no q/k norms; `ModelShape.from_hf_config` reads any dense Qwen2/Qwen3 config.json.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
 
+from actor_integration.qwen2_model import QwenConfig
+
 __all__ = [
     "LAYOUTS",
+    "QWEN2_0_5B",
+    "QWEN2_7B",
+    "QWEN2_SHAPES",
     "QWEN3_4B",
     "QWEN3_30B_A3B",
     "ModelShape",
@@ -52,8 +62,36 @@ class ModelShape:
     moe_intermediate: int = 0
     head: bool = True  # an lm_head tensor of its own (untied embeddings)
     router_bias_fp32: bool = False  # an fp32 per-expert router bias in every MoE layer
+    attention_bias: bool = False  # q/k/v projection biases (Qwen2)
+    qk_norm: bool = True  # a per-head RMSNorm of queries and keys (Qwen3)
     dtype: torch.dtype = torch.bfloat16
     note: str = ""  # where the layout departs from the config, and why
+
+    @classmethod
+    def from_hf_config(cls, config: Mapping[str, Any] | str | Path, *, name: str | None = None) -> ModelShape:
+        """The shape of a Hugging Face Qwen2/Qwen3 dense `config.json` (a mapping, the file or its
+        directory), as `QwenConfig` reads and checks it; `name` defaults to the directory's name."""
+        if isinstance(config, Mapping):
+            parsed = QwenConfig.from_dict(config)
+        else:
+            parsed = QwenConfig.from_json(config)
+            path = Path(config)
+            name = name or (path.name if path.is_dir() else path.parent.name)
+        return cls(
+            name=name or parsed.model_type,
+            source=parsed.source,
+            hidden=parsed.hidden_size,
+            layers=parsed.num_hidden_layers,
+            heads=parsed.num_attention_heads,
+            kv_heads=parsed.num_key_value_heads,
+            head_dim=parsed.head_dim,
+            vocab=parsed.vocab_size,
+            intermediate=parsed.intermediate_size,
+            head=not parsed.tie_word_embeddings,
+            attention_bias=parsed.attention_bias,
+            qk_norm=parsed.qk_norm,
+            dtype=parsed.dtype,
+        )
 
 
 QWEN3_4B = ModelShape(
@@ -92,19 +130,56 @@ QWEN3_30B_A3B = ModelShape(
     note="an fp32 router bias per layer added (DeepSeek-V3 style; Qwen3-MoE is bf16 throughout) to mix dtypes",
 )
 
+# The configs in configs/qwen2-7b and configs/qwen2-0.5b, which SGLang serves with dummy weights.
+QWEN2_7B = ModelShape(
+    name="Qwen2-7B",
+    source="Qwen/Qwen2-7B config.json: hidden 3584, 28 layers, 28 q / 4 kv heads of 128, intermediate 18944, vocab 152064, untied embeddings",
+    hidden=3584,
+    layers=28,
+    heads=28,
+    kv_heads=4,
+    head_dim=128,
+    vocab=152064,
+    intermediate=18944,
+    attention_bias=True,
+    qk_norm=False,
+)
+
+QWEN2_0_5B = ModelShape(
+    name="Qwen2-0.5B",
+    source="Qwen/Qwen2-0.5B config.json: hidden 896, 24 layers, 14 q / 2 kv heads of 64, intermediate 4864, vocab 151936, tied embeddings",
+    hidden=896,
+    layers=24,
+    heads=14,
+    kv_heads=2,
+    head_dim=64,
+    vocab=151936,
+    intermediate=4864,
+    head=False,
+    attention_bias=True,
+    qk_norm=False,
+)
+
 LAYOUTS: dict[str, ModelShape] = {"dense": QWEN3_4B, "moe": QWEN3_30B_A3B}
+# Apart from LAYOUTS, which the benchmarks run whole by default (bench_sync_host --layout).
+QWEN2_SHAPES: dict[str, ModelShape] = {"qwen2-7b": QWEN2_7B, "qwen2-0.5b": QWEN2_0_5B}
 
 
 def _layer(shape: ModelShape, i: int) -> list[TensorSpec]:
     p, h, d = f"model.layers.{i}.", shape.hidden, shape.dtype
-    specs: list[TensorSpec] = [
-        (p + "input_layernorm.weight", (h,), d),
-        (p + "self_attn.q_proj.weight", (shape.heads * shape.head_dim, h), d),
-        (p + "self_attn.k_proj.weight", (shape.kv_heads * shape.head_dim, h), d),
-        (p + "self_attn.v_proj.weight", (shape.kv_heads * shape.head_dim, h), d),
-        (p + "self_attn.q_norm.weight", (shape.head_dim,), d),
-        (p + "self_attn.k_norm.weight", (shape.head_dim,), d),
-        (p + "self_attn.o_proj.weight", (h, shape.heads * shape.head_dim), d),
+    q_width, kv_width = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    specs: list[TensorSpec] = [(p + "input_layernorm.weight", (h,), d)]
+    for proj, width in (("q_proj", q_width), ("k_proj", kv_width), ("v_proj", kv_width)):
+        specs.append((f"{p}self_attn.{proj}.weight", (width, h), d))
+        if shape.attention_bias:
+            specs.append((f"{p}self_attn.{proj}.bias", (width,), d))
+    if shape.qk_norm:
+        specs += [
+            (p + "self_attn.q_norm.weight", (shape.head_dim,), d),
+            (p + "self_attn.k_norm.weight", (shape.head_dim,), d),
+        ]
+    specs += [
+        (p + "self_attn.o_proj.weight", (h, q_width), d),
         (p + "post_attention_layernorm.weight", (h,), d),
     ]
     if not shape.experts:

@@ -3,16 +3,23 @@
 The GPU tests and `benchmarks/bench_sync.py --layout dense|moe` send the full-size layouts."""
 
 import dataclasses
+import json
+from pathlib import Path
 
 import pytest
 import torch
 
+from actor_integration.qwen2_model import QwenConfig, QwenLM
 from actor_integration.rollout import RolloutActor
 from actor_integration.weight_sync import RankSlot, WeightReceiver, WeightSender
 from actor_integration.weight_sync.checkpoint_layouts import (
     LAYOUTS,
+    QWEN2_0_5B,
+    QWEN2_7B,
+    QWEN2_SHAPES,
     QWEN3_4B,
     QWEN3_30B_A3B,
+    ModelShape,
     layers_within,
     materialize,
     specs_nbytes,
@@ -23,6 +30,24 @@ from actor_integration.weight_sync.shm import ShmSender
 from tests.helpers.weight_sync_doubles import DeviceChecksumShm, TensorsEngine, fingerprints
 
 MiB = 1 << 20
+CONFIGS = Path(__file__).resolve().parents[3] / "configs"
+# Qwen/Qwen3-4B's config.json, the keys QwenConfig reads (tied, unlike the QWEN3_4B layout).
+QWEN3_4B_CONFIG = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "hidden_size": 2560,
+    "intermediate_size": 9728,
+    "num_hidden_layers": 36,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 151936,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000,
+    "tie_word_embeddings": True,
+    "max_position_embeddings": 40960,
+    "torch_dtype": "bfloat16",
+}
 
 
 def sizes(specs):
@@ -64,6 +89,52 @@ class TestPublicShapes:
         specs = tensor_specs(tiny, layers=1)
         made = materialize(specs, "cpu")
         assert [(n, tuple(t.shape), t.dtype) for n, t in made.items()] == specs
+
+
+class TestFromHfConfig:
+    """A layout read from a config.json names and shapes the tensors QwenLM (Hugging Face's names) has."""
+
+    @pytest.mark.parametrize("config", ["qwen2-tiny", "qwen2-0.5b", "qwen2-7b", "qwen3-4b"])
+    def test_the_specs_are_the_names_shapes_and_dtypes_of_the_model(self, config):
+        source = (
+            QWEN3_4B_CONFIG
+            if config == "qwen3-4b"
+            else json.loads((CONFIGS / config / "config.json").read_text())
+        )
+        with torch.device("meta"):
+            weights = QwenLM(QwenConfig.from_dict(source)).named_weights()
+        specs = tensor_specs(ModelShape.from_hf_config(source))
+        assert len(specs) == len(weights)
+        assert {n: (s, d) for n, s, d in specs} == {n: (tuple(t.shape), t.dtype) for n, t in weights.items()}
+
+    def test_qwen2_layers_carry_qkv_biases_after_each_weight_and_no_qk_norms(self):
+        names = [n.removeprefix("model.layers.0.") for n, _, _ in tensor_specs(QWEN2_0_5B, layers=1)[1:-1]]
+        assert names[:8] == [
+            "input_layernorm.weight",
+            "self_attn.q_proj.weight",
+            "self_attn.q_proj.bias",
+            "self_attn.k_proj.weight",
+            "self_attn.k_proj.bias",
+            "self_attn.v_proj.weight",
+            "self_attn.v_proj.bias",
+            "self_attn.o_proj.weight",
+        ]
+        assert not any("norm" in n and "layernorm" not in n for n in names)
+
+    @pytest.mark.parametrize("name", sorted(QWEN2_SHAPES))
+    def test_the_named_qwen2_shapes_are_the_repo_configs(self, name):
+        shape = QWEN2_SHAPES[name]
+        from_file = ModelShape.from_hf_config(CONFIGS / name / "config.json")
+        assert from_file.name == name
+        assert dataclasses.replace(from_file, name=shape.name, source=shape.source) == shape
+
+    def test_the_qwen2_shapes_stay_out_of_the_benchmarks_layouts(self):
+        assert set(LAYOUTS) == {"dense", "moe"} and QWEN2_7B not in LAYOUTS.values()
+
+    def test_qwen2_7b_is_15_gb_with_an_untied_head(self):
+        specs = tensor_specs(QWEN2_7B)
+        assert len(specs) == 28 * 12 + 3 and specs[-1][0] == "lm_head.weight"
+        assert round(specs_nbytes(specs) / 1e9, 1) == 15.2
 
 
 # A Qwen3-30B-A3B-shaped layout scaled down: the embedding and the head are larger than the
