@@ -18,6 +18,7 @@ from lifecycle.table import Groups, Residency, State
 __all__ = [
     "CorruptBucketError",
     "DeadActorsError",
+    "EngineDiedError",
     "EngineNotIdleError",
     "GroupCallError",
     "GroupTimeoutError",
@@ -300,6 +301,12 @@ class CorruptBucketError(WeightSyncError):
 
 class EngineNotIdleError(LifecycleError, RuntimeError):
     """The engine still had requests after pausing generation; its memory was not released."""
+
+
+class EngineDiedError(LifecycleError, RuntimeError):
+    """A process of the rollout engine exited (SGLang's scheduler or detokenizer): the engine can
+    neither serve nor release memory any more. Fields: process (its name), pid, exitcode (None
+    when unknown), call (what the adapter was doing), waited_s."""
 
 
 class SGLangServerError(LifecycleError, RuntimeError):

@@ -29,12 +29,14 @@ from actor_integration.rollout.engine import (
     EngineMemory,
     LoadsBuckets,
     LoadsInPlace,
+    LoadsPayloads,
     QueryableEngineMemory,
     RolloutEngine,
 )
 from actor_integration.weight_sync.receiver import VersionGate, WeightReceiver
 from actor_integration.weight_sync.wire import CorruptBucketError, RankPayload
 from lifecycle import Contents, Hooks, Lifecycle, LifecyclePolicy, State
+from lifecycle.errors import LifecycleError
 from lifecycle.logs import Event
 
 ROLLOUT_TAGS = ("weights", "kv_cache")
@@ -59,12 +61,14 @@ class RolloutActor:
         receiver: WeightReceiver | None = None,
         max_new_tokens: int = 8,
         initial: State = State.AWAKE,
-        discard_on_release: Sequence[str] = ROLLOUT_TAGS,
+        discard_on_release: Sequence[str] | None = None,
         flush_deadline_s: float | None = None,
     ) -> None:
-        """`discard_on_release`: the tags whose contents a release loses (both, for SGLang's default;
-        `("kv_cache",)` for an engine started with a CPU backup of its weights).
-        `flush_deadline_s`: how long a sleep retries a flush the engine refuses as busy."""
+        """The memory tags are the engine's `memory_tags` (SGLang with CUDA graphs: weights,
+        kv_cache, cuda_graph), else `ROLLOUT_TAGS`, released in that order and resumed in it.
+        `discard_on_release`: the tags whose contents a release loses (default: all of them, as
+        SGLang's default; `("kv_cache", "cuda_graph")` for an engine started with a CPU backup of
+        its weights). `flush_deadline_s`: how long a sleep retries a flush the engine refuses as busy."""
         # A factory builds the engine inside the actor process (Ray ships the class, not a model).
         built: Any = engine() if not hasattr(engine, "load_weights") and callable(engine) else engine
         missing = [m for m in _ENGINE_METHODS if not callable(getattr(built, m, None))]
@@ -76,9 +80,11 @@ class RolloutActor:
         self.receiver = receiver if receiver is not None else WeightReceiver()
         self.gate = VersionGate(committed=getattr(built, "weight_version", None))
         self.max_new_tokens = max_new_tokens
+        tags = tuple(getattr(built, "memory_tags", ROLLOUT_TAGS))
+        discarded = tags if discard_on_release is None else tuple(discard_on_release)
         policy = ROLLOUT_POLICY
-        if tuple(discard_on_release) != ROLLOUT_TAGS:
-            policy = dataclasses.replace(policy, discard_on_release=tuple(discard_on_release))
+        if tags != ROLLOUT_TAGS or discarded != ROLLOUT_TAGS:
+            policy = dataclasses.replace(policy, memory_tags=tags, discard_on_release=discarded)
         generation_options: dict[str, Any] = {}
         if flush_deadline_s is not None:
             generation_options["flush_deadline_s"] = flush_deadline_s
@@ -90,7 +96,7 @@ class RolloutActor:
             Hooks(
                 memory=self.memory_audit,
                 generation=EngineGeneration(
-                    built, mode=generation_mode, on_pause=self.receiver.release, **generation_options
+                    built, mode=generation_mode, on_pause=self._release_handles, **generation_options
                 ),
             ),
             role="rollout",
@@ -99,9 +105,18 @@ class RolloutActor:
             weight_version=self.gate.committed,
         )
         self.memory_audit.sink = self.lifecycle
+        describe = getattr(built, "describe", None)
+        if callable(describe):
+            self.lifecycle.bind(engine=describe())  # which engine and version every log line is about
         self._loaded_bytes = 0
         self._unopened = False
         self._stages = bool(getattr(built, "stages_weights", False))
+
+    def _release_handles(self) -> None:
+        """Drop every trainer buffer this rollout holds open, here and in the engine's processes."""
+        self.receiver.release()
+        if isinstance(self.engine, LoadsPayloads):
+            self.engine.release_payload_handles()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -176,13 +191,35 @@ class RolloutActor:
                     reason=f"loading version {version}: weights being overwritten",
                 )
 
-        # How the round reaches the engine: written into its tensors by the receiver (no
-        # intermediate tensor), handed over as whole buckets, or as views it copies itself.
-        in_place = isinstance(self.engine, LoadsInPlace)
-        whole_buckets = not in_place and isinstance(self.engine, LoadsBuckets)
+        # How the round reaches the engine: received by the engine's own processes (unopened),
+        # written into its tensors by the receiver (no intermediate tensor), handed over as whole
+        # buckets, or as views it copies itself.
+        unopened = isinstance(self.engine, LoadsPayloads) and self.engine.accepts_payloads(
+            payloads[0].transport
+        )
+        in_place = not unopened and isinstance(self.engine, LoadsInPlace)
+        whole_buckets = not unopened and not in_place and isinstance(self.engine, LoadsBuckets)
         whole_buckets = whole_buckets and bool(getattr(self.engine, "accepts_buckets", True))
         try:
-            if in_place:
+            if unopened:
+                self.engine.check_payloads(payloads)  # type: ignore[attr-defined]
+                self._unopened = False  # the engine's processes account for every bucket from here
+                try:
+                    self.engine.load_payloads(  # type: ignore[attr-defined]
+                        version, payloads, round_index=round_index, final=final
+                    )
+                except CorruptBucketError:
+                    raise  # verified before any write; accounted for below
+                except BaseException as error:
+                    # The engine says whether it wrote; an error that cannot say (a dead or
+                    # silent engine) may have written part of the round.
+                    if not isinstance(error, LifecycleError) or error.fields.get("written", True):
+                        before_write()
+                    raise
+                if not final:
+                    before_write()  # part of the new version is in: the weights are mixed until the final round
+                nbytes, transport = sum(p.nbytes for p in payloads), payloads[0].transport
+            elif in_place:
                 targets = self.engine.weight_targets(version, round_index=round_index, final=final)  # type: ignore[attr-defined]
                 self._unopened = False  # from here on the receiver accounts for every bucket
                 loaded = self.receiver.load_into(payloads, targets, before_write=before_write)

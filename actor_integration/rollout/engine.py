@@ -11,6 +11,7 @@ import torch
 
 from actor_integration.weight_sync.buckets import BucketManifest
 from actor_integration.weight_sync.receiver import WeightTargets
+from actor_integration.weight_sync.wire import RankPayload
 from lifecycle.errors import EngineNotIdleError
 
 GENERATION_MODES = ("abort", "retract", "in_place")  # SGLang's pause_generation modes
@@ -91,6 +92,27 @@ class LoadsBuckets(Protocol):
         round_index: int,
         final: bool,
     ) -> None: ...
+
+
+@runtime_checkable
+class LoadsPayloads(Protocol):
+    """An engine whose own processes receive a round: it takes the payloads unopened, opens the
+    trainer's buffers where its parameters live, verifies them and loads (SGLang's schedulers,
+    through `sglang_receiver`). `accepts_payloads(transport)` says for which transports;
+    `load_payloads` raises `CorruptBucketError` when a bucket fails its checksum (nothing written)
+    and any error with `written=True` in its fields when the parameters were touched;
+    `release_payload_handles` closes the buffers it holds open (the rollout's sleep calls it).
+    `check_payloads` refuses a round before anything is sent (its grants are still the caller's)."""
+
+    def accepts_payloads(self, transport: str) -> bool: ...
+
+    def check_payloads(self, payloads: Sequence[RankPayload]) -> None: ...
+
+    def load_payloads(
+        self, version: int, payloads: Sequence[RankPayload], *, round_index: int, final: bool
+    ) -> dict[str, Any]: ...
+
+    def release_payload_handles(self) -> int: ...
 
 
 @runtime_checkable

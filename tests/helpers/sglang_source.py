@@ -29,11 +29,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# The exact wheel: the same file on every machine (its source, not its binaries, is what we read),
-# so a hash pins it. Keep the version equal to pyproject's `sglang` extra (a test checks).
-VERSION = "0.5.23"
-WHEEL = f"sglang-{VERSION}-cp311-cp311-manylinux_2_34_x86_64.whl"
-WHEEL_SHA256 = "00b3cd5b265ac76c64185fbb6b95424f324ddd9f428d0306b77bc9db9d859937"
+# The exact wheels: the same files on every machine (their source, not their binaries, is what we
+# read), so a hash pins each. The oldest and the newest release of pyproject's `sglang` extra (a
+# test checks): 0.5.17 is the last on torch 2.11 (what the GPU machine runs), 0.5.23 the newest.
+WHEELS = {
+    "0.5.17": "575e38f5683624ded3b4bb267f637a098e5ed37d13a1d1ff5ea09bd781a04d16",
+    "0.5.23": "00b3cd5b265ac76c64185fbb6b95424f324ddd9f428d0306b77bc9db9d859937",
+}
+VERSIONS = tuple(WHEELS)
 WHEEL_TAGS = (
     "--platform",
     "manylinux_2_34_x86_64",
@@ -64,18 +67,23 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def cached_wheel() -> Path | None:
-    path = cache_dir() / WHEEL
-    return path if path.is_file() and _sha256(path) == WHEEL_SHA256 else None
+def wheel_name(version: str) -> str:
+    return f"sglang-{version}-cp311-cp311-manylinux_2_34_x86_64.whl"
 
 
-def fetch_wheel(timeout_s: float = 120.0) -> Path:
+def cached_wheel(version: str) -> Path | None:
+    path = cache_dir() / wheel_name(version)
+    return path if path.is_file() and _sha256(path) == WHEELS[version] else None
+
+
+def fetch_wheel(version: str, timeout_s: float = 120.0) -> Path:
     """The pinned wheel from the cache, or downloaded there with pip (no dependencies, no install)."""
-    cached = cached_wheel()
+    cached = cached_wheel(version)
     if cached is not None:
         return cached
     target = cache_dir()
     target.mkdir(parents=True, exist_ok=True)
+    name = wheel_name(version)
     with tempfile.TemporaryDirectory(dir=target) as tmp:
         command = [
             sys.executable,
@@ -86,7 +94,7 @@ def fetch_wheel(timeout_s: float = 120.0) -> Path:
             "--no-deps",
             "--only-binary=:all:",
             *WHEEL_TAGS,
-            f"sglang=={VERSION}",
+            f"sglang=={version}",
             "-d",
             tmp,
         ]
@@ -94,15 +102,15 @@ def fetch_wheel(timeout_s: float = 120.0) -> Path:
             proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
         except subprocess.TimeoutExpired as exc:
             raise WheelUnavailable(f"`{' '.join(command)}` did not finish within {timeout_s:.0f} s") from exc
-        got = Path(tmp) / WHEEL
+        got = Path(tmp) / name
         if proc.returncode != 0 or not got.is_file():
             tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-5:])
             raise WheelUnavailable(f"`{' '.join(command)}` exited {proc.returncode}: {tail}")
         digest = _sha256(got)
-        if digest != WHEEL_SHA256:
-            raise WheelUnavailable(f"{WHEEL} has sha256 {digest}, expected {WHEEL_SHA256}")
-        os.replace(got, target / WHEEL)
-    return target / WHEEL
+        if digest != WHEELS[version]:
+            raise WheelUnavailable(f"{name} has sha256 {digest}, expected {WHEELS[version]}")
+        os.replace(got, target / name)
+    return target / name
 
 
 # ---------------------------------------------------------------------------------------------- the source
@@ -140,6 +148,20 @@ class FunctionSym:
     @property
     def is_async(self) -> bool:
         return isinstance(self.node, ast.AsyncFunctionDef)
+
+    @property
+    def is_async_generator(self) -> bool:
+        """An `async def` that yields (its own body, not a nested function's)."""
+        if not self.is_async:
+            return False
+        stack: list[ast.AST] = list(self.node.body)
+        while stack:
+            node = stack.pop()
+            if isinstance(node, (ast.Yield, ast.YieldFrom)):
+                return True
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+                stack.extend(ast.iter_child_nodes(node))
+        return False
 
     @property
     def decorators(self) -> set[str]:
@@ -324,8 +346,9 @@ class Route:
 class SourceTree:
     """The modules of one SGLang wheel, parsed on demand."""
 
-    def __init__(self, wheel: Path) -> None:
+    def __init__(self, wheel: Path, version: str) -> None:
         self.wheel = wheel
+        self.version = version
         self._zip = zipfile.ZipFile(wheel)
         self._files = set(self._zip.namelist())
         # Directories without __init__.py are namespace packages (sglang/srt is one).
@@ -355,7 +378,7 @@ class SourceTree:
             path = self._path(module)
             if path is None:
                 if not self.has_module(module):
-                    raise ModuleNotFoundError(f"sglang {VERSION} has no module {module}")
+                    raise ModuleNotFoundError(f"sglang {self.version} has no module {module}")
                 self._modules[module] = ast.Module(body=[], type_ignores=[])  # a namespace package
             else:
                 self._modules[module] = ast.parse(self._zip.read(path), filename=path)
@@ -364,7 +387,7 @@ class SourceTree:
     def source(self, module: str) -> str:
         path = self._path(module)
         if path is None:
-            raise ModuleNotFoundError(f"sglang {VERSION} has no module {module}")
+            raise ModuleNotFoundError(f"sglang {self.version} has no module {module}")
         return self._zip.read(path).decode()
 
     # ------------------------------------------------------------------ names
@@ -431,8 +454,16 @@ class SourceTree:
     def cls(self, dotted: str) -> ClassSym:
         found = self.resolve(dotted)
         if not isinstance(found, ClassSym):
-            raise LookupError(f"sglang {VERSION}: {dotted} is not a class (found {found!r})")
+            raise LookupError(f"sglang {self.version}: {dotted} is not a class (found {found!r})")
         return found
+
+    def server_args_fields(self) -> set[str]:
+        """ServerArgs' field names: its class body's (0.5.17), or the field order 0.5.23 assembles
+        it from (`msgspec.defstruct` over `arg_groups/fields`, so no class body to read)."""
+        try:
+            return {f.name for f in self.cls("sglang.srt.server_args.ServerArgs").fields()}
+        except LookupError:
+            return set(self.constants("sglang.srt.arg_groups.field_order")["POSITIONAL_FIELD_ORDER"])
 
     def constants(self, module: str) -> dict[str, Any]:
         """Module-level names bound to literal values (lists of such names resolved)."""
@@ -569,6 +600,7 @@ class Call:
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     where: str  # module.Class of the definition
+    version: str
 
     def problem(self) -> str | None:
         try:
@@ -578,7 +610,7 @@ class Call:
                 [*map(_short, self.args), *(f"{k}={_short(v)}" for k, v in self.kwargs.items())]
             )
             return (
-                f"{self.qualname}({shown}) does not bind to sglang {VERSION}'s "
+                f"{self.qualname}({shown}) does not bind to sglang {self.version}'s "
                 f"{self.where}{self.signature}: {exc}"
             )
         return None
@@ -648,6 +680,8 @@ class SourceShapedSGLang:
             sys.modules.update(saved)
 
     def module_attribute(self, module: str, name: str) -> Any:
+        if f"{module}:{name}" in self.instance_values:  # a value the source computes at import time
+            return self.instance_values[f"{module}:{name}"]
         found = self.tree.lookup(module, name)
         if isinstance(found, ClassSym):
             return self._fake(found)
@@ -657,7 +691,7 @@ class SourceShapedSGLang:
             return found.value
         if isinstance(found, ModuleRef):
             return importlib.import_module(found.name)
-        raise AttributeError(f"sglang {VERSION}: module {module} has no attribute {name!r}")
+        raise AttributeError(f"sglang {self.tree.version}: module {module} has no attribute {name!r}")
 
     # ------------------------------------------------------------------ classes and instances
 
@@ -670,7 +704,14 @@ class SourceShapedSGLang:
             def __call__(self_cls, *args: Any, **kwargs: Any) -> Any:
                 qualname = f"{cls.name}()"
                 shaped.calls.append(
-                    Call(qualname, cls.constructor(), args, kwargs, f"{cls.module}.{cls.name}")
+                    Call(
+                        qualname,
+                        cls.constructor(),
+                        args,
+                        kwargs,
+                        f"{cls.module}.{cls.name}",
+                        shaped.tree.version,
+                    )
                 )
                 instance = object.__new__(self_cls)
                 values: dict[str, Any] = {}
@@ -701,7 +742,7 @@ class SourceShapedSGLang:
         if constant is not None:
             return constant.value
         raise AttributeError(
-            f"sglang {VERSION}: class {cls.module}.{cls.name} has no class attribute {name!r}"
+            f"sglang {self.tree.version}: class {cls.module}.{cls.name} has no class attribute {name!r}"
         )
 
     def _instance_attribute(self, cls: ClassSym, instance: Any, name: str) -> Any:
@@ -726,14 +767,14 @@ class SourceShapedSGLang:
             if key in self.instance_values:
                 return self.instance_values[key]
             raise AttributeError(
-                f"sglang {VERSION}: {cls.name} sets self.{name}, but the fake was given no value for it "
+                f"sglang {self.tree.version}: {cls.name} sets self.{name}, but the fake was given no value for it "
                 f"(pass instance_values={{{key!r}: ...}})"
             )
         constant = cls.class_attribute(name)
         if constant is not None:
             return constant.value
         raise AttributeError(
-            f"sglang {VERSION}: {cls.module}.{cls.name} has no method, field or attribute {name!r} "
+            f"sglang {self.tree.version}: {cls.module}.{cls.name} has no method, field or attribute {name!r} "
             "(nor its bases)"
         )
 
@@ -741,12 +782,21 @@ class SourceShapedSGLang:
         signature = fn.signature(bound=bound)
 
         def call(*args: Any, **kwargs: Any) -> Any:
-            self.calls.append(Call(qualname, signature, args, kwargs, f"{where}.{fn.name}"))
+            self.calls.append(
+                Call(qualname, signature, args, kwargs, f"{where}.{fn.name}", self.tree.version)
+            )
             result = self._answer(qualname, args, kwargs)
+            if fn.is_async_generator:
+
+                async def stream() -> Any:
+                    yield (await result) if inspect.isawaitable(result) else result
+
+                return stream()
             if fn.is_async:
 
                 async def answer() -> Any:
-                    return result
+                    # An answer may itself be awaitable: one that never finishes stands for a hang.
+                    return (await result) if inspect.isawaitable(result) else result
 
                 return answer()
             return result
@@ -809,9 +859,9 @@ def request_problem(tree: SourceTree, method: str, target: str, body: Any) -> st
     split = urllib.parse.urlsplit(target)
     route = routes.get(split.path)
     if route is None:
-        return f"{method} {split.path}: sglang {VERSION}'s HTTP server has no such route"
+        return f"{method} {split.path}: sglang {tree.version}'s HTTP server has no such route"
     if method not in route.methods:
-        return f"{method} {split.path}: the route accepts {sorted(route.methods)} in sglang {VERSION}"
+        return f"{method} {split.path}: the route accepts {sorted(route.methods)} in sglang {tree.version}"
     handler_params = {a.arg for a in [*route.handler.node.args.args, *route.handler.node.args.kwonlyargs]}
     unknown = sorted(set(urllib.parse.parse_qs(split.query)) - handler_params)
     if unknown:

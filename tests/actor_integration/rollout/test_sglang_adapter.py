@@ -1,109 +1,49 @@
-"""SGLangEngine: the calls it makes on `sglang.Engine`, against a recording fake with the signatures
-of the pinned SGLang (test_sglang_source.py checks the adapter against that source itself);
-against the real engine when sglang and a GPU are present."""
+"""SGLangEngine's behaviour on the flattened-bucket path and under the rollout's lifecycle, against
+the source-shaped fake engine of each supported release (tests/helpers/sglang_fake.py)."""
 
-import asyncio
-import dataclasses
 import sys
-import types
 
 import pytest
+import structlog
 import torch
 
 from actor_integration.rollout import RolloutActor, SGLangEngine
+from actor_integration.rollout.engine import LoadsBuckets, LoadsPayloads
+from actor_integration.tiny_model import TinyLMConfig
+from actor_integration.weight_sync import RankSlot, WeightSender, WeightSyncError
+from actor_integration.weight_sync.shm import ShmSender
+from lifecycle.errors import EngineNotIdleError
+from tests.helpers.models import perturbed
+from tests.helpers.sglang_fake import FakeSGLang, flattened_bucket_codec
 
-
-@dataclasses.dataclass(kw_only=True)
-class PauseGenerationReqInput:
-    mode: str = "abort"
-
-
-@dataclasses.dataclass(kw_only=True)
-class ContinueGenerationReqInput:
-    torch_empty_cache: bool = True
-
-
-@dataclasses.dataclass(kw_only=True)
-class FlushCacheReqOutput:
-    success: bool
-    message: str = ""
-
-
-@dataclasses.dataclass
-class LoadSnapshot:
-    dp_rank: int = 0
-    num_running_reqs: int = 0
-    num_waiting_reqs: int = 0
-
-
-class FakeTokenizerManager:
-    def __init__(self, log):
-        self.log = log
-        self.loads = [LoadSnapshot()]
-
-    async def pause_generation(self, obj):
-        self.log.append(("tokenizer_manager.pause_generation", obj.mode))
-
-    async def continue_generation(self, obj):
-        self.log.append(("tokenizer_manager.continue_generation",))
-
-    async def get_loads(self, include=None, dp_rank=None):
-        self.log.append(("tokenizer_manager.get_loads", include))
-        return self.loads
-
-
-class FakeSGLangEngine:
-    """The offline `sglang.Engine` methods the adapter uses, with their real signatures (it has no
-    pause_generation or continue_generation: those go through its tokenizer manager)."""
-
-    def __init__(self, *, refuse=False):
-        self.log = []
-        self.refuse = refuse
-        self.busy = False
-        self.loop = asyncio.new_event_loop()
-        self.tokenizer_manager = FakeTokenizerManager(self.log)
-
-    def release_memory_occupation(self, tags=None):
-        self.log.append(("release_memory_occupation", tags))
-
-    def resume_memory_occupation(self, tags=None):
-        self.log.append(("resume_memory_occupation", tags))
-
-    def flush_cache(self):
-        self.log.append(("flush_cache",))
-        return FlushCacheReqOutput(success=not self.busy)
-
-    def update_weights_from_tensor(self, named_tensors, load_format=None, flush_cache=True):
-        self.log.append(("update_weights_from_tensor", list(named_tensors), load_format, flush_cache))
-        return (False, "shape mismatch") if self.refuse else (True, "Succeeded")
-
-    def generate(self, prompt=None, sampling_params=None, input_ids=None, **_):
-        self.log.append(("generate", input_ids, sampling_params))
-        return [{"output_ids": [7] * sampling_params["max_new_tokens"]} for _ in input_ids]
+CONFIG = TinyLMConfig(vocab_size=53, dim=16, n_layers=2, n_heads=4, max_seq_len=24, seed=1)
+KWARGS = {"model_path": "/models/tiny", "enable_memory_saver": True}
 
 
 @pytest.fixture
-def io_struct(monkeypatch):
-    """sglang's request structs, as the adapter imports them, when sglang itself is absent."""
-    if "sglang" in sys.modules or _sglang_installed():
-        return
-    modules = {}
-    for name in ("sglang", "sglang.srt", "sglang.srt.managers", "sglang.srt.managers.io_struct"):
-        modules[name] = types.ModuleType(name)
-        monkeypatch.setitem(sys.modules, name, modules[name])
-    modules["sglang.srt.managers.io_struct"].PauseGenerationReqInput = PauseGenerationReqInput
-    modules["sglang.srt.managers.io_struct"].ContinueGenerationReqInput = ContinueGenerationReqInput
+def fake(sglang_tree):
+    fake = FakeSGLang(sglang_tree, **KWARGS)
+    with fake.installed():
+        yield fake
+    fake.close()
 
 
-def _sglang_installed():
-    import importlib.util
+def bucket_engine(**kwargs):
+    """An engine started without the scheduler-side receiver: verified flattened buckets."""
+    return SGLangEngine(**KWARGS, scheduler_receiver=False, bucket_codec=flattened_bucket_codec, **kwargs)
 
-    return importlib.util.find_spec("sglang") is not None
 
+def named_codec(named):
+    """Stands in for SGLang's FlattenedTensorBucket over named tensors (the per-dtype path)."""
+    from tests.helpers.sglang_fake import _Meta, _serialize
 
-def codec(named):
-    """Stands in for FlattenedTensorBucket + MultiprocessingSerializer: records what one TP rank gets."""
-    return [(name, tuple(t.shape), str(t.dtype)) for name, t in named]
+    flat, metadata, offset = [], [], 0
+    for name, t in named:
+        raw = t.contiguous().view(-1).view(torch.uint8)
+        metadata.append(_Meta(name, tuple(t.shape), t.dtype, offset, offset + raw.numel()))
+        flat.append(raw)
+        offset += raw.numel()
+    return _serialize({"flattened_tensor": torch.cat(flat), "metadata": metadata}, output_str=True)
 
 
 def shards():
@@ -112,101 +52,110 @@ def shards():
     return [rank0, rank1]
 
 
-class TestContract:
-    def test_memory_tags_pass_through_as_lists(self):
-        fake = FakeSGLangEngine()
-        engine = SGLangEngine(fake, codec=codec, multi_dtype_buckets=True)
-        engine.release_memory_occupation(("weights",))
-        engine.resume_memory_occupation(None)
-        assert fake.log == [("release_memory_occupation", ["weights"]), ("resume_memory_occupation", None)]
+def send(actor, version, named, *, bucket_bytes=2048):
+    sender = WeightSender(
+        RankSlot.single(0),
+        None,
+        ShmSender(),
+        rank=0,
+        engine_call=actor.update_weights,
+        bucket_bytes=bucket_bytes,
+        deadline_s=5.0,
+    )
+    try:
+        return sender.send(version, named)
+    finally:
+        sender.close()
 
-    def test_pause_and_continue_go_through_the_tokenizer_manager(self, io_struct):
-        fake = FakeSGLangEngine()
-        engine = SGLangEngine(fake, codec=codec, multi_dtype_buckets=True)
-        engine.pause_generation("retract")
-        engine.flush_cache()
-        engine.continue_generation()
-        assert fake.log == [
-            ("tokenizer_manager.pause_generation", "retract"),
-            ("flush_cache",),
-            ("tokenizer_manager.continue_generation",),
-        ]
 
-    def test_a_refused_flush_reports_not_idle_and_the_queue(self):
-        """SGLang's flush answers success=False while requests remain; the adapter answers False."""
-        fake = FakeSGLangEngine()
-        engine = SGLangEngine(fake, codec=codec, multi_dtype_buckets=True)
-        assert engine.flush_cache() is True
-        fake.busy = True
-        fake.tokenizer_manager.loads = [LoadSnapshot(0, 2, 1), LoadSnapshot(1, 0, 4)]
-        assert engine.flush_cache() is False
-        assert engine.queued_requests() == {"running": 2, "waiting": 5}
-        assert fake.log[-1] == ("tokenizer_manager.get_loads", ["core"])
+class TestBucketPath:
+    def test_each_bucket_is_one_call_carrying_exactly_the_tensors_sent(self, fake):
+        actor = RolloutActor(bucket_engine())
+        assert isinstance(actor.engine, LoadsBuckets) and actor.engine.accepts_buckets
+        assert not actor.engine.accepts_payloads("shm")
+        actor.sleep()
+        actor.wake_up(["weights"])
+        model = perturbed(CONFIG, 1, scale=0.1)
+        report = send(actor, 1, model.named_weights())
+        calls = [u for u in fake.updates if u["load_format"] == "flattened_bucket"]
+        assert len(calls) == report.buckets > 2
+        received = {}
+        for call in calls:
+            assert len(call["ranks"]) == 1  # one payload per TP rank
+            received.update(call["ranks"][0])
+        # The KV cache is released during a colocated sync: nothing to flush until it is back.
+        assert [c["flush_cache"] for c in calls] == [False] * report.buckets
+        for name, tensor in model.named_weights().items():
+            assert torch.equal(received[name].view(torch.uint8), tensor.contiguous().view(torch.uint8)), name
+        assert actor.engine.weight_version == 1
 
-    def test_each_tp_rank_gets_the_tensors_sent_for_its_gpu_as_a_flattened_bucket(self):
-        fake = FakeSGLangEngine()
-        engine = SGLangEngine(fake, codec=codec, multi_dtype_buckets=True)
+    def test_the_last_call_of_a_version_flushes_when_the_kv_cache_is_resident(self, fake):
+        engine = bucket_engine(multi_dtype_buckets=True, codec=named_codec)
         engine.load_weights(4, shards(), round_index=0, final=True)
-        ((name, payloads, load_format, flush),) = fake.log
-        assert name == "update_weights_from_tensor" and load_format == "flattened_bucket" and flush is True
-        assert len(payloads) == 2  # one per TP rank, in slot-rank order
-        assert engine.weight_version == 4
+        (call,) = fake.updates
+        assert call["flush_cache"] is True and len(call["ranks"]) == 2  # one per TP rank, in slot order
+        assert torch.equal(call["ranks"][1]["w"], torch.ones(2, 3))
+        assert engine.weight_version == 4 and not fake.session_open
 
-    def test_single_dtype_buckets_split_the_call_and_flush_once_at_the_end(self):
-        fake = FakeSGLangEngine()
-        engine = SGLangEngine(fake, codec=codec, multi_dtype_buckets=False)
+    def test_single_dtype_buckets_split_the_call_and_flush_once_at_the_end(self, fake):
+        engine = bucket_engine(multi_dtype_buckets=False, codec=named_codec)
+        assert not engine.accepts_buckets
         engine.load_weights(1, shards(), round_index=0, final=False)
         engine.load_weights(1, shards(), round_index=1, final=True)
-        calls = [entry for entry in fake.log if entry[0] == "update_weights_from_tensor"]
-        assert len(calls) == 4
-        assert [c[3] for c in calls] == [False, False, False, True]
-        assert {d for c in calls for rank in c[1] for _, _, d in rank} == {"torch.float32", "torch.bfloat16"}
-        assert all(len({d for _, _, d in rank}) == 1 for c in calls for rank in c[1])
+        assert len(fake.updates) == 4
+        assert [u["flush_cache"] for u in fake.updates] == [False, False, False, True]
+        for update in fake.updates:
+            for rank in update["ranks"]:
+                assert len({t.dtype for t in rank.values()}) == 1
+        assert not fake.session_open
 
-    def test_a_refused_update_raises_and_blocks_generation_until_a_whole_version_loads(self):
-        fake = FakeSGLangEngine()
-        engine = SGLangEngine(fake, codec=codec, multi_dtype_buckets=True)
+    def test_a_refused_later_call_marks_the_weights_mixed_until_a_whole_version_loads(self, fake):
+        engine = bucket_engine(multi_dtype_buckets=True, codec=named_codec)
         engine.load_weights(1, shards(), round_index=0, final=False)
-        fake.refuse = True
-        with pytest.raises(RuntimeError, match="refused weight version 1: shape mismatch"):
+        fake.refuse = "shape mismatch"
+        with pytest.raises(WeightSyncError, match="shape mismatch"):
             engine.load_weights(1, shards(), round_index=1, final=True)
         with pytest.raises(RuntimeError, match="applied in part"):
             engine.generate([[1]])
-        fake.refuse = False
+        assert not fake.session_open  # closed on the failure, so the next version can open its own
+        fake.refuse = None
         engine.load_weights(2, shards(), round_index=0, final=True)
-        assert engine.generate([[1, 2]], max_new_tokens=3) == [[7, 7, 7]]
-        assert fake.log[-1] == ("generate", [[1, 2]], {"temperature": 0.0, "max_new_tokens": 3})
+        assert len(engine.generate([[1, 2]], max_new_tokens=3)[0]) == 3
 
-    def test_the_rollout_actor_drives_it_through_the_lifecycle(self, io_struct):
-        fake = FakeSGLangEngine()
-        actor = RolloutActor(SGLangEngine(fake, codec=codec, multi_dtype_buckets=True))
+
+class TestUnderTheLifecycle:
+    def test_the_sleep_pauses_flushes_drops_handles_then_releases_each_tag(self, fake):
+        actor = RolloutActor(SGLangEngine(**KWARGS), generation_mode="retract")
+        assert isinstance(actor.engine, LoadsPayloads)
+        fake.log.clear()
         actor.sleep()
-        assert [entry[0] for entry in fake.log] == [
-            "tokenizer_manager.pause_generation",
-            "flush_cache",
-            "release_memory_occupation",
-            "release_memory_occupation",
-        ]
-        assert [entry[1] for entry in fake.log if entry[0] == "release_memory_occupation"] == [
-            ["weights"],
-            ["kv_cache"],
-        ]
+        calls = [c for c, _ in fake.log]
+        handles = ["begin_weight_update", "update_weights_from_tensor", "end_weight_update"]
+        if not fake.sessions:
+            handles = ["update_weights_from_tensor"]
+        assert calls == ["pause_generation", "flush_cache", *handles, "release", "release", "release"]
+        assert [v for c, v in fake.log if c == "release"] == [["weights"], ["kv_cache"], ["cuda_graph"]]
 
-    def test_without_sglang_the_error_says_how_to_get_it(self, monkeypatch):
-        if _sglang_installed():
-            pytest.skip("sglang is installed")
-        monkeypatch.setitem(sys.modules, "sglang", None)
-        with pytest.raises(ImportError, match=r"rl-lifecycle\[sglang\]"):
-            SGLangEngine(FakeSGLangEngine())
+    def test_a_busy_engine_fails_the_sleep_before_any_release(self, fake):
+        actor = RolloutActor(SGLangEngine(**KWARGS), generation_mode="in_place", flush_deadline_s=0)
+        fake.queued = {"running": 2, "waiting": 1}
+        with pytest.raises(EngineNotIdleError, match="still queued"):
+            actor.sleep()
+        assert not fake.released and fake.alive
+
+    def test_the_engine_and_its_version_are_on_every_lifecycle_event(self, fake):
+        """Each event of the rollout's machine says which engine and SGLang version it is about,
+        and its three tags are released one by one."""
+        actor = RolloutActor(SGLangEngine(**KWARGS))
+        with structlog.testing.capture_logs() as logs:
+            actor.sleep()
+        (sleep,) = [e for e in logs if e["event"] == "lifecycle.transition"]
+        released = [h["tag"] for h in sleep["hooks"] if h["name"] == "memory.pause"]
+        assert released == ["weights", "kv_cache", "cuda_graph"]
+        assert logs and all(e["engine"]["sglang"] == fake.version for e in logs)
 
 
-@pytest.mark.gpu
-class TestRealEngine:
-    def test_the_real_codec_round_trips_through_sglang(self):
-        pytest.importorskip("sglang")
-        if not torch.cuda.is_available():
-            pytest.skip("needs CUDA")
-        from actor_integration.rollout.sglang import sglang_codec
-
-        encode, _multi = sglang_codec()
-        assert encode([("w", torch.ones(4, device="cuda"))])
+def test_without_sglang_the_error_says_how_to_get_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "sglang", None)
+    with pytest.raises(ImportError, match=r"rl-lifecycle\[sglang\]"):
+        SGLangEngine(**KWARGS)
