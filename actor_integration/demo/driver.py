@@ -31,11 +31,15 @@ def run_demo(args: argparse.Namespace) -> int:
         placed = place(ray, args, device, out, console)
         with Progress(console, args.steps, args.no_progress) as log:
             driver = StepDriver(placed, args, log)
+            driver.prepare()
             for step in range(1, args.steps + 1):
                 driver.run(step)
+                if driver.killed is not None:
+                    break  # --kill-engine: the typed error was the point; nothing runs after it
         actors = [*placed.trainer_actors, *placed.rollout_actors]
         ray.get([a.flush_logs.remote() for a in actors], timeout=args.timeout_s)
-        ray.get([a.close.remote() for a in placed.trainer_actors], timeout=args.timeout_s)
+        closing = placed.trainer_actors + (placed.rollout_actors if placed.engine == "sglang" else [])
+        ray.get([a.close.remote() for a in closing], timeout=args.timeout_s)  # SGLang's processes too
         exit_code = finish(out, console, args, placed, driver, time.monotonic() - started)
     finally:
         with contextlib.suppress(Exception):

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import json
 import re
+from pathlib import Path
 
 from lifecycle.table import Hook
 
@@ -79,6 +81,43 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--address", default=None, help="join this Ray cluster instead of starting a local one"
     )
+    parser.add_argument(
+        "--engine",
+        choices=["reference", "sglang"],
+        default="reference",
+        help="rollout engine: the reference torch engine (default), or a real sglang.Engine on each GPU "
+        "(needs sglang and --model-config; the trainer then trains that Qwen2/Qwen3 model)",
+    )
+    parser.add_argument(
+        "--model-config",
+        default=None,
+        metavar="DIR",
+        help="with --engine sglang: a Hugging Face Qwen2/Qwen3 config directory (e.g. configs/qwen2-tiny); "
+        "SGLang serves it with dummy weights until the first sync, the trainer trains it",
+    )
+    parser.add_argument(
+        "--mem-fraction",
+        type=float,
+        default=0.15,
+        help="with --engine sglang: SGLang's mem_fraction_static (weights + KV cache, of the GPU)",
+    )
+    parser.add_argument(
+        "--corrupt-sync",
+        type=_positive,
+        action="append",
+        default=[],
+        metavar="STEP",
+        help="corrupt one bucket of STEP's weight sync after it was packed: the engine refuses the round "
+        "(CorruptBucketError, nothing written) and the trainer sends it again; repeatable",
+    )
+    parser.add_argument(
+        "--kill-engine",
+        type=_positive,
+        default=None,
+        metavar="STEP",
+        help="with --engine sglang: kill SGLang's scheduler at the start of STEP; the demo shows the typed "
+        "error (EngineDiedError) and ends",
+    )
     parser.add_argument("--bucket-mb", type=_positive, default=64, help="weight-sync bucket size in MiB")
     parser.add_argument("--hidden", type=_positive, default=256, help="model width (default 256)")
     parser.add_argument("--layers", type=_positive, default=4, help="model depth (default 4)")
@@ -100,4 +139,37 @@ def check_demo_arguments(args: argparse.Namespace) -> str | None:
     faults = sorted(step for _, _, step in args.inject_fault if step > args.steps)
     if faults:
         return f"--inject-fault at step {faults[0]} never runs: the demo has --steps {args.steps}"
+    corrupt = sorted(step for step in set(args.corrupt_sync) if step > args.steps or step in args.skip_sync)
+    if corrupt:
+        return (
+            f"--corrupt-sync {corrupt[0]}: that step's sync never runs (--steps {args.steps}, --skip-sync "
+            f"{sorted(args.skip_sync)}); pick a step that syncs"
+        )
+    if args.engine == "sglang":
+        return _check_sglang_arguments(args)
+    for flag, value in (("--model-config", args.model_config), ("--kill-engine", args.kill_engine)):
+        if value is not None:
+            return f"{flag} is for --engine sglang (the reference engine has no model config or scheduler)"
+    return None
+
+
+def _check_sglang_arguments(args: argparse.Namespace) -> str | None:
+    if args.model_config is None:
+        return "--engine sglang needs --model-config DIR: a Qwen2/Qwen3 config.json (e.g. configs/qwen2-tiny)"
+    config = Path(args.model_config) / "config.json"
+    try:
+        data = json.loads(config.read_text())
+    except (OSError, ValueError) as exc:
+        return f"--model-config {args.model_config}: cannot read {config} as JSON ({exc})"
+    if data.get("model_type") not in ("qwen2", "qwen3"):
+        return (
+            f"--model-config {args.model_config}: model_type is {data.get('model_type')!r}; the demo's trainer "
+            "builds Qwen2 or Qwen3 (actor_integration.qwen2_model), so SGLang serves what it trains"
+        )
+    if args.device == "cpu":
+        return "--engine sglang needs a GPU: SGLang's engine runs on CUDA (--device cpu was asked for)"
+    if not 0.0 < args.mem_fraction < 0.9:
+        return f"--mem-fraction {args.mem_fraction}: SGLang's mem_fraction_static is a fraction in (0, 0.9)"
+    if args.kill_engine is not None and args.kill_engine > args.steps:
+        return f"--kill-engine {args.kill_engine} never runs: the demo has --steps {args.steps}"
     return None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,9 @@ class Placement:
     """The started actors, their lifecycle groups, and what the trainers reported from `init`."""
 
     device: str
+    engine: str  # "reference" or "sglang"
+    vocab: int  # the model's vocabulary (prompts are drawn from it)
+    wake_rest: tuple[str, ...]  # the rollout tags its wake resumes after the weights and the sync
     trainers: int
     engine_gpu_counts: list[int]
     trainer_actors: list[Any]
@@ -62,7 +66,7 @@ def place(ray: Any, args: argparse.Namespace, device: str, out: Path, console: C
     from ray.util.placement_group import placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    from actor_integration.demo.rollout import DemoRollout
+    from actor_integration.demo.rollout import DemoRollout, DemoSGLangRollout
     from actor_integration.demo.trainer import DemoTrainer
 
     gpus = int(ray.cluster_resources().get("GPU", 0))
@@ -77,14 +81,28 @@ def place(ray: Any, args: argparse.Namespace, device: str, out: Path, console: C
             f"lifecycle demo: {trainers} trainer ranks need {trainers} GPUs (one rank per GPU: NCCL refuses two "
             f"ranks on one GPU, 'Duplicate GPU detected'); this cluster has {gpus}"
         )
-    model = {
-        "vocab_size": VOCAB,
-        "dim": args.hidden,
-        "n_layers": args.layers,
-        "n_heads": 4,
-        "max_seq_len": 64,
-        "seed": args.seed,
-    }
+    engine = getattr(args, "engine", "reference")
+    if engine == "sglang" and device != "cuda":
+        raise SystemExit("lifecycle demo: --engine sglang needs a GPU (SGLang runs on CUDA); torch sees none")
+    if engine == "sglang":
+        from actor_integration.qwen2_model import QwenConfig
+
+        config_dir = str(Path(args.model_config).resolve())
+        try:
+            vocab = QwenConfig.from_json(config_dir).vocab_size
+        except ValueError as exc:
+            raise SystemExit(f"lifecycle demo: --model-config {args.model_config}: {exc}") from None
+        model: dict[str, Any] = {"qwen_config": config_dir, "seed": args.seed}
+    else:
+        vocab = VOCAB
+        model = {
+            "vocab_size": VOCAB,
+            "dim": args.hidden,
+            "n_layers": args.layers,
+            "n_heads": 4,
+            "max_seq_len": 64,
+            "seed": args.seed,
+        }
     # GPU: one 1-GPU engine per trainer GPU, each sharing it (0.5 + 0.5). CPU: one engine over
     # `trainers` virtual devices, so the slot has several ranks and one coordinator.
     if device == "cuda":
@@ -116,15 +134,41 @@ def place(ray: Any, args: argparse.Namespace, device: str, out: Path, console: C
         rollout_devices = [["cpu"] * count for count in engine_gpu_counts]
     console.print(
         f"[bold]lifecycle demo[/]: {trainers} trainer rank(s) on {device}, {len(engine_gpu_counts)} rollout "
-        f"engine(s) of {engine_gpu_counts} device(s), {args.steps} steps, checkpoint every {args.save_every}, "
+        f"engine(s) ({engine}) of {engine_gpu_counts} device(s), {args.steps} steps, checkpoint every {args.save_every}, "
         f"transport {args.transport}, output {out}"
     )
-    rollout_cls = ray.remote(DemoRollout)
     trainer_cls = ray.remote(DemoTrainer)
-    rollouts = [
-        rollout_cls.options(**opts).remote(model=model, devices=devs, rank=i, out=str(out))
-        for i, (opts, devs) in enumerate(zip(rollout_options, rollout_devices, strict=True))
-    ]
+    if engine == "sglang":
+        sglang_cls = ray.remote(DemoSGLangRollout)
+        rollouts = [
+            sglang_cls.options(**opts).remote(
+                config_dir=model["qwen_config"],
+                rank=i,
+                out=str(out),
+                mem_fraction=args.mem_fraction,
+                seed=args.seed,
+                timeout_s=args.timeout_s,
+            )
+            for i, opts in enumerate(rollout_options)
+        ]
+        # SGLang starts in the actors' constructors: wait for it here, not inside the trainers' deadline.
+        started = time.monotonic()
+        described = ray.get(
+            [r.describe_engine.remote() for r in rollouts], timeout=max(args.timeout_s, 300.0)
+        )
+        wake_rest = tuple(t for t in described[0]["memory_tags"] if t != "weights")
+        console.print(
+            f"SGLang {described[0]['sglang']} up on {len(rollouts)} GPU(s) in {time.monotonic() - started:.1f} s: "
+            f"tags {described[0]['memory_tags']}, weights via {described[0]['weights_via']}, CUDA graphs "
+            f"{'on' if described[0]['cuda_graphs'] else 'off'}"
+        )
+    else:
+        wake_rest = ("kv_cache",)
+        rollout_cls = ray.remote(DemoRollout)
+        rollouts = [
+            rollout_cls.options(**opts).remote(model=model, devices=devs, rank=i, out=str(out))
+            for i, (opts, devs) in enumerate(zip(rollout_options, rollout_devices, strict=True))
+        ]
     actors = [trainer_cls.options(**options(i)).remote() for i in range(trainers)]
     init_method = ray.get(actors[0].rendezvous.remote(), timeout=args.timeout_s)
     infos = ray.get(
@@ -152,6 +196,9 @@ def place(ray: Any, args: argparse.Namespace, device: str, out: Path, console: C
     )
     placed = Placement(
         device=device,
+        engine=engine,
+        vocab=vocab,
+        wake_rest=wake_rest,
         trainers=trainers,
         engine_gpu_counts=engine_gpu_counts,
         trainer_actors=actors,

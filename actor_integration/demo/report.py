@@ -107,6 +107,67 @@ def release_audit(lane: Lane) -> dict[str, Any] | None:
     }
 
 
+# Tags smaller than this are not judged by the release check: the allocator's and torch_memory_saver's
+# 2 MiB granularity, and SGLang's figures in GB to three decimals, make a small tag's ratio noise.
+JUDGED_BYTES = 256 << 20
+
+
+def sglang_verdicts(args: argparse.Namespace, driver: StepDriver, lanes: Sequence[Lane]) -> dict[str, Any]:
+    """The checks of a run on a real SGLang engine, as (line, ok) pairs and their figures."""
+    steps = driver.records
+    lines: list[tuple[str, bool]] = []
+
+    def check(what: str, key: str, want: Any = True) -> None:
+        seen = [s for s in steps if key in s]
+        bad = [s["step"] for s in seen if s[key] != want]
+        lines.append(
+            (
+                f"{what}: {len(seen) - len(bad)}/{len(seen)} steps" + (f", not at {bad}" if bad else ""),
+                bool(seen) and not bad,
+            )
+        )
+
+    check("generation refused between the release and the sync", "refused_before_sync")
+    check(
+        "greedy tokens and SGLang's weights bit-identical after re-syncing the same weights",
+        "resync_identical",
+    )
+    if any("tokens_changed" in s for s in steps):
+        check("greedy tokens changed after training", "tokens_changed")
+    for step in sorted(set(getattr(args, "corrupt_sync", ()))):
+        record = next((s for s in steps if s["step"] == step), None)
+        resends = None if record is None else record.get("corrupt_resends")
+        lines.append(
+            (f"corrupt round at step {step}: refused and sent again ({resends} resend(s))", bool(resends))
+        )
+    ratios: dict[str, float] = {}
+    for lane in lanes:
+        if lane.role != "rollout":
+            continue
+        for mark in lane.marks:
+            a = mark.args
+            if mark.name == Event.MEMORY_RELEASED.value and int(a.get("expected_bytes") or 0) >= JUDGED_BYTES:
+                ratio = int(a.get("freed_bytes", 0)) / int(a["expected_bytes"])
+                ratios[a["tag"]] = min(ratio, ratios.get(a["tag"], ratio))
+    if ratios:
+        shown = ", ".join(f"{tag} {r:.1%}" for tag, r in sorted(ratios.items()))
+        lines.append(
+            (
+                f"SGLang's releases freed, of what it reports per tag (lowest): {shown}",
+                min(ratios.values()) >= 0.95,
+            )
+        )
+    if getattr(args, "kill_engine", None) is not None:
+        killed = driver.killed or {}
+        lines.append(
+            (
+                f"killed scheduler at step {killed.get('step')}: {killed.get('error')} after {killed.get('noticed_s')} s",
+                bool(killed.get("typed")),
+            )
+        )
+    return {"lines": lines, "release_ratios": ratios, "killed": driver.killed}
+
+
 COLUMNS = (
     "role",
     "rank",
@@ -197,8 +258,9 @@ def finish(
             + (f" of {_size(expected)} expected ({audit['freed_bytes'] / expected:.0%})" if expected else "")
             + f", {audit['short']} short; {audit['wakes']} wake(s) took {_size(audit['taken_bytes'])}"
         )
+    loss = f"loss {losses[0]:.3f} → {losses[-1]:.3f}" if losses else "no training step"
     console.print(
-        f"steps {len(steps)}, loss {losses[0]:.3f} → {losses[-1]:.3f}, "
+        f"steps {len(steps)}, {loss}, "
         f"checkpoints {sum(1 for s in steps if 'checkpoint_reload_ok' in s)}, "
         f"faults recovered {len(driver.faults)}, refusals recovered {len(driver.refusals)}, wall {wall:.1f} s"
     )
@@ -227,8 +289,16 @@ def finish(
             f"[bold red]syncs skipped at steps {skipped}, but refusals seen and recovered at steps "
             f"{[r['step'] for r in driver.refusals]} (expected at the step after each)[/]"
         )
+    sglang = None
+    if placed.engine == "sglang":
+        sglang = sglang_verdicts(args, driver, logs.lanes)
+        for line, ok in sglang["lines"]:
+            console.print(line if ok else f"[bold red]{line}[/]")
+            exit_code = exit_code if ok else 1
     summary = {
         "device": placed.device,
+        "engine": placed.engine,
+        "sglang": sglang,
         "trainers": placed.trainers,
         "engine_gpu_counts": placed.engine_gpu_counts,
         "transport": placed.transport,

@@ -1,8 +1,10 @@
-"""The demo's rollout actor: the reference torch engine behind `RolloutActor`, with per-rank logs and
-fault injection at the engine calls the lifecycle hooks make."""
+"""The demo's rollout actors: the reference torch engine, or a real `sglang.Engine`, behind
+`RolloutActor`, with per-rank logs and fault injection at the engine calls the lifecycle hooks make."""
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -23,9 +25,9 @@ _HOOK_OF_CALL = {
 
 
 class FaultyEngine:
-    """Delegates to a `ReferenceEngine`; the injector can fail the calls the rollout's hooks make."""
+    """Delegates to an engine; the injector can fail the calls the rollout's hooks make."""
 
-    def __init__(self, engine: ReferenceEngine, faults: FaultInjector) -> None:
+    def __init__(self, engine: Any, faults: FaultInjector) -> None:
         self._engine, self._faults = engine, faults
 
     def __getattr__(self, name: str) -> Any:
@@ -41,15 +43,10 @@ class FaultyEngine:
         return call
 
 
-class DemoRollout(RolloutActor):
-    """A `RolloutActor` over the reference engine (use with `ray.remote`)."""
+class _DemoActor(RolloutActor):
+    """What the driver calls on either rollout actor, beside `RolloutActor`'s own methods."""
 
-    def __init__(self, *, model: dict[str, Any], devices: Sequence[str], rank: int, out: str) -> None:
-        configure_logging(json_path=Path(out) / "logs" / f"rollout-rank{rank}.jsonl")
-        self.faults = FaultInjector()
-        engine = FaultyEngine(ReferenceEngine(TinyLMConfig(**model), devices=list(devices)), self.faults)
-        super().__init__(engine, rank=rank, max_new_tokens=16)
-        self.lifecycle.bind(devices=list(devices))
+    faults: FaultInjector
 
     def lifecycle_step(self, step: int) -> None:
         self.lifecycle.step = step
@@ -59,3 +56,62 @@ class DemoRollout(RolloutActor):
 
     def flush_logs(self) -> bool:
         return flush_logs()
+
+
+class DemoRollout(_DemoActor):
+    """A `RolloutActor` over the reference engine (use with `ray.remote`)."""
+
+    def __init__(self, *, model: dict[str, Any], devices: Sequence[str], rank: int, out: str) -> None:
+        configure_logging(json_path=Path(out) / "logs" / f"rollout-rank{rank}.jsonl")
+        self.faults = FaultInjector()
+        engine = FaultyEngine(ReferenceEngine(TinyLMConfig(**model), devices=list(devices)), self.faults)
+        super().__init__(engine, rank=rank, max_new_tokens=16)
+        self.lifecycle.bind(devices=list(devices))
+
+
+class DemoSGLangRollout(_DemoActor):
+    """A `RolloutActor` over a real `sglang.Engine` on this actor's GPU (use with `ray.remote`).
+
+    The engine starts with dummy weights (SGLang's `load_format="dummy"`): it serves nothing
+    meaningful until the trainer's first sync. Its scheduler process gets torch_memory_saver's
+    preload library from SGLang itself; this actor's process must not preload it."""
+
+    def __init__(
+        self, *, config_dir: str, rank: int, out: str, mem_fraction: float, seed: int, timeout_s: float
+    ) -> None:
+        configure_logging(json_path=Path(out) / "logs" / f"rollout-rank{rank}.jsonl")
+        from actor_integration.rollout.sglang import SGLangEngine
+
+        self.faults = FaultInjector()
+        self.sglang = SGLangEngine(
+            model_path=config_dir,
+            load_format="dummy",
+            skip_tokenizer_init=True,
+            enable_memory_saver=True,
+            mem_fraction_static=mem_fraction,
+            attention_backend="triton",
+            sampling_backend="pytorch",
+            context_length=2048,
+            dtype="bfloat16",
+            tp_size=1,
+            random_seed=seed,
+            call_timeout_s=timeout_s,
+        )
+        super().__init__(FaultyEngine(self.sglang, self.faults), rank=rank, max_new_tokens=16)
+        self.lifecycle.bind(devices=["cuda:0"])
+
+    def describe_engine(self) -> dict[str, Any]:
+        return self.sglang.describe()
+
+    def kill_scheduler(self) -> int:
+        """SIGKILL SGLang's scheduler (the demo's --kill-engine); its pid."""
+        pid = (
+            self.sglang.scheduler_pids[0]
+            if self.sglang.scheduler_pids
+            else self.sglang.describe()["processes"]["scheduler_0"]
+        )
+        os.kill(pid, signal.SIGKILL)
+        return int(pid)
+
+    def close(self) -> None:
+        self.sglang.shutdown()

@@ -3,6 +3,12 @@
 A hook that raises leaves ranks FAILED: the phase shows it, recovers them and retries (`run_phase`).
 A generation the lifecycle refuses on invalid weights (`InvalidWeightsError`, after a skipped
 sync) is recovered by what the refusal names: a sync, then the generation again.
+
+On a real SGLang engine (`--engine sglang`) the rollout's weights cannot be read back as the
+trainer's tensors, so each step checks what the weights do instead: generation is refused
+between the release and the sync; after a re-sync of the same trainer weights (a new version,
+equal contents) the greedy tokens are bit-identical to those before the sleep, and so is SGLang's
+own checksum of its parameters; after training the tokens change.
 """
 
 from __future__ import annotations
@@ -15,10 +21,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from actor_integration.demo.placement import VOCAB, Placement
+from actor_integration.demo.placement import Placement
 from actor_integration.demo.progress import Progress
 from actor_integration.ray_group import LifecycleGroup
-from lifecycle.errors import GroupCallError, InvalidWeightsError
+from lifecycle.errors import EngineDiedError, GroupCallError, IllegalTransitionError, InvalidWeightsError
 
 PROMPTS, PROMPT_LEN = 8, 8
 
@@ -37,14 +43,30 @@ class StepDriver:
     faults: list[dict[str, Any]] = field(default_factory=list)
     refusals: list[dict[str, Any]] = field(default_factory=list)
     checksums: dict[tuple[str, int], list[bool]] = field(default_factory=dict)
+    killed: dict[str, Any] | None = None  # what the killed engine answered (--kill-engine)
 
     def __post_init__(self) -> None:
         rng = random.Random(self.args.seed)
-        self.prompts = [[rng.randrange(VOCAB) for _ in range(PROMPT_LEN)] for _ in range(PROMPTS)]
+        self.prompts = [[rng.randrange(self.placed.vocab) for _ in range(PROMPT_LEN)] for _ in range(PROMPTS)]
         self._faults_by_step: dict[int, list[tuple[str, str]]] = {}
         for role, hook, step in self.args.inject_fault:
             self._faults_by_step.setdefault(step, []).append((role, hook))
         self._skip_sync = set(self.args.skip_sync)
+        self._corrupt = set(getattr(self.args, "corrupt_sync", ()))
+        self._sglang = self.placed.engine == "sglang"
+        self._last_samples: dict[int, Any] | None = None
+
+    def prepare(self) -> None:
+        """Before step 1: a real engine starts with dummy weights, so the trainer's are synced first."""
+        if not self._sglang:
+            return
+        rollouts = self.placed.rollout_group
+        self.log.note("initial sync: SGLang started with dummy weights; the trainer's go in first")
+        rollouts.sleep()
+        rollouts.wake_up(["weights"])
+        self.version += 1
+        self.placed.trainer_group.call("update_weights", self.version)
+        rollouts.wake_up(list(self.placed.wake_rest))
 
     def run(self, step: int) -> dict[str, Any]:
         """Run step `step` (from 1) and return its record."""
@@ -58,8 +80,18 @@ class StepDriver:
             (trainers if role == "trainer" else rollouts).call("arm_fault", hook)
             log.note(f"[yellow]step {step}: armed a fault in {hook} on every {role} rank[/]")
 
+        if step == getattr(self.args, "kill_engine", None):
+            self._kill_engine(step)  # the run ends here: nothing may run on a dead engine
+            record.update(killed=self.killed, loss=None, wall_s=round(time.monotonic() - started, 4))
+            self.records.append(record)
+            return record
         log.phase(step, "rollout generates")
         samples = self._generate(step)
+        if self._sglang:
+            if self._last_samples is not None:
+                record["tokens_changed"] = samples != self._last_samples  # the trainer trained since
+            self._last_samples = samples
+            self._resync(step, samples, record)
         batch = [p + s for p, s in zip(self.prompts, samples[0], strict=True)]
         log.phase(step, "rollout sleeps (pause generation, flush, release weights + kv_cache)")
         self._phase("rollout sleep", rollouts, rollouts.sleep, "PAUSED", step)
@@ -80,20 +112,32 @@ class StepDriver:
         log.phase(step, "rollout wakes its weights")
         wake_weights = functools.partial(rollouts.wake_up, ["weights"])
         self._phase("rollout wake weights", rollouts, wake_weights, "PAUSED", step)
+        if self._sglang:
+            record["refused_before_sync"] = self._refused(step)
         if step in self._skip_sync:
             log.phase(step, "weight sync skipped (--skip-sync): the rollout's weights stay discarded")
             record["sync_skipped"] = True
             synced = None
         else:
+            if step in self._corrupt:
+                trainers.call("corrupt_next_sync")
+                log.note(f"[yellow]step {step}: the sync's first bucket will fail its checksum on arrival[/]")
             synced = self._sync(step)
+            if step in self._corrupt:
+                record["corrupt_resends"] = sum(s["resends"] for s in synced.values()) if synced else 0
+                log.note(
+                    f"[yellow]step {step}: the corrupt round was refused (nothing written) and sent again: "
+                    f"{record['corrupt_resends']} resend(s)[/]"
+                )
         record["version"] = self.version
         record["bytes"] = sum(s["bytes"] for s in synced.values()) if synced else None
         record["peak_rss_growth_mib"] = (
             {rank: s["peak_rss_growth_mib"] for rank, s in synced.items()} if synced else None
         )
-        log.phase(step, "rollout wakes its kv cache")
-        wake_kv = functools.partial(rollouts.wake_up, ["kv_cache"])
-        self._phase("rollout wake kv_cache", rollouts, wake_kv, "AWAKE", step)
+        rest = list(self.placed.wake_rest)
+        log.phase(step, f"rollout wakes {' + '.join(rest)}")
+        wake_kv = functools.partial(rollouts.wake_up, rest)
+        self._phase("rollout wake " + "+".join(rest), rollouts, wake_kv, "AWAKE", step)
         self._compare_weights(step, record)
         trainers.assert_consistent()
         rollouts.assert_consistent()
@@ -101,6 +145,78 @@ class StepDriver:
         self.records.append(record)
         log.done(step)
         return record
+
+    # ------------------------------------------------------------------ checks on a real engine
+
+    def _refused(self, step: int) -> bool:
+        """Whether generation is refused now (after the release, before the sync), on every rank."""
+        try:
+            self.placed.rollout_group.call("generate", self.prompts[:1])
+        except GroupCallError as exc:
+            if all(isinstance(e, IllegalTransitionError) for e in exc.errors.values()):
+                return True
+            raise
+        self.ok = False
+        self.log.note(f"[bold red]step {step}: the rollout generated between its release and the sync[/]")
+        return False
+
+    def _resync(self, step: int, samples: dict[int, Any], record: dict[str, Any]) -> None:
+        """Sleep, re-sync the same trainer weights as a new version, wake: the same tokens and checksum."""
+        rollouts, trainers = self.placed.rollout_group, self.placed.trainer_group
+        before = rollouts.call("weights_checksum")
+        self.log.phase(step, "re-sync check: rollout sleeps, the same weights are synced again, it wakes")
+        self._phase("rollout sleep (re-sync)", rollouts, rollouts.sleep, "PAUSED", step)
+        self._phase(
+            "rollout wake weights (re-sync)",
+            rollouts,
+            functools.partial(rollouts.wake_up, ["weights"]),
+            "PAUSED",
+            step,
+        )
+        record["refused_before_resync"] = self._refused(step)
+        self.version += 1
+        trainers.call("update_weights", self.version)
+        rest = functools.partial(rollouts.wake_up, list(self.placed.wake_rest))
+        self._phase("rollout wake (re-sync)", rollouts, rest, "AWAKE", step)
+        again = rollouts.call("generate", self.prompts, min_weight_version=self.version)
+        after = rollouts.call("weights_checksum")
+        record["resync_identical"] = again == samples and after == before
+        if not record["resync_identical"]:
+            self.ok = False
+            self.log.note(
+                f"[bold red]step {step}: after re-syncing the same weights the engine generated other tokens "
+                f"({again == samples}) or holds other weights ({after == before})[/]"
+            )
+
+    def _kill_engine(self, step: int) -> None:
+        """Kill every engine's scheduler, then generate: a typed error within the deadline, no hang
+        (`killed` records what came back)."""
+        actors = self.placed.rollout_actors
+        import ray
+
+        pids = ray.get([a.kill_scheduler.remote() for a in actors], timeout=self.args.timeout_s)
+        self.log.note(f"[bold red]step {step}: killed SGLang's scheduler (pids {pids}) (--kill-engine)[/]")
+        started = time.monotonic()
+        try:
+            self.placed.rollout_group.call("generate", self.prompts)
+        except GroupCallError as exc:
+            waited = time.monotonic() - started
+            errors = list(exc.errors.values())
+            typed = all(isinstance(e, EngineDiedError) for e in errors)
+            self.killed = {
+                "step": step,
+                "pids": pids,
+                "typed": typed,
+                "error": f"{type(errors[0]).__name__}: {errors[0]}",
+                "noticed_s": round(waited, 3),
+            }
+            self.ok = self.ok and typed and waited < self.args.timeout_s
+            self.log.note(
+                f"[yellow]step {step}: generate answered in {waited:.2f} s: {self.killed['error']}[/]"
+            )
+            return
+        self.ok = False
+        self.killed = {"step": step, "pids": pids, "typed": False, "error": "the killed engine generated"}
 
     # ------------------------------------------------------------------ phases
 
@@ -162,6 +278,10 @@ class StepDriver:
         reference = trainer_sums[0]
         for rank, value in trainer_sums.items():
             self.checksums.setdefault(("trainer", rank), []).append(value == reference)
+        if self._sglang and not record.get("sync_skipped"):
+            # SGLang fuses and shards the tensors: its checksum is its own (compared across re-syncs).
+            record["engine_checksum"] = rollouts.call("weights_checksum")
+            return
         if record.get("sync_skipped"):
             stale = rollouts.stale(self.version)
             record["stale_rollouts"] = stale
@@ -170,6 +290,8 @@ class StepDriver:
                 f"[yellow]step {step}: sync skipped: rollout ranks {sorted(stale)} cannot serve version "
                 f"{self.version} (loaded: {stale}; None = not valid)[/]"
             )
+            return
+        if self._sglang:
             return
         engine_sums = rollouts.call("weights_checksum")
         for rank, value in engine_sums.items():

@@ -8,6 +8,7 @@ backup with its model-tag switch, and the weight sender.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import time
@@ -24,8 +25,10 @@ from actor_integration.memory_saver import select_memory_backend
 from actor_integration.mixin import LifecycleMixin
 from actor_integration.model_tag import CpuWeightBackup, ModelTagSwitch
 from actor_integration.process_groups import ReloadableProcessGroups
+from actor_integration.qwen2_model import QwenConfig, QwenLM
 from actor_integration.tiny_model import TinyLM, TinyLMConfig, weights_checksum
 from actor_integration.weight_sync import SlotTopology, WeightSender, configure_sender
+from actor_integration.weight_sync.buckets import WSUM64, WSUM64_DEVICE
 from lifecycle import Hooks, LifecyclePolicy, configure_logging, flush_logs
 from lifecycle.faults import FaultInjector, with_faults
 
@@ -37,7 +40,7 @@ class TinyTrainer:
     world_size: int
     out: Path
     device: torch.device
-    model: TinyLM
+    model: TinyLM | QwenLM
     optimizer: torch.optim.Optimizer
     memory: Any
     groups: ReloadableProcessGroups
@@ -85,6 +88,7 @@ class TinyTrainer:
         return {
             "rank": self.rank,
             "version": version,
+            "resends": report.resends,
             "bytes": report.nbytes,
             "seconds": report.duration_s,
             "transport": report.transport,
@@ -146,7 +150,7 @@ class DemoTrainer(LifecycleMixin, TinyTrainer):
             "auto", tags=("model",), cpu_backup=True, retain_cpu_backup=device == "cuda"
         )
         with self.memory.region("model"):
-            self.model = TinyLM(TinyLMConfig(**model)).to(self.device)
+            self.model = _build_model(model, self.device)
             self.optimizer = torch.optim.Adam(self.model.parameters(), lr=3e-3)
         self.backup = CpuWeightBackup()
         self.backup.backup("actor", self.model.named_weights().items())
@@ -159,12 +163,15 @@ class DemoTrainer(LifecycleMixin, TinyTrainer):
             device=self.device if device == "cuda" else None,
         )
         engine = rollouts[me.slot] if me.slot is not None else None
+        self._corrupt_next = False
         self.sender = WeightSender(
             me,
             handles[me.slot] if me.slot is not None and len(me.ranks) > 1 else None,
             sender_transport,
             rank=rank,
-            engine_call=(lambda v, p: _engine_call(engine, v, p, timeout_s)) if me.is_coordinator else None,
+            engine_call=(lambda v, p: self._engine_call(engine, v, p, timeout_s))
+            if me.is_coordinator
+            else None,
             bucket_bytes=bucket_mb << 20,
             deadline_s=timeout_s,
         )
@@ -205,6 +212,18 @@ class DemoTrainer(LifecycleMixin, TinyTrainer):
     def weights_checksum(self) -> str:
         return weights_checksum(self.backup.tensors("actor"))
 
+    def corrupt_next_sync(self) -> None:
+        """Make the next sync's first bucket fail its checksum on arrival, as a bucket corrupted in
+        transit does (the demo's --corrupt-sync): the engine must refuse that round and write
+        nothing, and the sender packs and sends it again."""
+        self._corrupt_next = True
+
+    def _engine_call(self, engine: Any, version: int, payloads: list[Any], timeout_s: float) -> Any:
+        if self._corrupt_next:
+            self._corrupt_next = False
+            payloads = [_with_wrong_checksum(payloads[0]), *payloads[1:]]
+        return _engine_call(engine, version, payloads, timeout_s)
+
     def flush_logs(self) -> bool:
         return flush_logs()
 
@@ -224,6 +243,28 @@ def _engine_call(engine: Any, version: int, payloads: list[Any], timeout_s: floa
             f"rollout engine did not acknowledge version {version} within {timeout_s:.0f} s "
             f"(waited {time.monotonic() - started:.1f} s); it may be blocked or dead: see its lifecycle log"
         ) from exc
+
+
+def _with_wrong_checksum(payload: Any) -> Any:
+    """`payload` with its first bucket's expected checksum changed (a bucket checked against a device
+    trailer is told to check against the manifest instead), so that its bytes no longer match it:
+    what the receiver sees after a bit flip in transit."""
+    bucket = payload.buckets[0]
+    wrong = dataclasses.replace(
+        bucket,
+        checksum_kind=WSUM64 if bucket.checksum_kind == WSUM64_DEVICE else bucket.checksum_kind,
+        checksum=bucket.checksum ^ 0x5A5A5A5A5A5A,
+    )
+    return dataclasses.replace(payload, buckets=(wrong, *payload.buckets[1:]))
+
+
+def _build_model(model: dict[str, Any], device: torch.device) -> TinyLM | QwenLM:
+    """The demo's TinyLM, or the Qwen2/Qwen3 model of `model["qwen_config"]` (what SGLang serves)."""
+    if "qwen_config" in model:
+        return QwenLM(
+            QwenConfig.from_json(model["qwen_config"]), seed=int(model.get("seed", 0)), device=device
+        )
+    return TinyLM(TinyLMConfig(**model)).to(device)
 
 
 def _status_bytes(field: str) -> int | None:

@@ -12,6 +12,7 @@ import pytest
 from lifecycle import diagram
 
 pytestmark = pytest.mark.ray
+TINY = str(Path(__file__).resolve().parents[2] / "configs" / "qwen2-tiny")
 
 
 def lifecycle(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -41,6 +42,8 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.Com
         "rollout:generation.pause@3",
         "--skip-sync",
         "1",
+        "--corrupt-sync",
+        "3",
     )
     return out, proc
 
@@ -103,6 +106,62 @@ class TestDemo:
             "trainer-rank0.jsonl",
             "trainer-rank1.jsonl",
         ]
+
+    def test_a_corrupt_round_is_refused_then_sent_again_and_loads(self, demo):
+        """Step 3's first bucket fails its checksum on arrival: the rollout refuses the round
+        (CorruptBucketError, nothing written), both slot ranks send it again, and the weights
+        match the trainer's."""
+        out, proc = demo
+        summary = json.loads((out / "summary.json").read_text())
+        step3 = summary["steps"][2]
+        assert step3["corrupt_resends"] == 2 and step3["checksum_ok"] is True
+        assert "the corrupt round was refused (nothing written) and sent again" in proc.stdout
+        lines = [json.loads(x) for x in (out / "logs" / "rollout-rank0.jsonl").read_text().splitlines()]
+        refused = [x for x in lines if x["event"] == "weight_sync.loaded" and x.get("ok") is False]
+        assert len(refused) == 1 and refused[0]["step"] == 3 and refused[0]["checksum_ok"] is False
+
+    @pytest.mark.parametrize(
+        ("args", "message"),
+        [
+            (["--engine", "sglang"], "--engine sglang needs --model-config DIR"),
+            (
+                ["--engine", "sglang", "--model-config", "/nonexistent"],
+                "cannot read /nonexistent/config.json",
+            ),
+            (["--kill-engine", "2"], "--kill-engine is for --engine sglang"),
+            (["--model-config", TINY], "--model-config is for --engine sglang"),
+            (
+                ["--steps", "3", "--skip-sync", "2", "--corrupt-sync", "2"],
+                "--corrupt-sync 2: that step's sync never runs",
+            ),
+            (["--engine", "sglang", "--model-config", TINY, "--device", "cpu"], "needs a GPU"),
+            (
+                ["--engine", "sglang", "--model-config", TINY, "--kill-engine", "9"],
+                "--kill-engine 9 never runs",
+            ),
+        ],
+    )
+    def test_sglang_and_fault_options_are_checked_before_anything_starts(self, tmp_path, args, message):
+        proc = lifecycle("demo", "--out", str(tmp_path), *args, timeout=60)
+        assert proc.returncode == 2, proc.stderr
+        assert message in proc.stderr and "Traceback" not in proc.stderr
+        assert not (tmp_path / "logs").exists()
+
+    def test_a_config_the_trainer_cannot_build_is_refused(self, tmp_path):
+        config = tmp_path / "llama"
+        config.mkdir()
+        (config / "config.json").write_text(json.dumps({"model_type": "llama"}))
+        proc = lifecycle(
+            "demo",
+            "--out",
+            str(tmp_path / "out"),
+            "--engine",
+            "sglang",
+            "--model-config",
+            str(config),
+            timeout=60,
+        )
+        assert proc.returncode == 2 and "model_type is 'llama'" in proc.stderr
 
     def test_bad_fault_spec_is_refused_before_anything_starts(self, tmp_path):
         proc = lifecycle("demo", "--out", str(tmp_path), "--inject-fault", "memory.paws@2")

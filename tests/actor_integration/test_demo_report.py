@@ -77,7 +77,9 @@ class TestFinish:
         monkeypatch.setattr(lifecycle_logs, "read_log", counting)
         out = run_logs.parent
         args = SimpleNamespace(bucket_mb=64, inject_fault=[], skip_sync=[])
-        placed = SimpleNamespace(device="cpu", trainers=1, engine_gpu_counts=[1], transport="shm")
+        placed = SimpleNamespace(
+            device="cpu", engine="reference", trainers=1, engine_gpu_counts=[1], transport="shm"
+        )
         driver = SimpleNamespace(
             ok=True,
             faults=[],
@@ -97,10 +99,56 @@ class TestFinish:
     def test_a_skipped_sync_without_its_refusal_fails_the_run(self, run_logs: Path):
         """The demo promises the refusal after each skipped sync; not seeing it is a failure."""
         args = SimpleNamespace(bucket_mb=64, inject_fault=[], skip_sync=[1])
-        placed = SimpleNamespace(device="cpu", trainers=1, engine_gpu_counts=[1], transport="shm")
+        placed = SimpleNamespace(
+            device="cpu", engine="reference", trainers=1, engine_gpu_counts=[1], transport="shm"
+        )
         driver = SimpleNamespace(
             ok=True, faults=[], refusals=[], checksums={}, records=[{"step": 1, "wall_s": 1.0, "loss": 1.0}]
         )
         console = Console(file=io.StringIO(), width=200)
         assert finish(run_logs.parent, console, args, placed, driver, wall=1.0) == 1  # type: ignore[arg-type]
         assert "syncs skipped at steps [1]" in console.file.getvalue()  # type: ignore[attr-defined]
+
+
+class TestSGLangVerdicts:
+    """The checks of a run on a real SGLang engine (the H200 runs them), on made-up step records."""
+
+    @staticmethod
+    def verdicts(records, *, corrupt=(), kill=None, killed=None):
+        import argparse
+        import types
+
+        from actor_integration.demo.report import sglang_verdicts
+
+        args = argparse.Namespace(corrupt_sync=list(corrupt), kill_engine=kill)
+        driver = types.SimpleNamespace(records=records, killed=killed)
+        return sglang_verdicts(args, driver, [])
+
+    def test_a_clean_run_passes_every_check(self):
+        records = [
+            {"step": 1, "refused_before_sync": True, "resync_identical": True},
+            {
+                "step": 2,
+                "refused_before_sync": True,
+                "resync_identical": True,
+                "tokens_changed": True,
+                "corrupt_resends": 1,
+            },
+        ]
+        result = self.verdicts(records, corrupt=[2])
+        assert all(ok for _line, ok in result["lines"]) and len(result["lines"]) == 4
+
+    def test_tokens_that_differ_after_a_resync_fail_the_run_and_name_the_step(self):
+        records = [{"step": 1, "refused_before_sync": True, "resync_identical": True}]
+        records.append(
+            {"step": 2, "refused_before_sync": True, "resync_identical": False, "tokens_changed": True}
+        )
+        lines = dict(self.verdicts(records)["lines"])
+        (line,) = [k for k in lines if "re-syncing" in k]
+        assert lines[line] is False and "1/2 steps, not at [2]" in line
+
+    def test_a_corrupt_round_never_resent_and_an_untyped_kill_fail(self):
+        records = [{"step": 1, "refused_before_sync": True, "resync_identical": True, "corrupt_resends": 0}]
+        killed = {"step": 1, "typed": False, "error": "the killed engine generated", "noticed_s": None}
+        lines = self.verdicts(records, corrupt=[1], kill=1, killed=killed)["lines"]
+        assert [ok for line, ok in lines if "corrupt" in line or "killed" in line] == [False, False]

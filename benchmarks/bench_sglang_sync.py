@@ -1,0 +1,221 @@
+"""Weight sync into a real `sglang.Engine` on the trainer's GPU: ours next to slime's own way, with the
+device-to-device ceiling, at two shapes, in one run.
+
+    python benchmarks/bench_sglang_sync.py [--shapes qwen2-0.5b,qwen2-7b] [--iters 5] [--out FILE]
+
+Per shape (a config in configs/, SGLang's dummy weights, CUDA graphs off: the load path is the
+same with them): the trainer's tensors are the checkpoint's (`ModelShape.from_hf_config`: names,
+shapes, bf16), on the same GPU as the engine. Paths, each timed warm (median of `--iters` after one
+cold sync) from the first byte packed to the engine's answer:
+
+  ours   `WeightSender` (cuda_ipc, 512 MiB buckets, checksums) -> `RolloutActor.update_weights` ->
+         SGLang's schedulers, which open the trainer's staging buffers (handles cached across
+         syncs), verify every bucket and load through SGLang's own weight loaders: one engine call
+         per version, whatever the bucket count.
+  slime  slime's colocated push: tensors in order into chunks of 512 MiB, one FlattenedTensorBucket
+         per dtype (a fresh flattened copy), serialized with a fresh CUDA IPC handle, one
+         `update_weights_from_tensor(load_format="flattened_bucket")` per bucket, `ipc_collect()`.
+  d2d    one copy of the same bytes, device to device: the ceiling for a path that copies once.
+
+Both paths are verified: SGLang's own checksum of its parameters after ours equals the one after
+slime's (`check_weights`), so both loaded the same bytes. A shape's whole update in one round
+means the trainer holds one staging copy of the model (15.2 GB at 7B); SGLang's side holds none
+(its loaders read the trainer's buffers in place), where `flattened_bucket` payloads handed over
+whole would need a second copy there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+GB = 1e9
+MEM_FRACTION = {"qwen2-0.5b": 0.15, "qwen2-7b": 0.35}  # weights + a KV pool, beside the trainer's copies
+
+
+def _bench_sync() -> Any:
+    spec = importlib.util.spec_from_file_location("bench_sync", REPO / "benchmarks" / "bench_sync.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("bench_sync", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def trainer_tensors(config_dir: Path) -> dict[str, torch.Tensor]:
+    from actor_integration.weight_sync.checkpoint_layouts import ModelShape, materialize, tensor_specs
+
+    shape = ModelShape.from_hf_config(config_dir)
+    return materialize(tensor_specs(shape), "cuda", seed=1)
+
+
+def timed(fn: Any, iters: int) -> list[float]:
+    """Seconds per call, after one cold call (handles opened, kernels compiled)."""
+    fn()
+    out = []
+    for _ in range(iters):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def d2d(nbytes: int, iters: int) -> list[float]:
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_(0, 255)
+    dst = torch.empty_like(src)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(iters + 1):
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    del src, dst
+    torch.cuda.empty_cache()
+    return times[1:]
+
+
+def run_shape(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    from sglang.srt.utils import MultiprocessingSerializer
+    from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket
+
+    from actor_integration.rollout import RolloutActor, SGLangEngine
+    from actor_integration.weight_sync import RankSlot, WeightSender
+    from actor_integration.weight_sync.cuda_ipc import CudaIpcSender
+
+    config = REPO / "configs" / name
+    started = time.monotonic()
+    engine = SGLangEngine(
+        model_path=str(config),
+        load_format="dummy",
+        skip_tokenizer_init=True,
+        enable_memory_saver=True,
+        mem_fraction_static=MEM_FRACTION.get(name, 0.3),
+        attention_backend="triton",
+        sampling_backend="pytorch",
+        disable_cuda_graph=True,
+        context_length=4096,
+        dtype="bfloat16",
+        random_seed=0,
+    )
+    row: dict[str, Any] = {"shape": name, "engine_start_s": round(time.monotonic() - started, 1)}
+    try:
+        weights = trainer_tensors(config)
+        nbytes = sum(t.numel() * t.element_size() for t in weights.values())
+        row.update({"tensors": len(weights), "gb": round(nbytes / GB, 3)})
+        actor = RolloutActor(engine)
+        actor.sleep()
+        actor.wake_up(["weights"])  # the colocated sync: weights resident, KV cache released
+        sender = WeightSender(
+            RankSlot.single(0),
+            None,
+            CudaIpcSender(device=0),
+            rank=0,
+            engine_call=actor.update_weights,
+            bucket_bytes=args.bucket_mib << 20,
+            deadline_s=600,
+        )
+        version = iter(range(1, 10_000))
+        ours = timed(lambda: sender.send(next(version), weights.items()), args.iters)
+        ours_sum = actor.weights_checksum()
+
+        bench_sync = _bench_sync()
+        groups = [g for chunk in bench_sync.slime_buckets(weights, args.bucket_mib << 20) for g in chunk]
+        raw = engine.engine
+        sessions = callable(getattr(raw, "begin_weight_update", None))
+
+        def slime() -> None:
+            if sessions:
+                raw.begin_weight_update()
+            for group in groups:
+                bucket = FlattenedTensorBucket(named_tensors=[(n, weights[n]) for n in group])
+                payload = MultiprocessingSerializer.serialize(
+                    {"flattened_tensor": bucket.get_flattened_tensor(), "metadata": bucket.get_metadata()},
+                    output_str=True,
+                )
+                ok, message = raw.update_weights_from_tensor(
+                    named_tensors=[payload], load_format="flattened_bucket", flush_cache=False
+                )
+                assert ok, message
+                del bucket, payload
+                torch.cuda.ipc_collect()
+            if sessions:
+                raw.end_weight_update()
+
+        theirs = timed(slime, args.iters)
+        slime_sum = actor.weights_checksum()
+        sender.close()
+        engine.release_payload_handles()  # the schedulers let go of the staging, so it can be freed
+        torch.cuda.empty_cache()
+        ceiling = d2d(nbytes, args.iters)
+        row.update(
+            {
+                "ours_ms": round(statistics.median(ours) * 1e3, 2),
+                "slime_ms": round(statistics.median(theirs) * 1e3, 2),
+                "d2d_ms": round(statistics.median(ceiling) * 1e3, 2),
+                "ours_gbps": round(nbytes / statistics.median(ours) / GB, 1),
+                "slime_gbps": round(nbytes / statistics.median(theirs) / GB, 1),
+                "d2d_gbps": round(nbytes / statistics.median(ceiling) / GB, 1),
+                "slime_buckets": len(groups),
+                "identical_engine_weights": ours_sum == slime_sum,
+                "ours_all_ms": [round(t * 1e3, 2) for t in ours],
+                "slime_all_ms": [round(t * 1e3, 2) for t in theirs],
+            }
+        )
+        row["ours_over_slime"] = round(row["slime_ms"] / row["ours_ms"], 2)
+    finally:
+        engine.shutdown()
+        torch.cuda.empty_cache()
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--shapes", default="qwen2-0.5b,qwen2-7b", help="configs/ directories, comma-separated"
+    )
+    parser.add_argument("--iters", type=int, default=5, help="warm syncs per path (after one cold one)")
+    parser.add_argument("--bucket-mib", type=int, default=512)
+    parser.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
+    args = parser.parse_args(argv)
+    shapes = [s for s in args.shapes.split(",") if s]
+    missing = [s for s in shapes if not (REPO / "configs" / s / "config.json").is_file()]
+    if missing or args.iters < 1 or args.bucket_mib < 1:
+        parser.error(f"unknown shapes {missing} (see configs/), or --iters/--bucket-mib below 1")
+    if not torch.cuda.is_available():
+        parser.error("needs a GPU (and sglang: ../shared/sglang-gpu/README.md)")
+    torch.cuda.set_device(0)
+    rows = [run_shape(s, args) for s in shapes]
+    header = f"{'shape':<11} {'GB':>6} {'ours ms':>8} {'slime ms':>9} {'d2d ms':>7} {'ours GB/s':>10} {'slime GB/s':>11} {'d2d GB/s':>9} {'ours/slime':>10} same"
+    print(header)
+    for r in rows:
+        print(
+            f"{r['shape']:<11} {r['gb']:>6} {r['ours_ms']:>8} {r['slime_ms']:>9} {r['d2d_ms']:>7} "
+            f"{r['ours_gbps']:>10} {r['slime_gbps']:>11} {r['d2d_gbps']:>9} {r['ours_over_slime']:>9}x "
+            f"{r['identical_engine_weights']}"
+        )
+    if args.out is not None:
+        args.out.write_text(json.dumps({"rows": rows, "sglang": rows and _version()}, indent=2))
+    return 0 if all(r["identical_engine_weights"] for r in rows) else 1
+
+
+def _version() -> str:
+    import sglang
+
+    return str(getattr(sglang, "__version__", "unknown"))
+
+
+if __name__ == "__main__":  # SGLang starts its scheduler with the spawn method
+    sys.exit(main())

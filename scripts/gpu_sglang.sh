@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# On the GPU machine: the real-SGLang checks, by part, in the order given:
+#   stage     copy the carried wheel parts (.gpuw/p*, made here by scripts/gpu_wheels.sh) to /tmp/gpuw
+#   install   join the parts and install them (once per machine): SGLang's set into $HOME/sgw/site,
+#             the project's and Ray's into $HOME/sgw/proj-site where the image lacks them
+#   tests     tests/gpu/test_sglang_gpu.py (CUDA graphs, 20+ cycles, release audit, faults, timing)
+#   bench     benchmarks/bench_sglang_sync.py (our sync vs slime's into the same engine, 0.5B and 7B)
+#   demo      lifecycle demo --engine sglang (a fault, a skipped sync, a corrupt round), lifecycle check
+#   kill      lifecycle demo --engine sglang --kill-engine 2 (SGLang's scheduler killed), lifecycle check
+# e.g. `bash scripts/gpu_sglang.sh stage install tests bench`. Each step's output goes to
+# $WORK/<step>.log (default /tmp/gpu-sglang); the tail is printed; results-*.tgz lands in $OUT.
+set -u
+W=/tmp/gpuw
+SITE=$HOME/sgw/site
+PSITE=$HOME/sgw/proj-site
+WORK=${WORK:-/tmp/gpu-sglang}
+PY=${PY:-python3}
+mkdir -p "$WORK"
+export PYTHONPATH=$SITE:$PSITE:$PWD HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TVM_FFI_CACHE_DIR=$HOME/sgw/tvmffi
+export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1 LIFECYCLE_GPU_OUT=$WORK
+
+step() {
+    local name=$1 limit=$2
+    shift 2
+    echo "=== $name: $*"
+    local start=$SECONDS
+    timeout -k 10 "$limit" "$@" >"$WORK/$name.log" 2>&1
+    local rc=$?
+    echo "=== $name: rc=$rc in $((SECONDS - start)) s"
+    tail -n "${TAIL:-15}" "$WORK/$name.log"
+    echo "$name rc=$rc $((SECONDS - start))s" >>"$WORK/summary.txt"
+    [[ -n ${OUT:-} ]] && tar -czf "$OUT/results.tgz" -C "$WORK" . 2>/dev/null
+    return 0
+}
+
+stage() {
+    mkdir -p "$W"
+    for d in .gpuw/p*; do [[ -d $d ]] && cp "$d"/* "$W"/; done
+    ls "$W"
+}
+
+install() {
+    [[ -f $HOME/sgw/.installed ]] && return 0
+    cat "$W"/all.tar.part* | tar -x -C "$W" || return 1
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$W"/wheels/*.whl || return 1
+    local missing=()
+    for whl in "$W"/wheels/project/*.whl; do
+        local name
+        name=$(basename "$whl" | cut -d- -f1)
+        PYTHONPATH=$SITE "$PY" -c 'import importlib.metadata as m, sys; m.version(sys.argv[1])' "$name" \
+            2>/dev/null || missing+=("$whl")
+    done
+    echo "installing ${#missing[@]} project wheels the image lacks: ${missing[*]##*/}"
+    [[ ${#missing[@]} -eq 0 ]] || "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$PSITE" \
+        "${missing[@]}" || return 1
+    [[ -f .gpuw/tvmffi.tgz ]] && mkdir -p "$TVM_FFI_CACHE_DIR" && tar -xzf .gpuw/tvmffi.tgz -C "$TVM_FFI_CACHE_DIR"
+    touch "$HOME/sgw/.installed"
+    "$PY" -c 'import sglang, ray, torch, torch_memory_saver; print("sglang", sglang.__version__, "ray", ray.__version__, "torch", torch.__version__)'
+}
+
+for part in "$@"; do
+    case $part in
+    stage) stage ;;
+    install)
+        start=$SECONDS
+        install >"$WORK/install.log" 2>&1
+        rc=$?
+        echo "=== install: rc=$rc in $((SECONDS - start)) s"
+        tail -n 5 "$WORK/install.log"
+        echo "install rc=$rc $((SECONDS - start))s" >>"$WORK/summary.txt"
+        [[ $rc -eq 0 ]] || break
+        ;;
+    tests)
+        TAIL=40 step test_sglang_gpu 420 "$PY" -m pytest -m gpu -q -s -p no:cacheprovider tests/gpu/test_sglang_gpu.py
+        ;;
+    bench)
+        TAIL=30 step bench_sglang_sync 300 "$PY" benchmarks/bench_sglang_sync.py --out "$WORK/bench_sglang_sync.json"
+        ;;
+    demo)
+        TAIL=45 step demo_sglang 330 "$PY" -m actor_integration.cli demo --engine sglang \
+            --model-config configs/qwen2-tiny --steps 5 --save-every 2 --skip-sync 2 \
+            --inject-fault rollout:memory.pause@3 --corrupt-sync 4 --out "$WORK/demo-sglang" --no-progress
+        step demo_sglang_check 60 "$PY" -m actor_integration.cli check "$WORK/demo-sglang/logs"
+        [[ -n ${OUT:-} ]] && cp "$WORK"/demo-sglang/timeline.png "$OUT"/timeline-sglang.png 2>/dev/null
+        ;;
+    kill)
+        TAIL=30 step demo_sglang_kill 240 "$PY" -m actor_integration.cli demo --engine sglang \
+            --model-config configs/qwen2-tiny --steps 3 --kill-engine 2 --out "$WORK/demo-kill" --no-progress
+        step demo_sglang_kill_check 60 "$PY" -m actor_integration.cli check "$WORK/demo-kill/logs"
+        ;;
+    *) echo "unknown part $part" ;;
+    esac
+done
+if [[ -n ${OUT:-} ]]; then
+    cp "$WORK/summary.txt" "$OUT/summary.txt" 2>/dev/null
+    cat "$WORK"/sglang_*.json "$WORK"/bench_sglang_sync.json >"$OUT/figures.txt" 2>/dev/null
+    [[ -d $TVM_FFI_CACHE_DIR ]] && tar -czf "$OUT/tvmffi.tgz" -C "$TVM_FFI_CACHE_DIR" . 2>/dev/null
+fi
+cat "$WORK/summary.txt" 2>/dev/null

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Here (not on the GPU machine): lay out every wheel the GPU runs of SGLang need, in parts that
+# each fit one device call (the working tree and the carried paths travel together, 64 MiB).
+#   scripts/gpu_wheels.sh            # .gpuw/p1 .. .gpuw/pN, one part each (git-ignore /.gpuw/)
+# Then, back to back (the machine is given back 30 s after a call):
+#   run(carry=[".gpuw/p1"], command="bash scripts/gpu_sglang.sh stage")   ... for p1 .. pN-1
+#   run(carry=[".gpuw/pN"], command="bash scripts/gpu_sglang.sh stage run")
+# The SGLang set is ../shared/sglang-gpu's (sglang 0.5.17 for the machine's torch 2.11, slimmed);
+# the rest is what the project and Ray import that the machine's image lacks, installed there only
+# where missing (`gpu_sglang.sh` asks pip for each distribution first).
+set -euo pipefail
+here="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$here"
+part_mib=${PART_MIB:-56}
+shared=${SGLANG_GPU:-../shared/sglang-gpu}
+[[ -d .sgw/batch1 && -d .sgw/batch2 ]] || "$shared/fetch_wheels.sh" .sgw >/dev/null
+mkdir -p .gpuw/wheels
+rm -rf .gpuw/p* .gpuw/all.tar
+cp .sgw/batch1/*.whl .sgw/batch2/*.whl .gpuw/wheels/
+# Ray and the project's own imports (structlog, transitions, rich, matplotlib for the timeline).
+project=(
+    ray==2.60.0 click msgpack structlog transitions rich markdown-it-py mdurl pygments psutil
+    matplotlib contourpy cycler fonttools kiwisolver pyparsing pillow python-dateutil six
+    pyyaml requests urllib3 certifi charset-normalizer idna protobuf packaging
+)
+pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --abi cp312 --abi abi3 --abi none --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 --platform any -d .gpuw/project "${project[@]}" 2>/dev/null
+mkdir -p .gpuw/wheels/project
+cp .gpuw/project/*.whl .gpuw/wheels/project/
+tar -cf .gpuw/all.tar -C .gpuw wheels
+split -b "${part_mib}m" -d -a 1 .gpuw/all.tar .gpuw/all.tar.part
+n=0
+for part in .gpuw/all.tar.part*; do
+    n=$((n + 1))
+    mkdir -p ".gpuw/p$n"
+    mv "$part" ".gpuw/p$n/"
+done
+rm -f .gpuw/all.tar
+echo "$n parts of <= ${part_mib} MiB:"
+du -sh .gpuw/p*

@@ -1,0 +1,157 @@
+"""The scheduler-side receiver (`sglang_receiver.receive`), as SGLang's schedulers run it: the
+payload encoding, its refusal of foreign calls, and the TP ranks' agreement over a real gloo
+group (one rank's corrupt bucket keeps every rank from loading)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import types
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from actor_integration.rollout import sglang_receiver
+from actor_integration.weight_sync import RankSlot, WeightSender
+from actor_integration.weight_sync.cuda_ipc import IpcBuffer
+from actor_integration.weight_sync.shm import ShmSender
+from tests.helpers.spawn import no_crash, run_world
+
+
+def rank_payload(rank: int, tensors: dict[str, torch.Tensor]) -> Any:
+    """What a trainer rank's shm sender hands the engine for one round (the sender stays alive)."""
+    captured: list[Any] = []
+
+    def engine_call(version: int, payloads: list[Any]) -> dict[str, Any]:
+        captured.extend(payloads)
+        return {"version": version}
+
+    sender = WeightSender(
+        RankSlot.single(rank),
+        None,
+        ShmSender(),
+        rank=rank,
+        engine_call=engine_call,
+        bucket_bytes=1 << 12,
+        deadline_s=10,
+    )
+    sender.send(1, tensors.items())
+    return sender, captured[0]
+
+
+class Model:
+    """SGLang's model as its loaders see it."""
+
+    def __init__(self) -> None:
+        self.loaded: dict[str, torch.Tensor] = {}
+
+    def load_weights(self, weights: Any) -> None:
+        for name, tensor in weights:
+            self.loaded[name] = tensor.clone()
+
+
+def install_tp_group(rank: int, world: int, group: Any, setitem: Any = sys.modules.__setitem__) -> None:
+    """sglang's `get_tp_group()`, as the receiver imports it, for a process without sglang."""
+    coordinator = types.SimpleNamespace(rank_in_group=rank, world_size=world, cpu_group=group)
+    names = ("sglang", "sglang.srt", "sglang.srt.distributed", "sglang.srt.distributed.parallel_state")
+    modules = {name: types.ModuleType(name) for name in names}
+    modules["sglang.srt.distributed.parallel_state"].get_tp_group = lambda: coordinator  # type: ignore[attr-defined]
+    modules["sglang"].__version__ = "0.5.17"  # type: ignore[attr-defined]
+    for name, module in modules.items():
+        setitem(name, module)
+
+
+def tensors(seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "a.weight": torch.randn(32, 8, generator=g),
+        "a.bias": torch.randn(8, generator=g).to(torch.bfloat16),
+    }
+
+
+class TestEncoding:
+    def test_payloads_cross_as_plain_json_and_come_back_equal(self):
+        """shm and cuda_ipc payloads, bytes fields included, survive the JSON names unchanged."""
+        sender, payload = rank_payload(0, tensors(0))
+        try:
+            data = json.loads(json.dumps(sglang_receiver.encode_payload(payload)))
+            assert sglang_receiver.decode_payload(data) == payload
+            ipc = dataclasses.replace(
+                payload,
+                transport="cuda_ipc",
+                descriptors=(
+                    IpcBuffer("s:0:1", (0, b"\x00\xffhandle", 4096, 0, b"ref", 8, b"ev", True), 4096, b"e"),
+                )
+                * len(payload.descriptors),
+            )
+            back = sglang_receiver.decode_payload(json.loads(json.dumps(sglang_receiver.encode_payload(ipc))))
+            assert back.descriptors == ipc.descriptors
+        finally:
+            sender.close()
+
+    def test_a_transport_the_scheduler_cannot_open_is_refused_here(self):
+        sender, payload = rank_payload(0, tensors(0))
+        sender.close()
+        try:
+            sglang_receiver.encode_payload(dataclasses.replace(payload, transport="nccl"))
+        except ValueError as exc:
+            assert "cuda_ipc" in str(exc) and "shm" in str(exc)
+        else:
+            raise AssertionError("an nccl payload was encoded for the scheduler")
+
+    def test_a_call_not_made_by_the_lifecycle_is_answered_without_raising(self, monkeypatch):
+        """Foreign names reach the loader: nothing is loaded, nothing raises (SGLang would die)."""
+        install_tp_group(0, 1, None, lambda name, module: monkeypatch.setitem(sys.modules, name, module))
+        model = Model()
+        sglang_receiver.receive(model, [("model.embed_tokens.weight", torch.zeros(1))])
+        assert model.loaded == {}
+
+
+def _agree_worker(rank: int, world: int, store: Any, out: str, corrupt_rank: int | None) -> dict[str, Any]:
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timedelta(seconds=30))
+    install_tp_group(rank, world, dist.group.WORLD)
+    sent = tensors(rank)
+    sender, payload = rank_payload(rank, sent)
+    if rank == corrupt_rank:
+        first = payload.buckets[0]
+        payload = dataclasses.replace(
+            payload, buckets=(dataclasses.replace(first, checksum=first.checksum ^ 1), *payload.buckets[1:])
+        )
+    # Every rank builds the same request list (SGLang gives every rank the same names): own payload in
+    # its slot, the others' descriptors are not this rank's to open, so each rank fills its own.
+    reply = str(Path(out) / "reply.json")
+    names = sglang_receiver.encode_request(
+        "round", call="c1", reply=reply, ranks=world, payloads=[payload] * world
+    )
+    model = Model()
+    sglang_receiver.receive(model, [(name, torch.empty(0)) for name in names])
+    dist.barrier()
+    loaded_exact = bool(model.loaded) and all(torch.equal(model.loaded[n], t) for n, t in sent.items())
+    sender.close()
+    dist.destroy_process_group()
+    answer = json.loads(Path(reply).read_text()) if rank == 0 else None
+    return {"loaded": bool(model.loaded), "loaded_exact": loaded_exact, "reply": answer}
+
+
+class TestAgreement:
+    def test_two_ranks_that_verify_both_load_exactly_what_they_were_sent(self, tmp_path):
+        results = run_world(_agree_worker, 2, str(tmp_path), None)
+        no_crash(results)
+        assert [r["loaded_exact"] for r in results] == [True, True]
+        reply = results[0]["reply"]
+        assert reply["ok"] is True and [r["ok"] for r in reply["ranks"]] == [True, True]
+        assert set(reply["timings"]) == {"verify_ms", "load_ms", "close_ms"}
+
+    def test_one_ranks_corrupt_bucket_keeps_every_rank_from_loading(self, tmp_path):
+        """Rank 1's bucket fails its checksum: rank 0 verified fine, but no rank loads, and rank 0's
+        reply names rank 1's CorruptBucketError with written false."""
+        results = run_world(_agree_worker, 2, str(tmp_path), 1)
+        no_crash(results)
+        assert [r["loaded"] for r in results] == [False, False]
+        reply = results[0]["reply"]
+        assert reply["ok"] is False and reply["ranks"][0]["ok"] is True
+        assert reply["ranks"][1]["error"] == "CorruptBucketError" and reply["ranks"][1]["written"] is False
