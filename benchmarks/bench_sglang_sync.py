@@ -128,8 +128,21 @@ def run_shape(name: str, args: argparse.Namespace) -> dict[str, Any]:
             deadline_s=600,
         )
         version = iter(range(1, 10_000))
-        ours = timed(lambda: sender.send(next(version), weights.items()), args.iters)
+        reports: list[Any] = []
+        ours = timed(lambda: reports.append(sender.send(next(version), weights.items())), args.iters)
         ours_sum = actor.weights_checksum()
+        # Where our time goes: the sender's phases and the engine's (inside SGLang's scheduler), and
+        # the floor any update call pays: a receiver call that moves nothing, and SGLang's own
+        # lightest round trip to the scheduler (flush_cache) on the same engine.
+        engine_ms = actor.engine_timings()
+        nothing = timed(lambda: engine._scheduler("hello", timeout_s=60), args.iters)
+        flush = timed(lambda: engine.engine.flush_cache(), args.iters)
+        row["ours_breakdown_ms"] = {
+            **{k: round(v, 2) for k, v in reports[-1].phases_ms.items()},
+            **{f"engine_{k}": v for k, v in engine_ms.items()},
+            "empty_receiver_call_ms": round(statistics.median(nothing) * 1e3, 2),
+            "sglang_flush_round_trip_ms": round(statistics.median(flush) * 1e3, 2),
+        }
 
         bench_sync = _bench_sync()
         groups = [g for chunk in bench_sync.slime_buckets(weights, args.bucket_mib << 20) for g in chunk]
@@ -206,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['ours_gbps']:>10} {r['slime_gbps']:>11} {r['d2d_gbps']:>9} {r['ours_over_slime']:>9}x "
             f"{r['identical_engine_weights']}"
         )
+    for r in rows:
+        print(f"{r['shape']} ours, where the time goes (ms): {r['ours_breakdown_ms']}")
     if args.out is not None:
         args.out.write_text(json.dumps({"rows": rows, "sglang": rows and _version()}, indent=2))
     return 0 if all(r["identical_engine_weights"] for r in rows) else 1

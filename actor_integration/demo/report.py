@@ -134,6 +134,18 @@ def sglang_verdicts(args: argparse.Namespace, driver: StepDriver, lanes: Sequenc
     )
     if any("tokens_changed" in s for s in steps):
         check("greedy tokens changed after training", "tokens_changed")
+    agreement = [s["trainer_agreement"] for s in steps if "trainer_agreement" in s]
+    if agreement:
+        tokens = sum(a["tokens"] for a in agreement) / len(agreement)
+        first = sum(a["first_tokens"] for a in agreement) / len(agreement)
+        # A figure, not a pass mark: bf16 kernels and the trainer's float32 math may break near-ties.
+        lines.append(
+            (
+                f"the trainer's own Qwen model (float32, CPU) generates {tokens:.0%} of SGLang's greedy tokens "
+                f"from the same weights ({first:.0%} of the first tokens), mean over {len(agreement)} steps",
+                True,
+            )
+        )
     for step in sorted(set(getattr(args, "corrupt_sync", ()))):
         record = next((s for s in steps if s["step"] == step), None)
         resends = None if record is None else record.get("corrupt_resends")

@@ -87,12 +87,18 @@ class StepDriver:
             return record
         log.phase(step, "rollout generates")
         samples = self._generate(step)
+        continuations = samples[0]
         if self._sglang:
             if self._last_samples is not None:
                 record["tokens_changed"] = samples != self._last_samples  # the trainer trained since
             self._last_samples = samples
+            record["trainer_agreement"] = self._agreement(samples[0])
             self._resync(step, samples, record)
-        batch = [p + s for p, s in zip(self.prompts, samples[0], strict=True)]
+            # Training on its own greedy samples only sharpens them: the greedy tokens could stay as
+            # they were and prove nothing about the sync. So the loop trains toward a shifted
+            # continuation (each sampled token + 1), which the next generation must move toward.
+            continuations = [[(t + 1) % self.placed.vocab for t in s] for s in samples[0]]
+        batch = [p + s for p, s in zip(self.prompts, continuations, strict=True)]
         log.phase(step, "rollout sleeps (pause generation, flush, release weights + kv_cache)")
         self._phase("rollout sleep", rollouts, rollouts.sleep, "PAUSED", step)
         log.phase(step, "trainer wakes, trains, sleeps")
@@ -159,6 +165,17 @@ class StepDriver:
         self.ok = False
         self.log.note(f"[bold red]step {step}: the rollout generated between its release and the sync[/]")
         return False
+
+    def _agreement(self, tokens: list[list[int]]) -> dict[str, float]:
+        """How many of the engine's greedy tokens the trainer's own model generates too, from the same
+        weights (all tokens, and each prompt's first, which comes from the prefill alone)."""
+        ours = self.placed.trainer_group.call("greedy", self.prompts, len(tokens[0]))[0]
+        same = sum(a == b for x, y in zip(tokens, ours, strict=True) for a, b in zip(x, y, strict=True))
+        first = sum(x[0] == y[0] for x, y in zip(tokens, ours, strict=True))
+        return {
+            "tokens": round(same / sum(map(len, tokens)), 3),
+            "first_tokens": round(first / len(tokens), 3),
+        }
 
     def _resync(self, step: int, samples: dict[int, Any], record: dict[str, Any]) -> None:
         """Sleep, re-sync the same trainer weights as a new version, wake: the same tokens and checksum."""

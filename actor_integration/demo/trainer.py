@@ -164,6 +164,7 @@ class DemoTrainer(LifecycleMixin, TinyTrainer):
         )
         engine = rollouts[me.slot] if me.slot is not None else None
         self._corrupt_next = False
+        self._cpu_model: QwenLM | None = None
         self.sender = WeightSender(
             me,
             handles[me.slot] if me.slot is not None and len(me.ranks) > 1 else None,
@@ -211,6 +212,20 @@ class DemoTrainer(LifecycleMixin, TinyTrainer):
 
     def weights_checksum(self) -> str:
         return weights_checksum(self.backup.tensors("actor"))
+
+    def greedy(self, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+        """The trainer's own greedy continuation of `prompts` from its current weights (the CPU copy,
+        in float32 on the CPU): what a Qwen model with these weights generates, to set beside the
+        tokens the rollout engine generates from the same version."""
+        if not isinstance(self.model, QwenLM):
+            raise TypeError("greedy: the demo's trainer runs a Qwen model only with --engine sglang")
+        if self._cpu_model is None:
+            self._cpu_model = QwenLM(self.model.config, dtype=torch.float32, device="cpu")
+        weights = self.backup.tensors("actor")
+        with torch.no_grad():
+            for name, param in self._cpu_model.named_parameters():
+                param.copy_(weights[name])
+        return self._cpu_model.generate(prompts, max_new_tokens=max_new_tokens)
 
     def corrupt_next_sync(self) -> None:
         """Make the next sync's first bucket fail its checksum on arrival, as a bucket corrupted in

@@ -109,6 +109,7 @@ class RolloutActor:
         if callable(describe):
             self.lifecycle.bind(engine=describe())  # which engine and version every log line is about
         self._loaded_bytes = 0
+        self._engine_ms: dict[str, float] = {}  # the engine's own phases of the last round (LoadsPayloads)
         self._unopened = False
         self._stages = bool(getattr(built, "stages_weights", False))
 
@@ -205,9 +206,10 @@ class RolloutActor:
                 self.engine.check_payloads(payloads)  # type: ignore[attr-defined]
                 self._unopened = False  # the engine's processes account for every bucket from here
                 try:
-                    self.engine.load_payloads(  # type: ignore[attr-defined]
+                    loaded = self.engine.load_payloads(  # type: ignore[attr-defined]
                         version, payloads, round_index=round_index, final=final
                     )
+                    self._engine_ms = loaded.get("timings") or {}
                 except CorruptBucketError:
                     raise  # verified before any write; accounted for below
                 except BaseException as error:
@@ -273,6 +275,7 @@ class RolloutActor:
         if final:
             elapsed = self.gate.commit(version)
             self.lifecycle.note_weights(Contents.VALID, version, reason=f"version {version} loaded")
+            extra: dict[str, Any] = {"engine_ms": self._engine_ms} if self._engine_ms else {}
             self.lifecycle.event(
                 Event.SYNC_LOADED,
                 version=version,
@@ -281,6 +284,7 @@ class RolloutActor:
                 duration_ms=round(elapsed * 1e3, 3),
                 transport=transport,
                 ok=True,
+                **extra,
             )
         return {"version": version, "round": round_index, "final": final, "bytes": self._loaded_bytes}
 
@@ -291,6 +295,10 @@ class RolloutActor:
 
     def weight_version(self) -> int | None:
         return self.gate.committed
+
+    def engine_timings(self) -> dict[str, float]:
+        """The engine's own phases of the last round it received itself (ms; empty otherwise)."""
+        return dict(self._engine_ms)
 
     def open_handles(self) -> int:
         """Cached handles or mappings the receiver holds (0 after a sleep)."""

@@ -461,6 +461,7 @@ class SGLangEngine(SGLangWeights):
         rank's buffers and loads only if every rank verified. Raises `CorruptBucketError` (nothing
         written, the previous weights stay) or `WeightSyncError` (see `written`)."""
         self.check_payloads(payloads)
+        started = time.perf_counter()
         try:
             reply = self._scheduler(
                 "round",
@@ -481,7 +482,14 @@ class SGLangEngine(SGLangWeights):
         if final:
             self.weight_version = version
             self._mixed = None
-        return {"nbytes": sum(p.nbytes for p in payloads), "timings": reply.get("timings", {})}
+        # The engine's phases: verify/load/close inside the scheduler, the scheduler's whole share,
+        # and the call as this process saw it (the difference is SGLang's request round trip).
+        timings = {
+            **reply.get("timings", {}),
+            "scheduler_ms": reply.get("ms"),
+            "call_ms": round((time.perf_counter() - started) * 1e3, 3),
+        }
+        return {"nbytes": sum(p.nbytes for p in payloads), "timings": timings}
 
     def release_payload_handles(self) -> int:
         """Close the trainer buffers the schedulers hold open (the rollout calls it when it sleeps,
