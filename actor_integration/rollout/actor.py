@@ -109,7 +109,7 @@ class RolloutActor:
         if callable(describe):
             self.lifecycle.bind(engine=describe())  # which engine and version every log line is about
         self._loaded_bytes = 0
-        self._engine_ms: dict[str, float] = {}  # the engine's own phases of the last round (LoadsPayloads)
+        self._engine_ms: dict[str, Any] = {}  # the engine's own phases of the last round (LoadsPayloads)
         self._unopened = False
         self._stages = bool(getattr(built, "stages_weights", False))
 
@@ -296,7 +296,7 @@ class RolloutActor:
     def weight_version(self) -> int | None:
         return self.gate.committed
 
-    def engine_timings(self) -> dict[str, float]:
+    def engine_timings(self) -> dict[str, Any]:
         """The engine's own phases of the last round it received itself (ms; empty otherwise)."""
         return dict(self._engine_ms)
 

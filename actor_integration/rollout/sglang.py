@@ -488,6 +488,7 @@ class SGLangEngine(SGLangWeights):
             **reply.get("timings", {}),
             "scheduler_ms": reply.get("ms"),
             "call_ms": round((time.perf_counter() - started) * 1e3, 3),
+            "load_path": reply.get("load"),  # SGLang's loaders, or their recorded copies (load_plan.py)
         }
         return {"nbytes": sum(p.nbytes for p in payloads), "timings": timings}
 

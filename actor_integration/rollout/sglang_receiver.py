@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from actor_integration.rollout.load_plan import LoadPlans
 from actor_integration.weight_sync.buckets import BucketManifest, PackedEntries, dtype_from_name
 from actor_integration.weight_sync.wire import RankPayload
 
@@ -39,6 +40,7 @@ PREFIX = "rl-lifecycle:"
 OPS = ("hello", "round", "release")
 
 _receiver: Any = None  # the WeightReceiver of this scheduler process, made on first use
+_plans = LoadPlans()  # SGLang's loaders' copies, per layout
 
 
 # ---------------------------------------------------------------------------------------------- encoding
@@ -258,8 +260,10 @@ def _load_round(model: Any, request: dict[str, Any], group: Any) -> dict[str, An
     if verdicts["ok"] and received is not None:
         t1 = time.perf_counter()
         try:
-            model.load_weights(received.shards[0])  # SGLang's loaders copy from the trainer's buffers
-            loaded = {"ok": True, "pid": os.getpid(), "nbytes": received.nbytes}
+            # SGLang's loaders copy from the trainer's buffers (their copies replayed once recorded).
+            regions = [region for region, _manifest in received.buckets[0]]
+            way = _plans.load(model, _layout(payload), received.shards[0], regions)
+            loaded = {"ok": True, "pid": os.getpid(), "nbytes": received.nbytes, "load": way}
         except Exception as exc:
             loaded = _failure(exc, written=True)
         timings["load_ms"] = _ms(t1)
@@ -275,7 +279,23 @@ def _load_round(model: Any, request: dict[str, Any], group: Any) -> dict[str, An
         return verdicts
     outcome = _gathered(loaded, group)
     outcome["timings"] = timings
+    outcome["load"] = loaded.get("load")
     return outcome
+
+
+def _layout(payload: RankPayload) -> Any:
+    """What a recorded copy plan depends on: the transport, and each bucket's place and entries."""
+    return (
+        payload.transport,
+        tuple(
+            (
+                m.index,
+                m.nbytes,
+                tuple(m.entries) if not isinstance(m.entries, PackedEntries) else m.entries.key,
+            )
+            for m in payload.buckets
+        ),
+    )
 
 
 def _get_receiver() -> Any:

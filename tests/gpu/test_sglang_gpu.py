@@ -123,7 +123,10 @@ def load(rig: dict[str, Any], name: str) -> dict[str, float]:
     t4 = time.perf_counter()
     actor.wake_up(REST)
     t5 = time.perf_counter()
-    engine_ms = {f"engine_{k}": float(v) for k, v in actor.engine_timings().items() if v is not None}
+    engine_ms = {
+        f"engine_{k}": float(v) for k, v in actor.engine_timings().items() if isinstance(v, (int, float))
+    }
+    rig.setdefault("load_paths", []).append(actor.engine_timings().get("load_path"))
     return {
         "sleep_ms": (t1 - t0) * 1e3,
         "wake_weights_ms": (t2 - t1) * 1e3,
@@ -178,6 +181,7 @@ def test_release_resume_sync_cycles_with_cuda_graphs_keep_greedy_tokens_and_memo
         "median_ms": {k: round(statistics.median(p.get(k, 0.0) for p in phases), 2) for k in phases[0]},
         "freed_by_sleep_gib": round(freed, 2),
         **{k: round(v, 1) for k, v in spread.items()},
+        "load_paths": sorted(set(rig.get("load_paths", []))),
         "tokens_A": tokens["A"][0],
         "tokens_B": tokens["B"][0],
     }
