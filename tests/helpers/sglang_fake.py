@@ -42,10 +42,11 @@ LOAD_SNAPSHOT = "sglang.srt.managers.load_snapshot.LoadSnapshot"
 ALL_TAGS = ("weights", "kv_cache", "cuda_graph")
 
 
-class RecordingModel:
-    """SGLang's model as its weight loaders see it: `load_weights` copies each named tensor."""
+class RecordingModel(torch.nn.Module):
+    """SGLang's model (an nn.Module) as its weight loaders see it: `load_weights` copies each named tensor."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.params: dict[str, torch.Tensor] = {}
         self.loads = 0
 

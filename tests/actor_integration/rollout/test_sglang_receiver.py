@@ -43,10 +43,11 @@ def rank_payload(rank: int, tensors: dict[str, torch.Tensor]) -> Any:
     return sender, captured[0]
 
 
-class Model:
-    """SGLang's model as its loaders see it."""
+class Model(torch.nn.Module):
+    """SGLang's model (an nn.Module) as its loaders see it."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.loaded: dict[str, torch.Tensor] = {}
 
     def load_weights(self, weights: Any) -> None:
