@@ -13,8 +13,8 @@ experts, then the final norm and the head), which is the order a Megatron-to-HF 
 them. What a real update mixes, and equal tensors do not: 256-byte q/k norms next to 47 MiB
 projections, an embedding and a head larger than a 512 MiB bucket, thousands of 3 MiB experts.
 
-`QWEN2_SHAPES` holds Qwen2-7B and Qwen2-0.5B (the configs under configs/, which SGLang serves), with
-q/k/v biases and no q/k norms; `ModelShape.from_hf_config` reads any dense Qwen2/Qwen3 config.json.
+`ModelShape.from_hf_config` reads any dense Qwen2/Qwen3 config.json (Qwen2: q/k/v biases, no q/k
+norms), such as the repository's configs/ that SGLang serves with dummy weights.
 """
 
 from __future__ import annotations
@@ -30,9 +30,6 @@ from actor_integration.qwen2_model import QwenConfig
 
 __all__ = [
     "LAYOUTS",
-    "QWEN2_0_5B",
-    "QWEN2_7B",
-    "QWEN2_SHAPES",
     "QWEN3_4B",
     "QWEN3_30B_A3B",
     "ModelShape",
@@ -130,39 +127,7 @@ QWEN3_30B_A3B = ModelShape(
     note="an fp32 router bias per layer added (DeepSeek-V3 style; Qwen3-MoE is bf16 throughout) to mix dtypes",
 )
 
-# The configs in configs/qwen2-7b and configs/qwen2-0.5b, which SGLang serves with dummy weights.
-QWEN2_7B = ModelShape(
-    name="Qwen2-7B",
-    source="Qwen/Qwen2-7B config.json: hidden 3584, 28 layers, 28 q / 4 kv heads of 128, intermediate 18944, vocab 152064, untied embeddings",
-    hidden=3584,
-    layers=28,
-    heads=28,
-    kv_heads=4,
-    head_dim=128,
-    vocab=152064,
-    intermediate=18944,
-    attention_bias=True,
-    qk_norm=False,
-)
-
-QWEN2_0_5B = ModelShape(
-    name="Qwen2-0.5B",
-    source="Qwen/Qwen2-0.5B config.json: hidden 896, 24 layers, 14 q / 2 kv heads of 64, intermediate 4864, vocab 151936, tied embeddings",
-    hidden=896,
-    layers=24,
-    heads=14,
-    kv_heads=2,
-    head_dim=64,
-    vocab=151936,
-    intermediate=4864,
-    head=False,
-    attention_bias=True,
-    qk_norm=False,
-)
-
 LAYOUTS: dict[str, ModelShape] = {"dense": QWEN3_4B, "moe": QWEN3_30B_A3B}
-# Apart from LAYOUTS, which the benchmarks run whole by default (bench_sync_host --layout).
-QWEN2_SHAPES: dict[str, ModelShape] = {"qwen2-7b": QWEN2_7B, "qwen2-0.5b": QWEN2_0_5B}
 
 
 def _layer(shape: ModelShape, i: int) -> list[TensorSpec]:

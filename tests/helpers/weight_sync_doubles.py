@@ -4,6 +4,7 @@
 its tensors (it does not stage, so its weights are unknown from round 0 to the final round), and
 `fingerprints` compares them with the trainer's tensor by tensor, bit for bit. `DeviceChecksumShm`
 gives host buckets the checksum GPU buckets carry, so the receiver's two-pass path runs on CPU.
+`shm_sender_into` is a real one-rank sender into a rollout actor.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 import torch
 
-from actor_integration.weight_sync import WeightTargets, kernels
+from actor_integration.weight_sync import RankSlot, WeightSender, WeightTargets, kernels
 from actor_integration.weight_sync.buckets import ALIGN, WSUM64, Bucket, BucketManifest, checksum, padded
 from actor_integration.weight_sync.shm import ShmRegion, ShmSender
 
@@ -94,3 +95,16 @@ class DeviceChecksumShm(ShmSender):
     def ready(self) -> list[BucketManifest]:
         exports, self.exported = self.exported, []
         return [b.manifest(v, WSUM64) for b, v in zip(exports, self.host_packer.seal(), strict=True)]
+
+
+def shm_sender_into(actor: Any, *, bucket_bytes: int, deadline_s: float = 30.0) -> WeightSender:
+    """A real one-rank shm sender whose engine call is a rollout actor's `update_weights`."""
+    return WeightSender(
+        RankSlot.single(0),
+        None,
+        ShmSender(),
+        rank=0,
+        engine_call=actor.update_weights,
+        bucket_bytes=bucket_bytes,
+        deadline_s=deadline_s,
+    )

@@ -22,6 +22,7 @@ from actor_integration.weight_sync import (
 from actor_integration.weight_sync.shm import ShmReceiver, ShmSender
 from lifecycle import IllegalTransitionError, State, capture_events
 from tests.helpers.models import perturbed
+from tests.helpers.weight_sync_doubles import shm_sender_into
 
 CONFIG = TinyLMConfig(vocab_size=53, dim=16, n_layers=2, n_heads=4, max_seq_len=24, seed=1)
 
@@ -70,15 +71,7 @@ def actor():
 
 
 def sender_into(actor):
-    return WeightSender(
-        RankSlot.single(0),
-        None,
-        ShmSender(),
-        rank=0,
-        engine_call=actor.update_weights,
-        bucket_bytes=1 << 20,
-        deadline_s=5.0,
-    )
+    return shm_sender_into(actor, bucket_bytes=1 << 20, deadline_s=5.0)
 
 
 class TestAdapters:

@@ -10,11 +10,11 @@ import torch
 from actor_integration.rollout import RolloutActor, SGLangEngine
 from actor_integration.rollout.engine import LoadsBuckets, LoadsPayloads
 from actor_integration.tiny_model import TinyLMConfig
-from actor_integration.weight_sync import RankSlot, WeightSender, WeightSyncError
-from actor_integration.weight_sync.shm import ShmSender
+from actor_integration.weight_sync import WeightSyncError
 from lifecycle.errors import EngineNotIdleError
 from tests.helpers.models import perturbed
 from tests.helpers.sglang_fake import FakeSGLang, flattened_bucket_codec
+from tests.helpers.weight_sync_doubles import shm_sender_into
 
 CONFIG = TinyLMConfig(vocab_size=53, dim=16, n_layers=2, n_heads=4, max_seq_len=24, seed=1)
 KWARGS = {"model_path": "/models/tiny", "enable_memory_saver": True}
@@ -53,15 +53,7 @@ def shards():
 
 
 def send(actor, version, named, *, bucket_bytes=2048):
-    sender = WeightSender(
-        RankSlot.single(0),
-        None,
-        ShmSender(),
-        rank=0,
-        engine_call=actor.update_weights,
-        bucket_bytes=bucket_bytes,
-        deadline_s=5.0,
-    )
+    sender = shm_sender_into(actor, bucket_bytes=bucket_bytes, deadline_s=5.0)
     try:
         return sender.send(version, named)
     finally:

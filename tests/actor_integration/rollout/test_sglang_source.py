@@ -29,12 +29,12 @@ from actor_integration.rollout.sglang import (
     sglang_codec,
 )
 from actor_integration.rollout.sglang_receiver import encode_request
-from actor_integration.weight_sync import CorruptBucketError, RankSlot, WeightSender
-from actor_integration.weight_sync.shm import ShmSender
+from actor_integration.weight_sync import CorruptBucketError
 from lifecycle import State
 from lifecycle.errors import EngineDiedError, EngineNotIdleError, MemoryStateError, SGLangServerTimeout
 from tests.helpers.sglang_fake import ENGINE, IO, TOKENIZER_MANAGER, FakeSGLang, flattened_bucket_codec
 from tests.helpers.sglang_source import VERSIONS, literal_values
+from tests.helpers.weight_sync_doubles import shm_sender_into
 
 REPO = Path(__file__).resolve().parents[3]
 WEIGHT_UPDATER = "sglang.srt.model_executor.model_runner_components.weight_updater"
@@ -66,16 +66,7 @@ def weights(seed=0):
 
 
 def sender_into(actor):
-    """A real one-rank shm sender whose engine call is the rollout's `update_weights`."""
-    return WeightSender(
-        RankSlot.single(0),
-        None,
-        ShmSender(),
-        rank=0,
-        engine_call=actor.update_weights,
-        bucket_bytes=4 << 10,
-        deadline_s=30,
-    )
+    return shm_sender_into(actor, bucket_bytes=4 << 10)
 
 
 def sync(actor, sender, version, tensors):

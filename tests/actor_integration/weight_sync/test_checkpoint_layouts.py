@@ -14,9 +14,6 @@ from actor_integration.rollout import RolloutActor
 from actor_integration.weight_sync import RankSlot, WeightReceiver, WeightSender
 from actor_integration.weight_sync.checkpoint_layouts import (
     LAYOUTS,
-    QWEN2_0_5B,
-    QWEN2_7B,
-    QWEN2_SHAPES,
     QWEN3_4B,
     QWEN3_30B_A3B,
     ModelShape,
@@ -108,7 +105,8 @@ class TestFromHfConfig:
         assert {n: (s, d) for n, s, d in specs} == {n: (tuple(t.shape), t.dtype) for n, t in weights.items()}
 
     def test_qwen2_layers_carry_qkv_biases_after_each_weight_and_no_qk_norms(self):
-        names = [n.removeprefix("model.layers.0.") for n, _, _ in tensor_specs(QWEN2_0_5B, layers=1)[1:-1]]
+        shape = ModelShape.from_hf_config(CONFIGS / "qwen2-0.5b" / "config.json")
+        names = [n.removeprefix("model.layers.0.") for n, _, _ in tensor_specs(shape, layers=1)[1:-1]]
         assert names[:8] == [
             "input_layernorm.weight",
             "self_attn.q_proj.weight",
@@ -121,18 +119,8 @@ class TestFromHfConfig:
         ]
         assert not any("norm" in n and "layernorm" not in n for n in names)
 
-    @pytest.mark.parametrize("name", sorted(QWEN2_SHAPES))
-    def test_the_named_qwen2_shapes_are_the_repo_configs(self, name):
-        shape = QWEN2_SHAPES[name]
-        from_file = ModelShape.from_hf_config(CONFIGS / name / "config.json")
-        assert from_file.name == name
-        assert dataclasses.replace(from_file, name=shape.name, source=shape.source) == shape
-
-    def test_the_qwen2_shapes_stay_out_of_the_benchmarks_layouts(self):
-        assert set(LAYOUTS) == {"dense", "moe"} and QWEN2_7B not in LAYOUTS.values()
-
     def test_qwen2_7b_is_15_gb_with_an_untied_head(self):
-        specs = tensor_specs(QWEN2_7B)
+        specs = tensor_specs(ModelShape.from_hf_config(CONFIGS / "qwen2-7b"))
         assert len(specs) == 28 * 12 + 3 and specs[-1][0] == "lm_head.weight"
         assert round(specs_nbytes(specs) / 1e9, 1) == 15.2
 
