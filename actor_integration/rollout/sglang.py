@@ -20,7 +20,7 @@ with the lifecycle's receiver as a `custom_weight_loader` (`sglang_receiver.py`)
 is one `update_weights_from_tensor` call carrying only the round's descriptors; each scheduler
 opens its TP rank's buffers from the trainer, verifies them, agrees with the other ranks, and
 loads through the model's own weight loaders. An engine started without that loader (or a
-transport other than `cuda_ipc`) takes verified buckets in SGLang's `flattened_bucket` format
+transport other than `cuda_ipc` and `shm`) takes verified buckets in SGLang's `flattened_bucket` format
 (`LoadsBuckets`): one call per bucket, after one flat copy of it in the rollout's process.
 SGLang loads in place, so a round that fails after its first write leaves mixed weights: the
 adapter then refuses to generate until a version loads whole.
@@ -56,7 +56,6 @@ SGLANG_TAGS = ("weights", "kv_cache", "cuda_graph")  # SGLang's GPU_MEMORY_ALL_T
 SUPPORTED_VERSIONS = ("0.5.17", "0.5.23")  # the oldest and newest release the adapter is checked on
 SCHEDULER_LOADER = sglang_receiver.LOADER
 _TMS_PRELOAD = "torch_memory_saver_hook_mode_preload"
-_sigquits: list[float] = []  # SIGQUITs SGLang's children sent this process (they signal a failure)
 
 
 def _import_sglang() -> Any:
@@ -803,8 +802,9 @@ def _check(result: Any, what: str) -> None:
 
 
 def _on_sigquit(signum: Any = None, frame: Any = None) -> None:
-    """SGLang's children SIGQUIT their parent when they fail; the adapter's guard reports the death."""
-    _sigquits.append(time.monotonic())
+    """SGLang's children SIGQUIT their parent when they fail, and SGLang's own handler then kills
+    the whole process tree. This one does nothing: the adapter's guard finds the dead process
+    itself (within `poll_s`) and raises `EngineDiedError`, and this process lives on."""
 
 
 def _pid_alive(pid: int) -> bool:
