@@ -130,6 +130,10 @@ def _agree_worker(rank: int, world: int, store: Any, out: str, corrupt_rank: int
     )
     model = Model()
     sglang_receiver.receive(model, [(name, torch.empty(0)) for name in names])
+    # Drop the stand-in's reference to the group before it is destroyed: a process group still
+    # referenced at interpreter exit is torn down with its threads running (std::terminate).
+    for name in [n for n in sys.modules if n == "sglang" or n.startswith("sglang.")]:
+        del sys.modules[name]
     dist.barrier()
     loaded_exact = bool(model.loaded) and all(torch.equal(model.loaded[n], t) for n, t in sent.items())
     sender.close()
