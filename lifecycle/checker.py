@@ -12,6 +12,11 @@ bad line gives one finding, not a cascade; a wrong hook list or residency is rep
 table's residency kept. Weight-sync events are handed, with the replayed state, to
 `lifecycle.sync_checks`, which also checks them across the ranks of a slot.
 
+Nothing reads as clean by accident: a file with no lifecycle event at all (empty, or another
+application's log) is a finding for the whole file (line 0), and each line that is not an event
+(not JSON, or an event missing a field it needs) is a finding at its line; the rest of the file is
+still replayed.
+
 Contents are replayed too (`update_contents`, `resolve_contents`, the sync body's
 `lifecycle.contents` declarations): a `generate` body on weights whose contents are discarded or
 unknown is reported with the line where they became so. Logs written before contents existed
@@ -74,7 +79,10 @@ __all__ = ["Finding", "LogChecker", "check_files", "check_lines", "check_logs"]
 
 @dataclass(frozen=True)
 class Finding:
-    """One thing in a log that the transition table says cannot have happened."""
+    """One thing in a log that the transition table says cannot have happened.
+
+    `line` counts from 1; line 0 is the file as a whole (a file with no lifecycle events).
+    """
 
     path: str
     line: int
@@ -84,11 +92,10 @@ class Finding:
 
     def __str__(self) -> str:
         who = " ".join(p for p in (None if self.rank is None else f"rank {self.rank}", self.role) if p)
-        return (
-            f"{self.path}:{self.line} {who}: {self.message}"
-            if who
-            else f"{self.path}:{self.line}: {self.message}"
-        )
+        where = f"{self.path}:{self.line}" if self.line else self.path
+        text = f"{where} {who}: {self.message}" if who else f"{where}: {self.message}"
+        # A log's JSON can carry lone surrogates ("\udc80"), which no terminal encoding prints.
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def check_lines(lines: Iterable[str], path: str = "<lines>") -> list[Finding]:
@@ -212,6 +219,7 @@ class LogChecker:
         self._order: dict[str, int] = {}
         self._machines: dict[_Key, _Machine] = {}
         self._broken: set[_Key] = set()  # configured with a policy we cannot read: not replayed
+        self._actors: set[tuple[int | None, str | None]] = set()  # (rank, role) of every event read
         self._sync = WeightSyncChecks(self._report)
 
     @property
@@ -224,14 +232,18 @@ class LogChecker:
         self.feed_lines(path, parse_lines(lines))
 
     def feed_lines(self, path: str, lines: Iterable[LogLine]) -> None:
-        """Replay the parsed lines of one file."""
+        """Replay the parsed lines of one file; a file with no lifecycle event at all is a finding."""
         self._order.setdefault(path, len(self._order))
         orphans: dict[_Key, LogLine] = {}  # first lifecycle event of a machine not configured yet
+        unreadable: list[int] = []  # lines that are not events
+        events = lifecycle_events = 0
         for entry in lines:
             if entry.event is None:
                 self._report(path, entry.line, None, None, entry.error or "unreadable line")
+                unreadable.append(entry.line)
                 continue
             self.events += 1
+            events += 1
             data = entry.event
             name = data["event"]
             try:
@@ -242,6 +254,8 @@ class LogChecker:
             event = Event.of(name)
             if event is None or not (event.is_lifecycle or event in _SYNC_EVENTS):
                 continue
+            lifecycle_events += event.is_lifecycle
+            self._actors.add(key[1:])
             try:
                 if event is Event.CONFIGURED:
                     orphan = orphans.pop(key, None)
@@ -262,6 +276,10 @@ class LogChecker:
                 if machine is None:
                     if event.is_lifecycle:
                         orphans.setdefault(key, entry)
+                    elif key in orphans:
+                        # Its lifecycle.configured is missing (reported once, below): the sync
+                        # events are still checked, in a state the replay does not know.
+                        self._sync.event(event, key, None, entry.line, data)
                     elif key[1:] != (None, None):
                         # Without rank or role the event was not logged through Lifecycle.event: no
                         # actor to check it against. With them, its machine must be in this file.
@@ -275,24 +293,46 @@ class LogChecker:
                         )
                     continue
                 self._dispatch(event, key, machine, entry.line, data)
-            except LogFieldError as exc:
-                self._report(path, entry.line, key[1], key[2], f"malformed {name}: {exc}")
+            except (LogFieldError, RecursionError) as exc:
+                problem = exc if isinstance(exc, LogFieldError) else "nested too deep to read"
+                self._report(path, entry.line, key[1], key[2], f"malformed {name}: {problem}")
                 lost = self._machines.get(key)
                 if lost is not None and event.is_lifecycle:
                     lost.op, lost.lost = None, True
         for key, orphan in orphans.items():
+            before = [n for n in unreadable if n < orphan.line]
+            why = (
+                f"line {before[-1]} before it cannot be read: it may have been this machine's lifecycle.configured"
+                if before
+                else "its first lines are missing, or the log was written below level info"
+            )
             self._report(
                 path,
                 orphan.line,
                 key[1],
                 key[2],
-                "lifecycle events but no lifecycle.configured for this machine (first here); "
-                "its first lines are missing, or the log was written below level info",
+                f"lifecycle events but no lifecycle.configured for this machine (first here); {why}",
+            )
+        if not lifecycle_events:
+            found = (
+                "the file is empty"
+                if not events and not unreadable
+                else f"none of its {len(unreadable)} line(s) is a log event"
+                if not events
+                else f"none of its {events} event(s) is a lifecycle.* event"
+            )
+            self._report(
+                path,
+                0,
+                None,
+                None,
+                f"no lifecycle events: {found}; is it a lifecycle log? per-rank logs are written by "
+                "lifecycle.configure_logging(json_path=...) at level info",
             )
 
     def finish(self) -> list[Finding]:
         """Run the cross-rank checks and return every finding, by file then line."""
-        self._sync.finish()
+        self._sync.finish(present=self._actors)
         return sorted(
             self._findings,
             key=lambda f: (self._order.get(f.path, len(self._order)), f.path, f.line, f.message),
@@ -999,9 +1039,7 @@ class LogChecker:
             )
 
     def _check_t(self, key: _Key, m: _Machine, line: int, d: Mapping[str, Any]) -> None:
-        t = logs.get(d, "t")
-        if not isinstance(t, (int, float)) or isinstance(t, bool):
-            raise LogFieldError(f"t={t!r} is not a time in epoch seconds")
+        t = logs.number(d, "t", "a time in epoch seconds")
         if m.last_t is not None and t <= m.last_t[0]:
             self._at(
                 key,
@@ -1009,7 +1047,7 @@ class LogChecker:
                 f"t={t:.6f} does not increase: line {m.last_t[1]} has t={m.last_t[0]:.6f} "
                 f"({(t - m.last_t[0]) * 1e3:+.3f} ms); lines are out of order or the clock stepped back",
             )
-        m.last_t = (float(t), line)
+        m.last_t = (t, line)
 
     def _key(self, path: str, data: Mapping[str, Any]) -> _Key:
         rank, role = data.get("rank"), data.get("role")
@@ -1035,7 +1073,7 @@ assert len(_EDGE_INDEX) == len(EDGES), "two edges share (source, dest, operation
 def _unheld_from(m: _Machine, d: Mapping[str, Any]) -> dict[str, Residency]:
     """The log's word for a held scope's deferred tags, as the residency they leave without it."""
     logged = d.get("deferred")
-    deferred = set(logged) if isinstance(logged, list) else set()
+    deferred = {t for t in logged if isinstance(t, str)} if isinstance(logged, list) else set()
     return {t: Residency.RELEASED if t in deferred else r for t, r in m.residency.items()}
 
 

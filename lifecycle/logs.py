@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import json
+import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +61,7 @@ class Event(str, enum.Enum):
 
     @property
     def is_weight_sync(self) -> bool:
+        """An event of a weight sync (an update sent or a version loaded)."""
         return self.value.startswith("weight_sync.")
 
     @classmethod
@@ -100,6 +102,9 @@ def parse_lines(lines: Iterable[str]) -> Iterator[LogLine]:
             data = json.loads(text)
         except ValueError as exc:
             yield LogLine(number, None, f"line is not JSON ({exc}): {text[:80]!r}")
+            continue
+        except RecursionError:
+            yield LogLine(number, None, f"line is not JSON (nested too deep to read): {text[:80]!r}")
             continue
         if not isinstance(data, dict) or not isinstance(data.get("event"), str):
             yield LogLine(
@@ -162,12 +167,14 @@ _E = TypeVar("_E", State, Residency, Groups, Hook, Contents, Communicators)
 
 
 def get(d: Mapping[str, Any], name: str) -> Any:
+    """The field `name`; raises `LogFieldError` when the line has none."""
     if name not in d:
         raise LogFieldError(f"has no {name!r} field")
     return d[name]
 
 
 def text(d: Mapping[str, Any], name: str) -> str:
+    """The string field `name`."""
     value = get(d, name)
     if not isinstance(value, str):
         raise LogFieldError(f"{name}={value!r} is not a string")
@@ -175,13 +182,34 @@ def text(d: Mapping[str, Any], name: str) -> str:
 
 
 def integer(d: Mapping[str, Any], name: str) -> int:
+    """The integer field `name` (a bool is not one)."""
     value = get(d, name)
     if not isinstance(value, int) or isinstance(value, bool):
         raise LogFieldError(f"{name}={value!r} is not an integer")
     return value
 
 
+def number(d: Mapping[str, Any], name: str, what: str = "a finite number") -> float:
+    """The numeric field `name` as a float: finite, not a bool (Python's JSON reads NaN, Infinity, 1e400)."""
+    value = get(d, name)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            as_float = float(value)
+        except OverflowError:  # an integer past the float range
+            pass
+        else:
+            if math.isfinite(as_float):
+                return as_float
+    raise LogFieldError(f"{name}={_short(value)} is not {what}")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:37]}..."
+
+
 def member(kind: type[_E], value: Any, name: str) -> _E:
+    """`value` as a member of the enum `kind`; `name` says which field it came from."""
     try:
         return kind(value)
     except ValueError:
@@ -189,15 +217,18 @@ def member(kind: type[_E], value: Any, name: str) -> _E:
 
 
 def enum_field(d: Mapping[str, Any], name: str, kind: type[_E]) -> _E:
+    """The field `name` as a member of the enum `kind`."""
     return member(kind, get(d, name), name)
 
 
 def optional_enum(d: Mapping[str, Any], name: str, kind: type[_E]) -> _E | None:
+    """The field `name` as a member of `kind`, or None where the line logs null."""
     value = get(d, name)
     return None if value is None else member(kind, value, name)
 
 
 def residency(d: Mapping[str, Any]) -> dict[str, Residency]:
+    """The `residency` field: tag → resident/released/unknown."""
     value = get(d, "residency")
     if not isinstance(value, dict):
         raise LogFieldError(f"residency={value!r} is not a mapping of tag to residency")

@@ -5,12 +5,15 @@ engine loaded one) happen inside the sync body (SYNCING), and versions increase 
 again only as the retry of a failed one). Across ranks, every rank of a slot reports each
 version, exactly one rank coordinates and it is the slot's first rank, with one transport per
 slot and version. `lifecycle.checker.LogChecker` feeds the events with the replayed state.
+
+Only the ranks whose logs were read are expected to report: the log of one rank, checked alone,
+gives no finding about the ranks it shares a slot with.
 """
 
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,11 +72,14 @@ class WeightSyncChecks:
         self._last[(key, event)] = (version, line, ok)
 
     def _at(self, key: Key, line: int, message: str) -> None:
+        """Report one finding at a line of the machine `key`."""
         self._report(key[0], line, key[1], key[2], message)
 
-    def finish(self) -> None:
+    def finish(self, present: Collection[tuple[int | None, str | None]] | None = None) -> None:
+        """Run the cross-rank checks; `present` is the (rank, role) of every actor whose log was read
+        (None: every rank of a slot is expected to report)."""
         for (slot, version), updates in self._updates.items():
-            self._check_slot(f"slot {slot} version {version}", updates)
+            self._check_slot(f"slot {slot} version {version}", updates, present)
         self._updates.clear()
 
     def _update(self, key: Key, line: int, version: int, ok: bool, d: Mapping[str, Any]) -> None:
@@ -92,7 +98,9 @@ class WeightSyncChecks:
                 _Update(key[0], line, key[1], key[2], coordinator, tuple(ranks), transport, ok)
             )
 
-    def _check_slot(self, what: str, updates: list[_Update]) -> None:
+    def _check_slot(
+        self, what: str, updates: list[_Update], present: Collection[tuple[int | None, str | None]] | None
+    ) -> None:
         """One slot's reports of one version: same ranks, all of them, one coordinator, one transport."""
         coordinators = list({u.rank: u for u in updates if u.coordinator}.values())  # a retry is no second
         reference = next(
@@ -103,6 +111,12 @@ class WeightSyncChecks:
 
         def report(u: _Update, message: str) -> None:
             self._report(u.path, u.line, u.rank, u.role, f"{what}: {message}")
+
+        roles = {u.role for u in updates}
+
+        def read(rank: int) -> bool:
+            """Whether this rank's log was read (a rank not given cannot be missing from it)."""
+            return present is None or any((rank, role) in present for role in roles)
 
         ok_reports: collections.Counter[int | None] = collections.Counter()
         for u in updates:
@@ -124,7 +138,7 @@ class WeightSyncChecks:
                 report(u, f"rank {u.rank} reported this update twice")
         # A failed version is already logged with its error; who did not report is part of it.
         if all(u.ok for u in updates):
-            missing = [r for r in ranks if r not in ok_reports]
+            missing = [r for r in ranks if r not in ok_reports and read(r)]
             if missing:
                 report(
                     reference,
@@ -133,7 +147,7 @@ class WeightSyncChecks:
         if not ranks:
             return
         first = min(ranks)
-        if not coordinators:
+        if not coordinators and read(first):
             report(reference, f"no rank coordinated; rank {first}, the slot's first rank, must")
         for u in coordinators:
             if u.rank != first:

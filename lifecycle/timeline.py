@@ -9,9 +9,14 @@ refusals, failures, weight-sync and memory-audit events are instants; so are the
 rollout's weight contents (discarded or unknown, then valid at a version), of a held scope's
 deferred sleep, and the process groups going to sleep (destroyed, suspended or kept). A held
 scope (first hold to last release) is a slice on a track of its own beside its machine's, since
-it spans state changes. Lines that are not events are skipped
-here: `lifecycle.checker` is what reports them. Every function takes log paths, files already
-read (`lifecycle.logs.read_logs`) or, past `read_lanes`, the lanes themselves.
+it spans state changes. Every function takes log paths, files already read
+(`lifecycle.logs.read_logs`) or, past `read_lanes`, the lanes themselves.
+
+A line that cannot be drawn (not JSON, or an event missing a field it needs) is skipped, the rest
+of its file still drawn, and it is kept as a problem (`path:line: why`): in `Lane.problems`,
+`problems(lanes)`, the trace's `otherData.problems` and `TimelinePicture.problems`. A lane whose
+`lifecycle.configured` line is lost starts at its first readable state. `lifecycle.checker`
+judges the lines; this module only says which ones it could not draw.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lifecycle import logs as fields
+from lifecycle.errors import LogFieldError
 from lifecycle.logs import Event, LogFile, read_logs
 from lifecycle.table import ALL_TAGS, State
 
@@ -38,6 +45,7 @@ __all__ = [
     "TimelinePicture",
     "build_trace",
     "draw_figure",
+    "problems",
     "read_lanes",
     "render_png",
     "write_trace",
@@ -109,6 +117,9 @@ class Lane:
     spans: list[Span] = field(default_factory=list)
     marks: list[Mark] = field(default_factory=list)
     held: list[tuple[float, float]] = field(default_factory=list)  # held scopes: first hold to last release
+    # `path:line: why` for each line of its file it could not draw (the first lane also carries
+    # the files that gave no lane at all)
+    problems: list[str] = field(default_factory=list)
     name: str = ""  # the label, with the file name when two files hold the same rank and role
     _current: tuple[float, State] | None = None
     _weight_tags: tuple[str, ...] = ()  # the tags `generate` reads (from the configured policy)
@@ -145,10 +156,12 @@ class Lane:
 
     @property
     def label(self) -> str:
+        """The lane's name: its rank and role ("rank 0 trainer"), or its file's name without them."""
         parts = [p for p in (None if self.rank is None else f"rank {self.rank}", self.role) if p]
         return " ".join(parts) or Path(self.path).name
 
     def set_state(self, time: float, state: State) -> None:
+        """The machine is in `state` from `time` on."""
         if self._current is not None and self._current[1] is state:
             return  # a self-loop (partial wake, sync from PAUSED's exit) keeps one slice
         if self._current is not None:
@@ -157,7 +170,13 @@ class Lane:
             self.states.append((start, time, previous))
         self._current = (time, state)
 
+    def begin(self, time: float, state: State) -> None:
+        """Start the lane in `state` at `time` when no `lifecycle.configured` has started it."""
+        if self._current is None and not self.states:
+            self.set_state(time, state)
+
     def close(self, end: float) -> None:
+        """End the last state slice and any held scope still open at `end`."""
         if self._current is not None:
             start, state = self._current
             self.states.append((start, max(end, start), state))
@@ -183,16 +202,28 @@ Logs = Iterable[str | Path | LogFile]  # paths, directories of *.jsonl, or files
 
 
 def read_lanes(logs: Logs) -> list[Lane]:
-    """One lane per machine in the logs, ordered by rank, then role, then file."""
+    """One lane per machine in the logs, ordered by rank, then role, then file.
+
+    Raises ValueError when no file has a lifecycle event with a rank or role to draw.
+    """
     lanes: list[Lane] = []
+    laneless: list[str] = []  # problems of the files that gave no lane
     for file in read_logs(logs):
-        lanes += _read_file(file)
+        found, left = _read_file(file)
+        lanes += found
+        if not found:
+            laneless += [
+                *left,
+                f"{file.path}: no lifecycle events with a rank or role: nothing drawn from it",
+            ]
     if not lanes:
+        first = f"; first: {laneless[0]}" if len(laneless) > 1 else ""
         raise ValueError(
             "no lifecycle events with a rank or role in the given logs; pass the JSON-lines files written by "
-            "lifecycle.configure_logging(json_path=...) at level info"
+            f"lifecycle.configure_logging(json_path=...) at level info{first}"
         )
     lanes.sort(key=lambda lane: (lane.rank is None, lane.rank or 0, lane.role or "", lane.path))
+    lanes[0].problems += laneless
     labels = collections.Counter(lane.label for lane in lanes)
     for lane in lanes:
         lane.name = lane.label if labels[lane.label] == 1 else f"{lane.label} ({Path(lane.path).name})"
@@ -200,55 +231,84 @@ def read_lanes(logs: Logs) -> list[Lane]:
     return lanes
 
 
-def _read_file(file: LogFile) -> list[Lane]:
+def problems(lanes: Iterable[Lane]) -> list[str]:
+    """Every line the lanes' files could not draw, `path:line: why`, in lane order, each once."""
+    return list(dict.fromkeys(p for lane in lanes for p in lane.problems))
+
+
+def _read_file(file: LogFile) -> tuple[list[Lane], list[str]]:
+    """The file's lanes, and the problems found before its first lane (all of them if it has none)."""
     lanes: dict[tuple[Any, Any], Lane] = {}
     now: float | None = None
     end = float("-inf")
+    # A line that cannot be read goes to the lane of the event before it (in a per-rank log, its
+    # own); lines before the first lane wait for it.
+    waiting: list[str] = []
+    last: Lane | None = None
     for entry in file.lines:
+        where = f"{file.path}:{entry.line}"
         d = entry.event
         if d is None:
+            (waiting if last is None else last.problems).append(f"{where}: {entry.error}")
             continue
+        name = d["event"]
+        key = (d.get("rank"), d.get("role"))
+        if isinstance(key[0], bool) or not (
+            isinstance(key[0], (int, type(None))) and isinstance(key[1], (str, type(None)))
+        ):
+            if Event.of(name) is not None:  # another layer's event may use rank and role its own way
+                (waiting if last is None else last.problems).append(
+                    f"{where}: {name} has rank={key[0]!r}, role={key[1]!r}, not an integer and a string: not drawn"
+                )
+            continue
+        actor = key != (None, None) or name.startswith("lifecycle.")
         when = _timestamp(d.get("timestamp"))
+        if when is None:
+            when = _time(d.get("t"))  # logs captured without structlog's timestamps still have `t`
         if when is None:
             when = now
         if when is None:
-            continue  # nothing to place it at yet
+            if actor:
+                (waiting if last is None else last.problems).append(
+                    f"{where}: {name} has no timestamp, and no line before it has one: not drawn"
+                )
+            continue
         now = when
         end = max(end, when)
-        name = d["event"]
-        key = (d.get("rank"), d.get("role"))
-        if not isinstance(key[0], (int, type(None))) or not isinstance(key[1], (str, type(None))):
-            continue
+        if not actor:
+            continue  # not an actor's event
         lane = lanes.get(key)
         if lane is None:
-            if key == (None, None) and not name.startswith("lifecycle."):
-                continue  # not an actor's event
             lane = lanes[key] = Lane(file.path, key[0], key[1])
-        end = max(end, _add_event(lane, name, d, when))
+            lane.problems += waiting
+            waiting = []
+        last = lane
+        end = max(end, _add_event(lane, name, d, when, where))
     for lane in lanes.values():
         lane.close(end)
-    return list(lanes.values())
+    return list(lanes.values()), waiting
 
 
-def _add_event(lane: Lane, name: str, d: dict[str, Any], when: float) -> float:
-    """Add one event to its lane; return the latest time it covers."""
+def _add_event(lane: Lane, name: str, d: dict[str, Any], when: float, where: str) -> float:
+    """Add one event to its lane; return the latest time it covers. `where` is its `path:line`."""
     try:
         event = Event.of(name)
         if event is Event.CONFIGURED:
-            lane.set_state(when, State(d["state"]))
+            lane.set_state(when, fields.enum_field(d, "state", State))
             logged = d.get("policy")
             policy: dict[str, Any] = logged if isinstance(logged, dict) else {}
             tags = policy.get("memory_tags") or [ALL_TAGS]
-            lane._weight_tags = tuple(policy.get("sync_requires") or tags)
+            lane._weight_tags = tuple(str(t) for t in policy.get("sync_requires") or tags)
             lane.note_contents(d, when)
             lane.note_groups(d.get("groups"), when)
         elif event is Event.TRANSITION:
-            start = float(d["t"])
-            stop = start + max(float(d["duration_ms"]), 0.0) / 1e3
-            src, dst = State(d["src"]), State(d["dst"])
+            start = fields.number(d, "t")
+            stop = start + max(fields.number(d, "duration_ms"), 0.0) / 1e3
+            src, dst = fields.enum_field(d, "src", State), fields.enum_field(d, "dst", State)
+            lane.begin(start, src)
             lane.spans.append(
                 Span(
-                    f"{d['operation']} {src.value}→{dst.value}",
+                    f"{fields.get(d, 'operation')} {src.value}→{dst.value}",
                     "transition",
                     start,
                     stop,
@@ -262,7 +322,9 @@ def _add_event(lane: Lane, name: str, d: dict[str, Any], when: float) -> float:
             return stop
         elif event is Event.FAILED:
             hooks = d.get("hooks") or []
-            total = sum(float(h.get("ms", 0.0)) for h in hooks if isinstance(h, dict)) / 1e3
+            total = sum(_ms(h, "ms") for h in hooks if isinstance(h, dict)) / 1e3
+            if d.get("src") is not None:
+                lane.begin(when - total, fields.enum_field(d, "src", State))
             _hook_spans(lane, hooks, when - total, when)
             what = f"{d.get('hook')}{'[' + str(d['tag']) + ']' if d.get('tag') else ''}"
             lane.marks.append(
@@ -279,22 +341,30 @@ def _add_event(lane: Lane, name: str, d: dict[str, Any], when: float) -> float:
         elif event is Event.CONTENTS:
             lane.note_contents(d, when)
         elif event is Event.BODY:
-            start = float(d["t"])
-            stop = start + max(float(d["duration_ms"]), 0.0) / 1e3
+            start = fields.number(d, "t")
+            stop = start + max(fields.number(d, "duration_ms"), 0.0) / 1e3
+            if "state" in d:
+                lane.begin(start, fields.enum_field(d, "state", State))
             ok = bool(d.get("ok", True))
             args = _pick(d, "operation", "state", "ok", "error")
-            lane.spans.append(Span(f"{d['operation']} body", "body", start, stop, args, failed=not ok))
+            lane.spans.append(
+                Span(f"{fields.get(d, 'operation')} body", "body", start, stop, args, failed=not ok)
+            )
             return stop
         elif event in (Event.NOOP, Event.REFUSED):
+            if "state" in d:
+                lane.begin(when, fields.enum_field(d, "state", State))
             kind = name.removeprefix("lifecycle.")
             lane.marks.append(
                 Mark(kind, f"{kind} {d.get('operation')}", when, _pick(d, "operation", "state", "reason"))
             )
         elif event in (Event.HOLD, Event.RELEASE):
-            lane.note_holds(int(d["holds"]), when)
+            lane.note_holds(fields.integer(d, "holds"), when)
             lane.marks.append(Mark("scope", name, when, _pick(d, "state", "holds", "deferred")))
         elif event is Event.DEFERRED:
-            deferred = list(d["deferred"])
+            deferred = fields.get(d, "deferred")
+            if not isinstance(deferred, list):
+                raise LogFieldError(f"deferred={deferred!r} is not a list of tags")
             what = f"sleep deferred {deferred}" if deferred else "deferred sleep cancelled"
             lane.marks.append(Mark("deferred", what, when, _pick(d, "operation", "targets", "deferred")))
         elif event is Event.RESOLVED:
@@ -310,8 +380,10 @@ def _add_event(lane: Lane, name: str, d: dict[str, Any], when: float) -> float:
             lane.marks.append(Mark("weight_sync", f"{name}{version}", when, _fields(d)))
         else:
             lane.marks.append(Mark("event", name, when, _fields(d)))
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:  # LogFieldError is a ValueError
         lane.marks.append(Mark("event", f"unreadable {name}", when, {}))
+        why = f"has no {exc.args[0]!r} field" if isinstance(exc, KeyError) and exc.args else str(exc)
+        lane.problems.append(f"{where}: {name} cannot be drawn: {why}")
     return when
 
 
@@ -332,13 +404,26 @@ def _hook_spans(lane: Lane, hooks: list[Any], start: float, stop: float) -> None
     for hook in hooks:
         if not isinstance(hook, dict):
             continue
-        ms = max(float(hook.get("ms", 0.0)), 0.0)
+        ms = max(_ms(hook, "ms"), 0.0)
         if isinstance(hook.get("at_ms"), (int, float)):
-            at = start + max(float(hook["at_ms"]), 0.0) / 1e3
+            at = start + max(_ms(hook, "at_ms"), 0.0) / 1e3
         end = min(at + ms / 1e3, stop)
         name = f"{hook.get('name')}{'[' + str(hook['tag']) + ']' if hook.get('tag') else ''}"
         lane.spans.append(Span(name, "hook", min(at, stop), end, dict(hook), failed=hook.get("ok") is False))
         at = end
+
+
+def _ms(hook: Mapping[str, Any], name: str) -> float:
+    """A hook's `ms` or `at_ms` (0 when absent): a finite number, else LogFieldError."""
+    return fields.number(hook, name) if name in hook else 0.0
+
+
+def _time(value: Any) -> float | None:
+    """`value` as epoch seconds, if it is a finite number."""
+    try:
+        return fields.number({"t": value}, "t")
+    except ValueError:
+        return None
 
 
 def _timestamp(value: Any) -> float | None:
@@ -347,7 +432,7 @@ def _timestamp(value: Any) -> float | None:
     try:
         # Python 3.10's fromisoformat does not read the "Z" that structlog writes.
         return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    except ValueError:
+    except (ValueError, OverflowError, OSError):  # not ISO 8601, or outside what a timestamp holds
         return None
 
 
@@ -461,7 +546,11 @@ def build_trace(logs: Logs | Sequence[Lane]) -> dict[str, Any]:
     return {
         "traceEvents": events,
         "displayTimeUnit": "ms",
-        "otherData": {"origin_epoch_s": origin, "lanes": [lane.name for lane in lanes]},
+        "otherData": {
+            "origin_epoch_s": origin,
+            "lanes": [lane.name for lane in lanes],
+            "problems": problems(lanes),  # the lines that could not be drawn
+        },
     }
 
 
@@ -488,13 +577,18 @@ def _origin(lanes: list[Lane]) -> float:
 
 @dataclass(frozen=True)
 class TimelinePicture:
-    """What `render_png` drew: the lane labels top to bottom, and how many bars and markers."""
+    """What `render_png` drew: the lane labels top to bottom, and how many bars and markers.
+
+    `problems` holds each line of the logs that could not be drawn, as `path:line: why` (see
+    `problems`); the picture is drawn from the other lines.
+    """
 
     path: Path
     lanes: tuple[str, ...]
     bars: int
     markers: dict[str, int]
     seconds: float
+    problems: tuple[str, ...] = ()
 
 
 def draw_figure(logs: Logs | Sequence[Lane]) -> Figure:
@@ -506,12 +600,13 @@ def render_png(logs: Logs | Sequence[Lane], out_png: str | Path, *, dpi: int = 1
     """Draw the logs (see `draw_figure`) into a PNG file with matplotlib's Agg canvas."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    figure, lanes, bars, markers, seconds = _draw(_lanes(logs))
+    read = _lanes(logs)
+    figure, lanes, bars, markers, seconds = _draw(read)
     FigureCanvasAgg(figure)
     out = Path(out_png)
     out.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(out, dpi=dpi)
-    return TimelinePicture(out, lanes, bars, markers, seconds)
+    return TimelinePicture(out, lanes, bars, markers, seconds, tuple(problems(read)))
 
 
 def _draw(lanes: list[Lane]) -> tuple[Figure, tuple[str, ...], int, dict[str, int], float]:
@@ -523,7 +618,8 @@ def _draw(lanes: list[Lane]) -> tuple[Figure, tuple[str, ...], int, dict[str, in
     origin = _origin(lanes)
     count = len(lanes)
     # About a quarter inch per lane keeps 64 lanes readable without a giant image for two.
-    figure = Figure(figsize=(13.0, max(3.0, 1.6 + 0.26 * count)), layout="constrained")
+    height = max(3.0, 1.6 + 0.26 * count)
+    figure = Figure(figsize=(13.0, height), layout="constrained")
     axes = figure.add_subplot()
     markers: dict[str, int] = dict.fromkeys(_MARKS, 0)
     bars = 0
@@ -606,5 +702,15 @@ def _draw(lanes: list[Lane]) -> tuple[Figure, tuple[str, ...], int, dict[str, in
         )
         for m, c, _, label in _MARKS.values()
     ]
-    axes.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, frameon=False)
+    # As many columns as the legend needs to fit beside the axes' height (a row is about 13 pt at
+    # font size 8; the title and the x axis take about an inch of the figure's height).
+    rows = max(1, int(((height - 1.0) * 72 - 6) // 13))
+    axes.legend(
+        handles=handles,
+        loc="upper left",
+        bbox_to_anchor=(1.005, 1.0),
+        fontsize=8,
+        frameon=False,
+        ncols=-(-len(handles) // rows),
+    )
     return figure, tuple(labels), bars, markers, right

@@ -997,22 +997,68 @@ class TestWeightSyncFindings:
     ) -> None:
         """Updates with slot=None (a rank whose GPU hosts no engine) have no slot to agree with."""
         path = Path(shutil.copy(corpus["sync/trainer3"], tmp_path / "trainer3.jsonl"))
-        findings = check_files([path])
+        # rank 2's log is read, but without its updates: rank 3's slot misses them
+        other = dump(
+            tmp_path / "trainer2.jsonl",
+            [x for x in load(corpus["sync/trainer2"]) if x["event"] != "weight_sync.update"],
+        )
+        findings = check_files([path, other])
         assert_finding(findings, path, find(load(path), "weight_sync.update") + 1, "ranks [2] did not report")
         lines = load(path)
         for line in lines:
             if line["event"] == "weight_sync.update":
                 line |= {"slot": None, "ranks": [], "coordinator": False}
-        assert check_files([dump(path, lines)]) == []
+        assert check_files([dump(path, lines), other]) == []
+
+    def test_one_rank_s_log_alone_gives_no_cross_rank_finding(self, corpus: dict[str, Path]) -> None:
+        """The ranks a slot shares with one rank are not expected to report when their logs are not given."""
+        for name in ("sync/trainer0", "sync/trainer1", "sync/trainer2", "sync/trainer3", "sync/engine0"):
+            assert check_files([corpus[name]]) == [], name  # trainer1 alone: its coordinator is not read
+
+    def test_a_rank_whose_log_is_read_must_report(self, corpus: dict[str, Path], tmp_path: Path) -> None:
+        """A rank given among the logs but silent for every version is still reported missing."""
+        paths = copy_sync(corpus, tmp_path)
+        lines = [x for x in load(paths["trainer1"]) if x["event"] != "weight_sync.update"]
+        dump(paths["trainer1"], lines)
+        findings = check_files([paths["trainer0"], paths["trainer1"]])
+        coordinator = load(paths["trainer0"])
+        for version in VERSIONS:
+            j = find(coordinator, "weight_sync.update", version=version)
+            assert_finding(findings, paths["trainer0"], j + 1, f"version {version}: ranks [1] did not report")
+
+    def test_a_single_rank_job_gives_no_cross_rank_finding(self, tmp_path: Path) -> None:
+        """A one-rank job (its slot is itself) coordinates its own slot: clean."""
+        path = tmp_path / "solo.jsonl"
+        with json_log(path):
+            lc, rec = recording_lifecycle(
+                LifecyclePolicy(offload_train=True), initial=State.PAUSED, rank=0, role="trainer"
+            )
+            for version in VERSIONS:
+
+                def update(version: int = version) -> None:
+                    rec.check_body(lc, "sync")
+                    lc.event(
+                        "weight_sync.update",
+                        slot=0,
+                        version=version,
+                        transport="shm",
+                        coordinator=True,
+                        ranks=[0],
+                    )
+
+                lc.run("train", body(rec, lc, "train"))
+                lc.run("sync", update)
+        assert check_files([path]) == []
 
     def test_update_without_a_machine(self, tmp_path: Path) -> None:
         line = {"event": "weight_sync.update", "rank": 5, "role": "trainer", "slot": 0, "version": 1}
         line |= {"transport": "gloo", "coordinator": True, "ranks": [5]}
         findings = check_lines([json.dumps(line)], "x.jsonl")
-        assert [(f.line, f.rank) for f in findings] == [(1, 5)]
-        assert "no lifecycle machine" in findings[0].message
+        assert [(f.line, f.rank) for f in findings] == [(0, None), (1, 5)]
+        assert "no lifecycle machine" in findings[1].message
         del line["rank"], line["role"]  # logged without a lifecycle: nothing to check it against
-        assert check_lines([json.dumps(line)], "x.jsonl") == []
+        (finding,) = check_lines([json.dumps(line)], "x.jsonl")
+        assert finding.line == 0 and finding.message.startswith("no lifecycle events")
 
 
 def copy_sync(corpus: dict[str, Path], tmp_path: Path) -> dict[str, Path]:
@@ -1043,5 +1089,121 @@ class TestInput:
 
     def test_lines_that_are_not_events(self) -> None:
         findings = check_lines(["", "[1, 2]", '{"no": "event"}', "{oops"], "f.jsonl")
-        assert [f.line for f in findings] == [2, 3, 4]
-        assert "not JSON" in findings[2].message
+        assert [f.line for f in findings] == [0, 2, 3, 4]
+        assert "none of its 3 line(s) is a log event" in findings[0].message
+        assert "not JSON" in findings[3].message
+
+    def test_a_finding_about_the_whole_file_has_no_line_number(self) -> None:
+        assert (
+            str(Finding("a.jsonl", 0, None, None, "no lifecycle events: x"))
+            == "a.jsonl: no lifecycle events: x"
+        )
+
+    def test_a_lone_surrogate_in_a_log_still_prints(self) -> None:
+        """JSON may carry "\\udc80"; the finding prints it escaped instead of failing to encode."""
+        (finding,) = [
+            f for f in check_lines(['{"event": "lifecycle.noop", "rank": "\\udc80"}'], "s.jsonl") if f.line
+        ]
+        assert "\\udc80" in str(finding) and str(finding).encode("utf-8")
+
+
+class TestNothingToCheck:
+    def test_an_empty_file_is_a_finding_not_clean(self, tmp_path: Path) -> None:
+        empty = tmp_path / "empty.jsonl"
+        empty.write_text("")
+        (finding,) = check_files([empty])
+        assert (finding.path, finding.line) == (str(empty), 0)
+        assert str(finding) == (
+            f"{empty}: no lifecycle events: the file is empty; is it a lifecycle log? per-rank logs are "
+            "written by lifecycle.configure_logging(json_path=...) at level info"
+        )
+
+    def test_another_app_s_structlog_file_is_a_finding_naming_it(self, tmp_path: Path) -> None:
+        other = tmp_path / "web.jsonl"
+        lines = [
+            {"event": "user logged in", "level": "info", "user": "bob"},
+            {"event": "request done", "status": 200},
+        ]
+        (finding,) = check_files([dump(other, lines)])
+        assert finding.line == 0 and finding.path == str(other)
+        assert "no lifecycle events: none of its 2 event(s) is a lifecycle.* event" in finding.message
+
+    def test_a_file_of_garbled_lines_says_none_is_an_event(self, tmp_path: Path) -> None:
+        garbled = tmp_path / "garbled.jsonl"
+        garbled.write_text("\x00\x00\x00\nhello\n")
+        findings = check_files([garbled])
+        assert [f.line for f in findings] == [0, 1, 2]
+        assert "none of its 2 line(s) is a log event" in findings[0].message
+
+    def test_an_empty_file_beside_good_logs_is_the_only_finding(
+        self, corpus: dict[str, Path], tmp_path: Path
+    ) -> None:
+        empty = tmp_path / "rank7.jsonl"
+        empty.write_text("\n\n")
+        (finding,) = check_files([corpus["trainer_offload"], empty])
+        assert finding.path == str(empty) and "no lifecycle events" in finding.message
+
+
+class TestGarbledLines:
+    def test_a_garbled_line_is_a_finding_and_the_rest_is_still_checked(
+        self, corpus: dict[str, Path], tmp_path: Path
+    ) -> None:
+        """A line that is not JSON is reported at its number; an edit after it is still found."""
+        path, lines = edited(corpus, "trainer_offload", tmp_path)
+        i = find(lines, "lifecycle.transition", nth=6)
+        lines[i]["hooks"] = lines[i]["hooks"][1:]
+        text = [json.dumps(line) for line in lines]
+        text[3] = "}{ not json"
+        path.write_text("\n".join(text) + "\n")
+        findings = check_files([path])
+        assert_finding(findings, path, 4, "line is not JSON")
+        assert_finding(findings, path, i + 1, "expected hooks")
+
+    def test_a_line_missing_a_field_is_a_finding_at_its_line(
+        self, corpus: dict[str, Path], tmp_path: Path
+    ) -> None:
+        path, lines = edited(corpus, "trainer_offload", tmp_path)
+        i = find(lines, "lifecycle.transition", nth=2)
+        del lines[i]["dst"]
+        j = find(lines, "lifecycle.transition", nth=4, hooks=lambda hooks: len(hooks) > 1)
+        assert j > i + 1
+        lines[j]["hooks"] = lines[j]["hooks"][1:]
+        findings = check_files([dump(path, lines)])
+        assert_finding(findings, path, i + 1, "malformed lifecycle.transition", "has no 'dst' field")
+        assert_finding(findings, path, j + 1, "expected hooks")
+
+    def test_a_time_that_is_not_a_finite_number_is_malformed(
+        self, corpus: dict[str, Path], tmp_path: Path
+    ) -> None:
+        """Python's JSON reads NaN, Infinity and 1e400 (as inf): none of them is a time."""
+        for bad, shown in (("NaN", "nan"), ("Infinity", "inf"), ("1e400", "inf"), ("1" + "0" * 400, "1000")):
+            path, lines = edited(corpus, "trainer_offload", tmp_path)
+            i = find(lines, "lifecycle.transition", nth=2)
+            text = [json.dumps(line) for line in lines]
+            text[i] = text[i].replace(f'"t": {lines[i]["t"]!r}', f'"t": {bad}')
+            path.write_text("\n".join(text) + "\n")
+            findings = check_files([path])
+            assert_finding(findings, path, i + 1, f"t={shown}", "is not a time in epoch seconds")
+
+    def test_a_garbled_configured_line_is_two_findings_not_a_cascade(
+        self, corpus: dict[str, Path], tmp_path: Path
+    ) -> None:
+        """A cut lifecycle.configured is reported, and so is the machine it leaves unconfigured, once;
+        the machine's sync updates still count for its slot."""
+        paths = copy_sync(corpus, tmp_path)
+        text = paths["trainer1"].read_text().splitlines()
+        assert json.loads(text[0])["event"] == "lifecycle.configured"
+        text[0] = text[0][:120]
+        paths["trainer1"].write_text("\n".join(text) + "\n")
+        first = next(
+            n for n, line in enumerate(text[1:], 2) if json.loads(line)["event"].startswith("lifecycle.")
+        )
+        findings = check_files(list(paths.values()))
+        assert [(Path(f.path).name, f.line) for f in findings] == [
+            ("trainer1.jsonl", 1),
+            ("trainer1.jsonl", first),
+        ]
+        assert "line is not JSON" in findings[0].message
+        assert "line 1 before it cannot be read: it may have been this machine's lifecycle.configured" in (
+            findings[1].message
+        )

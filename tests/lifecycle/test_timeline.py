@@ -27,7 +27,16 @@ from lifecycle import (
 )
 from lifecycle.machine import Lifecycle
 from lifecycle.testing import InjectedFault, Recorders, recording_lifecycle
-from lifecycle.timeline import STATE_COLORS, build_trace, draw_figure, read_lanes, render_png, write_trace
+from lifecycle.timeline import (
+    STATE_COLORS,
+    Lane,
+    build_trace,
+    draw_figure,
+    problems,
+    read_lanes,
+    render_png,
+    write_trace,
+)
 from tests.helpers.bodies import make_body
 
 TAGS = ("weights", "kv_cache", "cuda_graph")
@@ -436,6 +445,28 @@ class TestPicture:
         with Image.open(picture.path) as image:
             assert image.size[1] >= 64 * 20
 
+    @pytest.mark.parametrize("count", [1, 3, 8, 12, 64])
+    def test_the_legend_fits_inside_the_image(self, count: int) -> None:
+        """Every legend entry is inside the figure, however few lanes give it height."""
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+        lanes = []
+        for rank in range(count):
+            lane = Lane("x.jsonl", rank, "trainer", states=[(0.0, 1.0, State.AWAKE)])
+            lane.name = lane.label
+            lanes.append(lane)
+        figure = draw_figure(lanes)
+        canvas = FigureCanvasAgg(figure)
+        canvas.draw()
+        (axes,) = figure.axes
+        legend = axes.get_legend()
+        assert len(legend.get_texts()) == len(State) + 1 + 11  # states, held scope, every kind of marker
+        box, image = legend.get_window_extent(canvas.get_renderer()), figure.bbox
+        assert image.x0 <= box.x0 and box.x1 <= image.x1 and image.y0 <= box.y0 and box.y1 <= image.y1, (
+            box,
+            image,
+        )
+
     def test_the_core_imports_neither_matplotlib_nor_torch(self) -> None:
         """matplotlib is imported only when a picture is drawn; torch and ray never."""
         code = (
@@ -486,3 +517,77 @@ class TestHeldScopes:
         (axes,) = figure.axes
         assert [c for c in axes.collections if c.get_gid() == "held 0"]
         assert "held scope" in [t.get_text() for t in axes.get_legend().get_texts()]
+
+
+def garble(path: Path, line: int, text: str) -> None:
+    """Replace line `line` (from 1) of `path` with `text`."""
+    lines = path.read_text().splitlines()
+    lines[line - 1] = text
+    path.write_text("\n".join(lines) + "\n")
+
+
+class TestUnreadableLines:
+    @pytest.fixture
+    def ranks(self, tmp_path: Path) -> list[Path]:
+        paths = [tmp_path / f"trainer{rank}.jsonl" for rank in (0, 1)]
+        for rank, path in enumerate(paths):
+            trainer(path, rank, (0, 1))
+        return paths
+
+    def test_a_garbled_line_keeps_its_lane_and_is_reported(self, ranks: list[Path], tmp_path: Path) -> None:
+        """A line cut in rank 1's file (here its lifecycle.configured) leaves rank 1's lane drawn from
+        its other events, and the line is reported with its file and number."""
+        path = ranks[1]
+        clean = raw_lines(path)
+        assert clean[0]["event"] == "lifecycle.configured"
+        garble(path, 1, json.dumps(clean[0])[:100])
+        lanes = read_lanes(ranks)
+        assert [lane.name for lane in lanes] == ["rank 0 trainer", "rank 1 trainer"]
+        lane = lanes[1]
+        transition = next(x for x in clean if x["event"] == "lifecycle.transition")
+        assert lane.states[0][0] == pytest.approx(transition["t"])  # from its first readable state
+        assert [s.value for _, _, s in lane.states] == expected_states(clean)
+        (problem,) = problems(lanes)
+        assert problem.startswith(f"{path}:1: line is not JSON")
+        assert build_trace(lanes)["otherData"]["problems"] == [problem]
+        picture = render_png(ranks, tmp_path / "t.png")
+        assert picture.lanes == ("rank 0 trainer", "rank 1 trainer") and picture.problems == (problem,)
+
+    def test_an_event_missing_a_field_is_a_problem_at_its_line(self, ranks: list[Path]) -> None:
+        """A transition without its `t` is not drawn and named; the lane goes on from the next one."""
+        path = ranks[0]
+        lines = raw_lines(path)
+        i = [n for n, x in enumerate(lines) if x["event"] == "lifecycle.transition"][2]
+        del lines[i]["t"]
+        lines.insert(i + 1, {"event": "lifecycle.noop", "rank": 0, "role": "trainer"} | {"timestamp": 7})
+        path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+        (lane, _) = read_lanes(ranks)
+        assert problems([lane]) == [f"{path}:{i + 1}: lifecycle.transition cannot be drawn: has no 't' field"]
+        assert len(lane.states) > 3
+
+    def test_a_number_json_reads_but_no_clock_has_is_a_problem(self, ranks: list[Path]) -> None:
+        """NaN, Infinity and integers past the float range are not times: the line is named, not drawn."""
+        path = ranks[0]
+        lines = path.read_text().splitlines()
+        at = [n for n, x in enumerate(lines) if json.loads(x)["event"] == "lifecycle.transition"]
+        for n, field, bad in ((at[1], "t", "Infinity"), (at[2], "duration_ms", "1" + "0" * 400)):
+            value = json.loads(lines[n])[field]
+            garble(path, n + 1, lines[n].replace(f'"{field}": {value!r}', f'"{field}": {bad}'))
+        assert problems(read_lanes(ranks)) == [
+            f"{path}:{at[1] + 1}: lifecycle.transition cannot be drawn: t=inf is not a finite number",
+            f"{path}:{at[2] + 1}: lifecycle.transition cannot be drawn: duration_ms=1000000000000000000000000000000000000... "
+            "is not a finite number",
+        ]
+        json.dumps(build_trace(ranks))
+
+    def test_a_file_that_gives_no_lane_is_a_problem(self, ranks: list[Path], tmp_path: Path) -> None:
+        other = tmp_path / "web.jsonl"
+        other.write_text('{"event": "request done", "timestamp": "2026-01-01T00:00:00Z"}\n{oops\n')
+        found = problems(read_lanes([*ranks, other]))
+        assert found == [
+            f"{other}:2: line is not JSON (Expecting property name enclosed in double quotes: line 1 column 2 (char 1)): '{{oops'",
+            f"{other}: no lifecycle events with a rank or role: nothing drawn from it",
+        ]
+
+    def test_clean_logs_have_no_problems(self, logs: list[Path], trace: dict[str, Any]) -> None:
+        assert problems(read_lanes(logs)) == [] and trace["otherData"]["problems"] == []
