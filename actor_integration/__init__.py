@@ -2,13 +2,31 @@
 torch.distributed, Megatron, SGLang and the weight transports (one module per system).
 
 Names are imported lazily so that `import actor_integration` (e.g. for `lifecycle check`) pulls in
-neither torch nor Ray.
+neither torch nor Ray; each is imported from its module on first use:
+
+- actors: `LifecycleMixin`, `LifecycleNotConfiguredError` (`actor_integration.mixin`)
+- the driver's fan-out to Ray actors: `LifecycleGroup`, `DeadActorsError`, `GroupCallError`,
+  `GroupTimeoutError`, `InconsistentGroupError` (`actor_integration.ray_group`)
+- device memory: `TorchMemorySaverBackend`, `NoopMemory`, `select_memory_backend`,
+  `MemorySaverConfigError`, `MemoryStateError` (`actor_integration.memory_saver`),
+  `validate_environment` (`actor_integration.tms_env`), `AuditedMemory`
+  (`actor_integration.release_audit`), `ClearMemory` (`actor_integration.clear_memory`)
+- hooks: `CpuWeightBackup`, `ModelTagSwitch` (`actor_integration.model_tag`),
+  `RoutingReplayCache`, `RoutingReplayClear` (`actor_integration.routing_replay`)
+- process groups: `ReloadableProcessGroups`, `GroupHandle`, `RendezvousMismatchError`,
+  `RendezvousTimeoutError` (`actor_integration.process_groups`), `MegatronParallelState`
+  (`actor_integration.megatron`)
+- weight sync: `WeightSender`, `WeightReceiver`, `SlotTopology`, `configure_sender`,
+  `select_transport`, `physical_gpu_id` (`actor_integration.weight_sync`)
+- rollout engines: `RolloutActor`, `ReferenceEngine`, `SGLangEngine` (`actor_integration.rollout`)
 """
 
 from __future__ import annotations
 
 import importlib
 from typing import Any
+
+from lifecycle import __version__ as __version__
 
 _EXPORTS = {
     "LifecycleMixin": "actor_integration.mixin",
@@ -50,7 +68,13 @@ __all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str) -> Any:
+    """Import a public name from its module on first use (PEP 562)."""
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'actor_integration' has no attribute {name!r}")
     return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    """The module's own names and the lazy ones, without importing them."""
+    return sorted({*globals(), *_EXPORTS})

@@ -106,6 +106,7 @@ class MegatronParallelState:
         return self.groups.communicators
 
     def is_alive(self) -> bool:
+        """Whether the groups are up and Megatron's parallel state is initialized; recover asks it."""
         return bool(self.groups.is_alive() and self._ps.model_parallel_is_initialized())
 
     def destroy(self) -> None:

@@ -292,9 +292,11 @@ class TorchMemorySaverBackend:
     # ------------------------------------------------------------------ pause / resume
 
     def pause(self, tag: str | None = None) -> None:
+        """Release the device memory of `tag` (None: every tag) through torch_memory_saver."""
         self._call("pause", tag)
 
     def resume(self, tag: str | None = None) -> None:
+        """Map the device memory of the paused `tag` (None: every tag) back through torch_memory_saver."""
         self._call("resume", tag)
 
     _backup_held = False  # a pause allocated this rank's pinned backup (kept with retain_cpu_backup)
@@ -526,6 +528,7 @@ class TorchMemorySaverBackend:
         return total
 
     def describe(self) -> str:
+        """One line for `lifecycle.configured`: hook mode, tags, CPU backups and the tags' state."""
         tags = "all memory as one unit" if self.tags is None else f"tags {list(self.tags)}"
         backup = sorted("all" if t == ALL_TAGS else t for t in self._backup_tags) or "none"
         return (
@@ -574,30 +577,36 @@ class NoopMemory:
 
     @contextlib.contextmanager
     def region(self, tag: str | None = None) -> Iterator[None]:
+        """Allocations inside would belong to `tag`; refused while it is paused, as the real backend does."""
         with self._lock:
             self._book.region_key(tag)
         yield
 
     def disable(self) -> contextlib.AbstractContextManager[Any]:
+        """A context that does nothing: every allocation is plain memory already."""
         return contextlib.nullcontext()
 
     def pause(self, tag: str | None = None) -> None:
+        """Mark `tag` (None: all of it) paused, refusing a double pause as torch_memory_saver would."""
         with self._lock:
             for key in self._book.plan("pause", tag):
                 self._book.paused[key] = True
 
     def resume(self, tag: str | None = None) -> None:
+        """Mark `tag` (None: all of it) resident, refusing a resume of a resident tag."""
         with self._lock:
             for key in self._book.plan("resume", tag):
                 self._book.paused[key] = False
 
     def is_paused(self, tag: str | None = None) -> bool:
+        """Whether `tag` is paused; with no tag, whether any memory is."""
         with self._lock:
             return self._book.is_paused(tag)
 
     may_overlap_process_groups = True  # nothing is released
 
     def describe(self) -> str:
+        """One line for `lifecycle.configured`: why nothing is released, the tags and their state."""
         tags = "all memory as one unit" if self.tags is None else f"tags {list(self.tags)}"
         why = f" because {self.reason}" if self.reason else ""
         return f"no-op memory (nothing is released{why}; {tags}; {self._book.describe_state()})"

@@ -53,6 +53,7 @@ class CpuWeightBackup:
 
     @property
     def tags(self) -> tuple[str, ...]:
+        """The model tags that have a host copy."""
         return tuple(self._backups)
 
     def backup(self, tag: str, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -91,6 +92,7 @@ class CpuWeightBackup:
         return MappingProxyType(self._get(tag))
 
     def nbytes(self, tag: str) -> int:
+        """Host bytes the copies of `tag` hold."""
         return sum(t.nbytes for t in self._get(tag).values())
 
     def _get(self, tag: str) -> dict[str, torch.Tensor]:

@@ -102,12 +102,15 @@ class AuditedMemory:
         self.measurements: collections.deque[Measurement] = collections.deque(maxlen=keep)
 
     def pause(self, tag: str | None = None) -> None:
+        """Pause `tag` on the wrapped backend, measuring the device memory it freed."""
         self._audit("release", tag, self.memory.pause)
 
     def resume(self, tag: str | None = None) -> None:
+        """Resume `tag` on the wrapped backend, measuring the device memory it took."""
         self._audit("resume", tag, self.memory.resume)
 
     def disable(self) -> contextlib.AbstractContextManager[Any]:
+        """The wrapped backend's `disable()` (not measured)."""
         return self.memory.disable()
 
     def __getattr__(self, name: str) -> Any:

@@ -82,16 +82,19 @@ class RoutingReplayCache:
         return top_indices
 
     def clear(self) -> None:
+        """Drop the recorded routing and rewind to the first forward."""
         self.recorded = []
         self.forward_index = 0
 
     @classmethod
     def clear_all(cls) -> None:
+        """Clear every live cache of this process."""
         for cache in list(cls._instances):
             cache.clear()
 
     @classmethod
     def instances(cls) -> list[RoutingReplayCache]:
+        """The live caches of this process."""
         return list(cls._instances)
 
     def __len__(self) -> int:

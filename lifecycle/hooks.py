@@ -29,16 +29,22 @@ __all__ = [
 class MemoryDisable(Protocol):
     """The part of a memory backend a weight sender needs: allocations inside `disable()` are plain."""
 
-    def disable(self) -> contextlib.AbstractContextManager[Any]: ...
+    def disable(self) -> contextlib.AbstractContextManager[Any]:
+        """A context inside which allocations are plain memory, outside every pausable region."""
+        ...
 
 
 @runtime_checkable
 class MemoryBackend(MemoryDisable, Protocol):
     """torch_memory_saver's own interface: the real `torch_memory_saver` singleton fits as is."""
 
-    def pause(self, tag: str | None = None) -> None: ...
+    def pause(self, tag: str | None = None) -> None:
+        """Release the device memory of `tag` (None: all of it), keeping its virtual addresses."""
+        ...
 
-    def resume(self, tag: str | None = None) -> None: ...
+    def resume(self, tag: str | None = None) -> None:
+        """Map device memory back under the paused `tag` (None: all of it)."""
+        ...
 
 
 @runtime_checkable
@@ -48,24 +54,34 @@ class ProcessGroupsBackend(Protocol):
     "destroy"), `is_alive()` (asked by recover) and, for "keep", `held_bytes()` (the GPU memory
     the kept communicators hold, or None when it cannot be measured)."""
 
-    def destroy(self) -> None: ...
+    def destroy(self) -> None:
+        """Take the process groups down for sleep (what it does to the communicators: `communicators`)."""
+        ...
 
-    def reload(self) -> None: ...
+    def reload(self) -> None:
+        """Bring the process groups back up on wake."""
+        ...
 
 
 @runtime_checkable
 class GenerationBackend(Protocol):
     """A rollout engine's generation control: pause (and flush) before release, resume after wake."""
 
-    def pause(self) -> None: ...
+    def pause(self) -> None:
+        """Stop generating and flush what is in flight, before the engine's memory is released."""
+        ...
 
-    def resume(self) -> None: ...
+    def resume(self) -> None:
+        """Generate again, after the engine's memory is back."""
+        ...
 
 
 class EventSink(Protocol):
     """What `Lifecycle.event` offers: layers above the machine log through it with the actor's context."""
 
-    def event(self, name: str, level: str = "info", **fields: Any) -> None: ...
+    def event(self, name: str, level: str = "info", **fields: Any) -> None:
+        """Log the event `name` at `level`, with the actor's rank, role and step beside `fields`."""
+        ...
 
 
 _METHODS: dict[str, tuple[tuple[str, ...], str]] = {
@@ -161,4 +177,5 @@ class Hooks:
             yield slot.name, getattr(self, slot.name)
 
     def replace(self, **changes: Any) -> Hooks:
+        """A copy with the slots named in `changes` replaced."""
         return dataclasses.replace(self, **changes)

@@ -204,6 +204,7 @@ class Lifecycle:
 
     @property
     def state(self) -> State:
+        """The state the machine is in: AWAKE, PAUSED, SAVING, SYNCING or FAILED."""
         return self._model.state
 
     @property
@@ -228,6 +229,7 @@ class Lifecycle:
 
     @property
     def failure(self) -> Failure | None:
+        """What put the machine in FAILED (None outside FAILED)."""
         return self._failure
 
     @property
@@ -242,6 +244,7 @@ class Lifecycle:
 
     @property
     def context(self) -> dict[str, Any]:
+        """The fields every event of this actor carries: rank, role and the current step."""
         return {**self._context, "step": self.step}
 
     def snapshot(self) -> dict[str, Any]:

@@ -122,6 +122,7 @@ class LifecyclePolicy:
         return self.memory_tags if self.memory_tags is not None else (ALL_TAGS,)
 
     def view(self) -> PolicyView:
+        """The fields the table's guards read (`lifecycle.table.PolicyView`)."""
         return PolicyView(
             offload_train=self.offload_train,
             auto_wake=self.auto_wake,
@@ -134,10 +135,12 @@ class LifecyclePolicy:
         )
 
     def to_dict(self) -> dict[str, Any]:
+        """The policy as plain data (what `lifecycle.configured` logs)."""
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> LifecyclePolicy:
+        """The policy `to_dict` wrote (a logged one too); raises ValueError on an unknown field."""
         known = {f for f in cls.__dataclass_fields__}
         extra = sorted(set(data) - known - _RETIRED)
         if extra:

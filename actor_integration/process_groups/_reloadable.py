@@ -90,6 +90,7 @@ class GroupHandle:
 
     @property
     def alive(self) -> bool:
+        """Whether the handle holds a group now (False while its groups sleep)."""
         return self._group is not None
 
     def __repr__(self) -> str:
@@ -280,6 +281,7 @@ class ReloadableProcessGroups:
 
     @property
     def handles(self) -> tuple[GroupHandle, ...]:
+        """Every handle `new_group` gave out, in creation order."""
         return tuple(self._handles)
 
     @property
@@ -304,6 +306,7 @@ class ReloadableProcessGroups:
     # ------------------------------------------------------------------ lifecycle hooks
 
     def is_alive(self) -> bool:
+        """Whether the groups are up (not destroyed, suspended or kept asleep); recover asks it."""
         return self._state == _ALIVE
 
     @property

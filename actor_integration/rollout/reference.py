@@ -63,11 +63,13 @@ class ReferenceEngine:
 
     @property
     def num_ranks(self) -> int:
+        """How many engine ranks (one model copy each) the engine serves with."""
         return len(self.models)
 
     # ------------------------------------------------------------------ memory
 
     def release_memory_occupation(self, tags: Sequence[str] | None = None) -> None:
+        """Release `tags` (None: all); a tag already released is refused, as torch_memory_saver would."""
         tags = self._tags(tags)
         self.calls.append(f"release_memory_occupation{tags}")
         for tag in tags:
@@ -96,6 +98,7 @@ class ReferenceEngine:
             torch.cuda.empty_cache()
 
     def resume_memory_occupation(self, tags: Sequence[str] | None = None) -> None:
+        """Resume the released `tags` (None: all); a resident tag is refused, as SGLang does."""
         tags = self._tags(tags)
         self.calls.append(f"resume_memory_occupation{tags}")
         for tag in tags:
@@ -130,6 +133,7 @@ class ReferenceEngine:
 
     @property
     def residency(self) -> dict[str, bool]:
+        """Tag → whether it is resident."""
         return dict(self._resident)
 
     def memory_bytes(self, tag: str | None = None) -> int:
@@ -150,12 +154,14 @@ class ReferenceEngine:
     # ------------------------------------------------------------------ generation
 
     def pause_generation(self, mode: str = "abort") -> None:
+        """Stop taking generations (`mode` as SGLang's: abort, retract or in_place) until `continue_generation`."""
         if mode not in GENERATION_MODES:
             raise ValueError(f"pause_generation: mode must be one of {list(GENERATION_MODES)}, got {mode!r}")
         self.calls.append(f"pause_generation({mode})")
         self._paused = True
 
     def continue_generation(self) -> None:
+        """Take generations again after `pause_generation`."""
         self.calls.append("continue_generation")
         self._paused = False
 
@@ -170,9 +176,11 @@ class ReferenceEngine:
         return True
 
     def queued_requests(self) -> dict[str, int]:
+        """Requests still in the engine: running and waiting."""
         return {"running": self._running, "waiting": 0}
 
     def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int = 8) -> list[list[int]]:
+        """Greedy tokens for each prompt; refused while paused or with weights or KV cache released."""
         if self._paused:
             raise RuntimeError("ReferenceEngine: generation is paused; continue_generation() first")
         if not self._resident["weights"] or not self._resident["kv_cache"]:
@@ -201,6 +209,7 @@ class ReferenceEngine:
     def load_weights(
         self, version: int, shards: Sequence[NamedTensors], *, round_index: int, final: bool
     ) -> None:
+        """Load one round of `version` (`shards[i]` for engine rank i); the final round serves it."""
         if len(shards) != self.num_ranks:
             raise ValueError(
                 f"ReferenceEngine has {self.num_ranks} ranks but the update carries {len(shards)} shards: the "
@@ -285,6 +294,7 @@ class ReferenceEngine:
     def weights_written(
         self, version: int, names: Sequence[Sequence[str]], *, round_index: int, final: bool
     ) -> None:
+        """The receiver wrote round `round_index` of `version` into `weight_targets` (the names per rank)."""
         self.calls.append(f"load_weights(v{version}, round {round_index}{', final' if final else ''})")
         if round_index == 0 and final:
             self._weights_valid = True
@@ -311,6 +321,7 @@ class ReferenceEngine:
         self.weight_version = version
 
     def weights_checksum(self) -> str:
+        """The checksum of the served weights, the same on every engine rank (else RuntimeError)."""
         if not self._resident["weights"] or not self._weights_valid:
             raise RuntimeError("ReferenceEngine: no valid weights to checksum (released or never loaded)")
         sums = [weights_checksum(m.named_weights()) for m in self.models]

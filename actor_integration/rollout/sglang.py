@@ -333,6 +333,7 @@ class SGLangEngine(SGLangWeights):
     # ------------------------------------------------------------------ memory and generation
 
     def release_memory_occupation(self, tags: Sequence[str] | None = None) -> None:
+        """Release `tags` (None: all) in SGLang's schedulers; a tag already released is refused first."""
         chosen = self._tags(tags)
         released = [t for t in chosen if not self._resident[t]]
         if released:
@@ -360,6 +361,7 @@ class SGLangEngine(SGLangWeights):
             self._resident[tag] = False
 
     def resume_memory_occupation(self, tags: Sequence[str] | None = None) -> None:
+        """Resume the released `tags` (None: all) in SGLang's schedulers; a resident tag is refused first."""
         chosen = self._tags(tags)
         resident = [t for t in chosen if self._resident[t]]
         if resident:
@@ -376,6 +378,7 @@ class SGLangEngine(SGLangWeights):
             self._resident[tag] = True
 
     def pause_generation(self, mode: str = "abort") -> None:
+        """Pause SGLang's generation (`mode`: abort, retract or in_place) through its tokenizer manager."""
         if mode not in GENERATION_MODES:
             raise ValueError(f"pause_generation: mode must be one of {list(GENERATION_MODES)}, got {mode!r}")
         from sglang.srt.managers.io_struct import PauseGenerationReqInput
@@ -385,6 +388,7 @@ class SGLangEngine(SGLangWeights):
         self._call("pause_generation", lambda: self._manager.pause_generation(request))
 
     def continue_generation(self) -> None:
+        """Let SGLang generate again after `pause_generation`."""
         from sglang.srt.managers.io_struct import ContinueGenerationReqInput
 
         request = ContinueGenerationReqInput()
@@ -406,6 +410,7 @@ class SGLangEngine(SGLangWeights):
         }
 
     def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int = 8) -> list[list[int]]:
+        """Greedy tokens for each prompt from SGLang; refused while a memory tag is released."""
         self._refuse_mixed("SGLangEngine")
         self._require_resident("generate", self.memory_tags)  # a graph replay reads its pool too
         from sglang.srt.managers.io_struct import GenerateReqInput
@@ -513,6 +518,7 @@ class SGLangEngine(SGLangWeights):
     def load_weights(
         self, version: int, shards: Sequence[NamedTensors], *, round_index: int, final: bool
     ) -> None:
+        """Send one round of `version` to SGLang's schedulers; round 0 opens the update, the final one ends it."""
         with self._weight_session(open_=round_index == 0, close=final):
             super().load_weights(version, shards, round_index=round_index, final=final)
 

@@ -217,6 +217,7 @@ class WeightReceiver:
             kernels.warm_up()  # the engine is on its GPU: compile the copy kernels now, not in the first sync
 
     def transport(self, name: str) -> ReceiverTransport:
+        """The receiving side of transport `name`, made on first use (nccl must be given at construction)."""
         found = self._transports.get(name)
         if found is None:
             if name == "nccl":
@@ -546,6 +547,7 @@ class WeightReceiver:
             ) from exc
 
     def release(self) -> None:
+        """Drop the cached handles and mappings, the device copies of host buckets and the copy plans (on sleep)."""
         for transport in self._transports.values():
             transport.release()
         self._uploads.clear()

@@ -347,6 +347,7 @@ class WeightSender:
         self.transport.release()
 
     def close(self) -> None:
+        """Close the transport and shut down the thread that calls the engine."""
         self.transport.close()
         if self._executor is not None:
             self._executor.shutdown(wait=False)

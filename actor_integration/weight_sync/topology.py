@@ -131,6 +131,7 @@ class SlotTopology:
         )
 
     def for_rank(self, rank: int) -> RankSlot:
+        """The slot, engine and slot ranks of trainer `rank` (slot None: no colocated engine on its GPU)."""
         if not _is_int(rank) or not 0 <= rank < self.world_size:
             raise ValueError(f"SlotTopology.for_rank: rank must be in 0..{self.world_size - 1}, got {rank!r}")
         for slot, ranks in enumerate(self.slots):
@@ -140,10 +141,12 @@ class SlotTopology:
 
     @property
     def coordinators(self) -> tuple[int, ...]:
+        """Each slot's coordinator: its first rank."""
         return tuple(ranks[0] for ranks in self.slots)
 
     @property
     def non_colocated_ranks(self) -> tuple[int, ...]:
+        """The trainer ranks in no slot (no colocated engine on their GPU)."""
         inside = {r for ranks in self.slots for r in ranks}
         return tuple(r for r in range(self.world_size) if r not in inside)
 
