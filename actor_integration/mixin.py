@@ -13,6 +13,11 @@ scope from a driver (one wake and one sleep for several phases of a step). Bodie
 `update_weights` reloads and destroys its groups and enters `torch_memory_saver.disable()`) get
 those names replaced while they run (`lifecycle_body_globals`), so the machine and the body
 never both own a resource; `actor_integration.frameworks.slime` does that for slime.
+
+Each actor writes its lifecycle events to `<dir>/<role>-rank<rank>.jsonl` unless the process
+configured logging itself (`lifecycle.configure_rank_log`; the directory is `log_dir`, else
+`$RL_LIFECYCLE_LOG_DIR`, else `./lifecycle-logs`): `lifecycle check DIR` and `lifecycle timeline`
+read them with no code of the user's.
 """
 
 from __future__ import annotations
@@ -21,16 +26,19 @@ import functools
 import inspect
 import sys
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 from lifecycle import Hooks, Lifecycle, LifecyclePolicy, State
 from lifecycle.errors import LifecycleNotConfiguredError
+from lifecycle.events import configure_rank_log, log_path
 
 
 class LifecycleMixin:
     """Put this class first in the bases: `class MyActor(LifecycleMixin, ExistingActor)`."""
 
     _lifecycle: Lifecycle | None = None
+    _lifecycle_log: Path | None = None
 
     def configure_lifecycle(
         self,
@@ -40,18 +48,28 @@ class LifecycleMixin:
         rank: int | None = None,
         role: str | None = None,
         initial: State = State.AWAKE,
+        log_dir: str | Path | None = None,
     ) -> Lifecycle:
-        """Build this actor's machine; call it in `__init__` (or `init`) before the first sleep or train."""
+        """Build this actor's machine; call it in `__init__` (or `init`) before the first sleep or train.
+
+        Unless the process configured its logging itself, its events go to
+        `<log_dir>/<role>-rank<rank>.jsonl` (`log_dir`, else `$RL_LIFECYCLE_LOG_DIR`, else
+        `./lifecycle-logs`; "off" for none): the files `lifecycle check` and `timeline` read."""
         _refuse_async_actor(type(self))
         if self._lifecycle is not None:
             raise RuntimeError(
                 f"{type(self).__name__}.configure_lifecycle was already called (state {self._lifecycle.state}); "
                 "an actor has one lifecycle"
             )
-        self._lifecycle = Lifecycle(
-            policy, hooks, rank=rank, role=role or type(self).__name__, initial=initial
-        )
+        role = role or type(self).__name__
+        self._lifecycle_log = configure_rank_log(role, rank, log_dir=log_dir)
+        self._lifecycle = Lifecycle(policy, hooks, rank=rank, role=role, initial=initial)
         return self._lifecycle
+
+    def lifecycle_log_path(self) -> str | None:
+        """The JSON-lines file this actor's lifecycle events go to (None: not to a file)."""
+        path = log_path()
+        return None if path is None else str(path)
 
     def lifecycle_config(self) -> dict[str, Any] | None:
         """Override to configure lazily: return `configure_lifecycle`'s arguments as a dict
@@ -64,6 +82,7 @@ class LifecycleMixin:
 
     @property
     def lifecycle(self) -> Lifecycle:
+        """This actor's machine, configured on first use through `lifecycle_config()` if need be."""
         if self._lifecycle is None and (config := self.lifecycle_config()) is not None:
             return self.configure_lifecycle(**config)
         if self._lifecycle is None:
@@ -77,18 +96,23 @@ class LifecycleMixin:
     # --------------------------------------------------------------- slime's method names
 
     def sleep(self, tags: Iterable[str] | None = None) -> None:
+        """Release `tags` (default: all) through the sleep plan; a logged no-op when asleep."""
         self.lifecycle.sleep(tags)
 
     def wake_up(self, tags: Iterable[str] | None = None) -> None:
+        """Resume `tags` (default: all) through the wake plan; a logged no-op when awake."""
         self.lifecycle.wake_up(tags)
 
     def train(self, *args: Any, **kwargs: Any) -> Any:
+        """The class's own `train`, run as the operation train (from PAUSED it wakes first)."""
         return self._run_body("train", "train", args, kwargs)
 
     def save_model(self, *args: Any, **kwargs: Any) -> Any:
+        """The class's own `save_model`, run as the operation save (in SAVING, memory resident)."""
         return self._run_body("save", "save_model", args, kwargs)
 
     def update_weights(self, *args: Any, **kwargs: Any) -> Any:
+        """The class's own `update_weights`, run as the operation sync (in SYNCING)."""
         return self._run_body("sync", "update_weights", args, kwargs)
 
     def lifecycle_body_globals(self, operation: str) -> Mapping[str, Any]:
@@ -108,6 +132,7 @@ class LifecycleMixin:
         return self.lifecycle.snapshot()
 
     def lifecycle_recover(self, target: str = "AWAKE") -> dict[str, Any]:
+        """Bring a FAILED actor to `target` ("AWAKE" or "PAUSED"); the snapshot after."""
         self.lifecycle.recover(State(target))
         return self.lifecycle.snapshot()
 

@@ -11,12 +11,14 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from lifecycle.errors import DeadActorsError, GroupCallError, GroupTimeoutError, InconsistentGroupError
+from lifecycle.events import LOG_DIR_ENV
 
 
 def _describe(state: Mapping[str, Any] | None) -> str:
@@ -29,6 +31,18 @@ def _describe(state: Mapping[str, Any] | None) -> str:
     if state.get("weight_version") is not None:
         described += f" weights v{state['weight_version']}"
     return described
+
+
+def log_dir_runtime_env(log_dir: str | Path, runtime_env: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """`runtime_env` with `RL_LIFECYCLE_LOG_DIR` set to `log_dir` (made absolute): pass it to
+    `ray.init(runtime_env=...)` or an actor's `.options(runtime_env=...)`, and every actor built on
+    `LifecycleMixin` or `RolloutActor` writes its `<role>-rank<rank>.jsonl` there."""
+    env = dict(runtime_env or {})
+    env["env_vars"] = {
+        **dict(env.get("env_vars") or {}),
+        LOG_DIR_ENV: str(Path(log_dir).expanduser().resolve()),
+    }
+    return env
 
 
 class LifecycleGroup:
@@ -147,6 +161,12 @@ class LifecycleGroup:
         self.last_known.update(result)
         return result
 
+    def log_paths(self, *, timeout_s: float | None = None) -> dict[int, str | None]:
+        """rank → the JSON-lines file its lifecycle events go to (None: not to a file), for
+        `lifecycle check` and `lifecycle timeline` (`configure_rank_log` says where they are)."""
+        paths: dict[int, str | None] = self.call("lifecycle_log_path", timeout_s=timeout_s)
+        return paths
+
     def weight_versions(self, *, timeout_s: float | None = None) -> dict[int, int | None]:
         """rank → the weight version each actor has loaded (None: unknown, or its weights are not valid).
 
@@ -169,12 +189,14 @@ class LifecycleGroup:
     def sleep(
         self, tags: Iterable[str] | None = None, *, timeout_s: float | None = None
     ) -> dict[int, dict[str, Any]]:
+        """`sleep(tags)` on every rank; each rank's snapshot after."""
         self.call("sleep", list(tags) if tags is not None else None, timeout_s=timeout_s)
         return self.states(timeout_s=timeout_s)
 
     def wake_up(
         self, tags: Iterable[str] | None = None, *, timeout_s: float | None = None
     ) -> dict[int, dict[str, Any]]:
+        """`wake_up(tags)` on every rank; each rank's snapshot after."""
         self.call("wake_up", list(tags) if tags is not None else None, timeout_s=timeout_s)
         return self.states(timeout_s=timeout_s)
 

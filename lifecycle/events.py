@@ -21,6 +21,7 @@ from __future__ import annotations
 import atexit
 import collections
 import contextlib
+import os
 import sys
 import threading
 import time
@@ -143,6 +144,7 @@ def _make_sink(
 
 _lock = threading.Lock()
 _sink: _Sink | None = None
+_json_path: Path | None = None  # the file configure_logging writes to, if any
 _application: bool | None = None  # None: follow structlog.is_configured()
 _app_logger: Any = structlog.get_logger(_LOGGER_NAME)
 
@@ -181,9 +183,49 @@ def configure_logging(
             if fmt == "json"
             else structlog.dev.ConsoleRenderer(colors=False)
         )
-    global _application
+    global _application, _json_path
     _application = application
+    _json_path = Path(json_path).resolve() if json_path is not None else None
     _install(_make_sink(level, renderer, writer, None, fallback=False))
+
+
+LOG_DIR_ENV = "RL_LIFECYCLE_LOG_DIR"  # where actors write their per-rank logs; "off" for none
+DEFAULT_LOG_DIR = "lifecycle-logs"
+_OFF = ("off", "none", "0", "false")
+
+
+def log_path() -> Path | None:
+    """The JSON-lines file this process's lifecycle events go to, if `configure_logging` set one."""
+    return _json_path
+
+
+def configure_rank_log(role: str, rank: int | None, *, log_dir: str | Path | None = None) -> Path | None:
+    """Write this process's lifecycle events to `<dir>/<role>-rank<rank>.jsonl`, the files
+    `lifecycle check` and `lifecycle timeline` read, unless this process configured its logging
+    already (that configuration wins; its file, if any, is returned).
+
+    The directory is `log_dir`, else `$RL_LIFECYCLE_LOG_DIR` (set it in Ray's
+    `runtime_env={"env_vars": ...}` so that every worker sees it), else `./lifecycle-logs`; "off"
+    writes nothing. The file is appended to, so an actor restarted in place continues its log."""
+    if _sink is not None and not _sink.fallback:
+        return _json_path
+    where = (
+        str(log_dir) if log_dir is not None else os.environ.get(LOG_DIR_ENV, "").strip() or DEFAULT_LOG_DIR
+    )
+    if where.lower() in _OFF:
+        return None
+    name = f"{role}-rank{rank}.jsonl" if rank is not None else f"{role}-pid{os.getpid()}.jsonl"
+    path = Path(where).expanduser().resolve() / name
+    configure_logging(json_path=path)
+    return path
+
+
+def reset_logging() -> None:
+    """Back to an unconfigured process: events go to stderr (or the application's structlog)
+    until something configures logging, as in a fresh process (tests, forked workers)."""
+    global _json_path, _application
+    _json_path, _application = None, None
+    _install(None)
 
 
 def _install(sink: _Sink | None, *, close_previous: bool = True) -> _Sink | None:

@@ -2,12 +2,15 @@
 
 import io
 import os
+import tempfile
 
 import pytest
 
 import lifecycle
 
 lifecycle.configure_logging(stream=io.StringIO(), level="warning")
+# Actors the tests start (Ray workers inherit this) write their per-rank logs here, not into the checkout.
+os.environ.setdefault("RL_LIFECYCLE_LOG_DIR", tempfile.mkdtemp(prefix="rl-lifecycle-test-logs-"))
 
 
 @pytest.fixture(scope="session")

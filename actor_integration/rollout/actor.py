@@ -37,6 +37,7 @@ from actor_integration.weight_sync.receiver import VersionGate, WeightReceiver
 from actor_integration.weight_sync.wire import CorruptBucketError, RankPayload
 from lifecycle import Contents, Hooks, Lifecycle, LifecyclePolicy, State
 from lifecycle.errors import LifecycleError
+from lifecycle.events import configure_rank_log, log_path
 from lifecycle.logs import Event
 
 ROLLOUT_TAGS = ("weights", "kv_cache")
@@ -63,12 +64,15 @@ class RolloutActor:
         initial: State = State.AWAKE,
         discard_on_release: Sequence[str] | None = None,
         flush_deadline_s: float | None = None,
+        log_dir: str | None = None,
     ) -> None:
         """The memory tags are the engine's `memory_tags` (SGLang with CUDA graphs: weights,
         kv_cache, cuda_graph), else `ROLLOUT_TAGS`, released in that order and resumed in it.
         `discard_on_release`: the tags whose contents a release loses (default: all of them, as
         SGLang's default; `("kv_cache", "cuda_graph")` for an engine started with a CPU backup of
-        its weights). `flush_deadline_s`: how long a sleep retries a flush the engine refuses as busy."""
+        its weights). `flush_deadline_s`: how long a sleep retries a flush the engine refuses as busy.
+        `log_dir`: where its `rollout-rank<rank>.jsonl` goes unless the process configured logging
+        (else `$RL_LIFECYCLE_LOG_DIR`, else `./lifecycle-logs`; see `configure_rank_log`)."""
         # A factory builds the engine inside the actor process (Ray ships the class, not a model).
         built: Any = engine() if not hasattr(engine, "load_weights") and callable(engine) else engine
         missing = [m for m in _ENGINE_METHODS if not callable(getattr(built, m, None))]
@@ -91,6 +95,7 @@ class RolloutActor:
         memory = QueryableEngineMemory(built) if hasattr(built, "residency") else EngineMemory(built)
         expected = getattr(built, "memory_bytes", None)  # the reference engine knows its tags' sizes
         self.memory_audit = AuditedMemory(memory, expected_bytes=expected if callable(expected) else None)
+        configure_rank_log("rollout", rank, log_dir=log_dir)  # before the machine's first event
         self.lifecycle = Lifecycle(
             policy,
             Hooks(
@@ -122,16 +127,24 @@ class RolloutActor:
     # ------------------------------------------------------------------ lifecycle
 
     def sleep(self, tags: Sequence[str] | None = None) -> None:
+        """Pause generation and release `tags` (None: every tag) through the machine."""
         self.lifecycle.sleep(tags)
 
     def wake_up(self, tags: Sequence[str] | None = None) -> None:
+        """Resume `tags` (None: every tag) through the machine; generation resumes once all are back."""
         self.lifecycle.wake_up(tags)
 
     def lifecycle_state(self) -> dict[str, Any]:
         """The same snapshot as `LifecycleMixin.lifecycle_state`, so `LifecycleGroup` drives rollouts too."""
         return self.lifecycle.snapshot()
 
+    def lifecycle_log_path(self) -> str | None:
+        """The JSON-lines file this actor's lifecycle events go to (None: not to a file)."""
+        path = log_path()
+        return None if path is None else str(path)
+
     def lifecycle_recover(self, target: str = "AWAKE") -> dict[str, Any]:
+        """Recover from FAILED to `target` ("AWAKE" or "PAUSED"); returns the snapshot after."""
         self.lifecycle.recover(State(target))
         return self.lifecycle.snapshot()
 
@@ -291,9 +304,11 @@ class RolloutActor:
     # ------------------------------------------------------------------ inspection
 
     def weights_checksum(self) -> str:
+        """The engine's checksum of the weights it serves."""
         return self.engine.weights_checksum()
 
     def weight_version(self) -> int | None:
+        """The last version the engine loaded completely (None: none yet)."""
         return self.gate.committed
 
     def engine_timings(self) -> dict[str, Any]:
@@ -305,9 +320,11 @@ class RolloutActor:
         return self.receiver.open_handles()
 
     def engine_calls(self) -> list[str]:
+        """The engine calls in order, when the engine records them (the reference engine does)."""
         return list(getattr(self.engine, "calls", []))
 
     def ping(self) -> float:
+        """The actor's clock (epoch seconds): an answer that says the actor is alive."""
         return time.time()
 
 

@@ -4,6 +4,7 @@ import json
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +15,7 @@ from actor_integration import (
     InconsistentGroupError,
     LifecycleGroup,
 )
+from actor_integration.ray_group import log_dir_runtime_env
 from lifecycle.checker import check_files
 from tests.helpers.slime_like import LifecycleSlimeActor
 
@@ -63,6 +65,30 @@ def make_actors(ray, remote_cls, n, tmp_path, **options):
     ray.get([a.configure_logs.remote(str(tmp_path / f"rank{i}.jsonl")) for i, a in enumerate(actors)])
     ray.get([a.init.remote(rank=i) for i, a in enumerate(actors)])
     return actors
+
+
+class TestLogsByDefault:
+    def test_wrapped_actors_write_per_rank_logs_where_the_runtime_env_says(
+        self, ray_cluster, remote_cls, tmp_path
+    ):
+        """No logging code in the actors: RL_LIFECYCLE_LOG_DIR through Ray's runtime_env puts each
+        rank's `<role>-rank<rank>.jsonl` there, the group says where, and `lifecycle check` is clean."""
+        ray = ray_cluster
+        env = log_dir_runtime_env(tmp_path / "logs")
+        actors = [remote_cls.options(runtime_env=env).remote() for _ in range(2)]
+        ray.get([a.init.remote(rank=i) for i, a in enumerate(actors)])
+        group = LifecycleGroup(actors, timeout_s=60)
+        group.call("train", 1)
+        group.wake_up()
+        group.sleep()
+        paths = group.log_paths()
+        assert sorted(paths) == [0, 1]
+        assert {Path(p).parent for p in paths.values()} == {(tmp_path / "logs").resolve()}
+        assert sorted(Path(p).name for p in paths.values()) == ["actor-rank0.jsonl", "actor-rank1.jsonl"]
+        ray.get([a.flush_logs.remote() for a in actors])
+        assert check_files([tmp_path / "logs"]) == []
+        for a in actors:
+            ray.kill(a)
 
 
 class TestSlimeOrder:

@@ -13,6 +13,7 @@ skips there; run it with
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -95,6 +96,11 @@ def _worker(
 
     actor_module = install(SlimeSource(Path(location), commit))
     os.environ.update(_launcher_env())
+    if variant.startswith("logs:"):  # as a user's job: logging left to the wrapped actor
+        from lifecycle.events import LOG_DIR_ENV, reset_logging
+
+        reset_logging()
+        variant, os.environ[LOG_DIR_ENV] = "lifecycle", variant.removeprefix("logs:")
     serial = _count_serial_teardowns()
     if variant == "ray_group":
         return _ray_group_run(actor_module, _classes(actor_module)["lifecycle"])
@@ -319,6 +325,31 @@ class TestUnderTheAdapter:
                 f"{record['trained']} saved {record['saved']} synced {[e['checksum'] for e in record['engine']]} "
                 f"after wake {ours['weights_after_wake']}; pauses {ours['pauses']} resumes {ours['resumes']}"
             )
+
+
+class TestLogs:
+    def test_the_wrapped_actors_logs_pass_lifecycle_check_with_no_code_of_the_users(
+        self, tmp_path: Path
+    ) -> None:
+        """slime's own actor under the adapter, logging left unconfigured and only
+        RL_LIFECYCLE_LOG_DIR set: every rank writes its file there and `lifecycle check` is clean."""
+        _run(f"logs:{tmp_path}")
+        names = sorted(p.name for p in tmp_path.glob("*.jsonl"))
+        assert len(names) == 2 and all(n.endswith(("-rank0.jsonl", "-rank1.jsonl")) for n in names), names
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "actor_integration.cli",
+                "check",
+                *map(str, sorted(tmp_path.glob("*.jsonl"))),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "2 machine(s): clean" in proc.stderr
 
 
 class TestConcurrentTeardown:
