@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any, NoReturn
 
 
 def _diagram(args: argparse.Namespace) -> int:
@@ -62,14 +63,17 @@ def _timeline(args: argparse.Namespace) -> int:
     stem = out.with_suffix("") if out.suffix in (".json", ".png") else out
     trace, png = stem.with_suffix(".json"), stem.with_suffix(".png")
     try:
-        timeline.write_trace(args.logs, trace)
+        lanes = timeline.read_lanes(args.logs)  # read once for the trace and the picture
+        timeline.write_trace(lanes, trace)
         print(f"{trace}  (open in https://ui.perfetto.dev or chrome://tracing)")
         if not args.no_png:
-            picture = timeline.render_png(args.logs, png)
+            picture = timeline.render_png(lanes, png)
             print(f"{png}  ({len(picture.lanes)} lane(s), {picture.seconds:.1f} s)")
     except (FileNotFoundError, ValueError) as exc:
         print(f"lifecycle timeline: {exc}", file=sys.stderr)
         return 2
+    for problem in timeline.problems(lanes):
+        print(f"lifecycle timeline: {problem} (skipped; the rest is drawn)", file=sys.stderr)
     return 0
 
 
@@ -87,20 +91,36 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from actor_integration.demo.options import check_demo_arguments
+    from actor_integration.demo.options import check_address, check_demo_arguments, refuse
 
     problem = check_demo_arguments(args)
     if problem is not None:
-        print(f"lifecycle demo: {problem}", file=sys.stderr)
-        return 2
+        refuse(problem)
+    if args.address:
+        check_address(args.address, args.timeout_s)  # Ray itself retries an unreachable GCS for minutes
     from actor_integration.demo.driver import run_demo
 
     return run_demo(args)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with abbreviations off (`--engine` is not `--engines`) and errors on one line:
+    `lifecycle demo: error: argument --steps: ...`, exit code 2, as the demo's own checks answer."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="lifecycle", description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    from lifecycle import __version__
+
+    parser = _Parser(prog="lifecycle", description=__doc__.split("\n")[0])
+    parser.add_argument("--version", action="version", version=f"lifecycle (rl-lifecycle) {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     demo = sub.add_parser(
         "demo", help="run a colocated RL loop on Ray (trainer + rollout on the same devices)"
@@ -108,11 +128,11 @@ def build_parser() -> argparse.ArgumentParser:
     from actor_integration.demo.options import add_demo_arguments
 
     add_demo_arguments(demo)
-    demo.set_defaults(func=_demo)
+    demo.set_defaults(func=_demo, parser=demo)
 
     check = sub.add_parser("check", help="replay lifecycle logs against the transition table")
     check.add_argument("logs", nargs="+", help="per-rank JSON-lines lifecycle logs")
-    check.set_defaults(func=_check)
+    check.set_defaults(func=_check, parser=check)
 
     timeline = sub.add_parser("timeline", help="draw what every rank did: Perfetto trace + PNG")
     timeline.add_argument("logs", nargs="+", help="per-rank JSON-lines lifecycle logs")
@@ -120,12 +140,12 @@ def build_parser() -> argparse.ArgumentParser:
         "-o", "--output", required=True, help="output path (FILE.json and FILE.png are written)"
     )
     timeline.add_argument("--no-png", action="store_true", help="write only the trace")
-    timeline.set_defaults(func=_timeline)
+    timeline.set_defaults(func=_timeline, parser=timeline)
 
     diagram = sub.add_parser("diagram", help="write the state diagram generated from the transition table")
     diagram.add_argument("--format", choices=["mermaid", "dot", "svg", "png"], default="mermaid")
     diagram.add_argument("-o", "--output", help="file to write (default: mermaid/dot text on stdout)")
-    diagram.set_defaults(func=_diagram)
+    diagram.set_defaults(func=_diagram, parser=diagram)
 
     doctor = sub.add_parser("doctor", help="check this environment before a colocated job")
     doctor.add_argument("--address", help="Ray cluster address to check (default: RAY_ADDRESS)")
@@ -142,12 +162,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="the weight transport the job will use (default: the one doctor recommends)",
     )
-    doctor.set_defaults(func=_doctor)
+    doctor.set_defaults(func=_doctor, parser=doctor)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # said by the subcommand that was given them, as argparse says everything else
+        args.parser.error(f"unrecognized arguments: {' '.join(extra)}")
     code: int = args.func(args)
     return code
 

@@ -620,6 +620,19 @@ def plan_calls(
     return calls
 
 
+def hooks_used(policy: PolicyView, tags: Iterable[str], present: frozenset[Hook]) -> tuple[Hook, ...]:
+    """Every hook some plan calls for an actor with this policy, memory tags and hook slots, in
+    `Hook` order: what a fault may be injected into (`lifecycle demo --inject-fault`)."""
+    tags = tuple(tags)
+    used: set[Hook] = set()
+    for plan in PLANS:
+        for residency in (Residency.RESIDENT, Residency.RELEASED):
+            memory = dict.fromkeys(tags, residency)
+            for groups in (None, Groups.ALIVE, *sorted(ASLEEP_GROUPS)):
+                used.update(c.hook for c in plan_calls(plan, policy, memory, groups, tags, present))
+    return tuple(hook for hook in Hook if hook in used)
+
+
 def plan_stages(plan: Plan, calls: Iterable[Call]) -> list[list[list[Call]]]:
     """`calls` (from `plan_calls`) grouped as the plan runs them: per stage, one branch per hook slot.
 

@@ -21,10 +21,10 @@ def run_demo(args: argparse.Namespace) -> int:
     # Wide enough for the per-rank table even when the output is a pipe (CI logs, `| tee`).
     console = Console(width=max(Console().width, 170))
     out = Path(args.out).resolve()
+    device = resolve_device(args.device, args.transport)  # refuses before anything is written
     for sub in ("logs", "checkpoints", "transfer"):
         shutil.rmtree(out / sub, ignore_errors=True)
     (out / "logs").mkdir(parents=True, exist_ok=True)
-    device = resolve_device(args.device)
     ray = start_ray(args, console)
     try:
         started = time.monotonic()

@@ -4,10 +4,42 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import re
+import socket
+import sys
+import urllib.parse
 from pathlib import Path
+from typing import NoReturn
 
-from lifecycle.table import Hook
+from lifecycle.policy import LifecyclePolicy
+from lifecycle.table import Hook, hooks_used
+
+# The demo's trainer (`trainer.py` builds it with these) and what its rollout's machine is made of
+# (`RolloutActor`'s policy and hook slots; a test keeps the two equal).
+TRAINER_POLICY = LifecyclePolicy(offload_train=True, memory_tags=("model",))
+TRAINER_SLOTS = frozenset(
+    {Hook.PROCESS_GROUPS_DESTROY, Hook.PROCESS_GROUPS_RELOAD, Hook.CLEAR_MEMORY, Hook.SWITCH_MODEL}
+)
+ROLLOUT_MACHINE = LifecyclePolicy(
+    memory_tags=("weights", "kv_cache"), destroy_process_groups=False, model_tag=None
+)
+ROLLOUT_SLOTS = frozenset({Hook.GENERATION_PAUSE, Hook.GENERATION_RESUME})
+ROLE_HOOKS = {
+    "trainer": tuple(h.value for h in hooks_used(TRAINER_POLICY.view(), TRAINER_POLICY.tags, TRAINER_SLOTS)),
+    "rollout": tuple(
+        h.value for h in hooks_used(ROLLOUT_MACHINE.view(), ROLLOUT_MACHINE.tags, ROLLOUT_SLOTS)
+    ),
+}
+TINY_HEADS = 4  # the reference model's attention heads (`placement.py` builds it with these)
+
+
+def refuse(message: str) -> NoReturn:
+    """Stop the demo with a one-line usage error (exit code 2), before or instead of any work."""
+    print(f"lifecycle demo: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
 
 _FAULT = re.compile(r"^(?:(?P<role>trainer|rollout):)?(?P<hook>[a-z_.]+)@(?P<step>\d+)$")
 
@@ -25,9 +57,22 @@ def parse_fault(text: str) -> tuple[str, str, int]:
 
 
 def _positive(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text}")
     return value
 
 
@@ -121,7 +166,9 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bucket-mb", type=_positive, default=64, help="weight-sync bucket size in MiB")
     parser.add_argument("--hidden", type=_positive, default=256, help="model width (default 256)")
     parser.add_argument("--layers", type=_positive, default=4, help="model depth (default 4)")
-    parser.add_argument("--timeout-s", type=float, default=120.0, help="deadline for every cross-actor wait")
+    parser.add_argument(
+        "--timeout-s", type=_seconds, default=120.0, help="deadline for every cross-actor wait (seconds, > 0)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--no-progress", action="store_true", help="plain log lines instead of the live display"
@@ -139,6 +186,18 @@ def check_demo_arguments(args: argparse.Namespace) -> str | None:
     faults = sorted(step for _, _, step in args.inject_fault if step > args.steps)
     if faults:
         return f"--inject-fault at step {faults[0]} never runs: the demo has --steps {args.steps}"
+    for role, hook, step in args.inject_fault:
+        if hook not in ROLE_HOOKS[role]:
+            return (
+                f"--inject-fault {role}:{hook}@{step}: the demo's {role} never calls {hook}; its hooks are "
+                f"{list(ROLE_HOOKS[role])}"
+            )
+    if args.engine == "reference" and args.hidden % TINY_HEADS:
+        return (
+            f"--hidden {args.hidden}: the reference model has {TINY_HEADS} attention heads, so its width must be "
+            f"a multiple of {TINY_HEADS} (e.g. 256)"
+        )
+
     corrupt = sorted(step for step in set(args.corrupt_sync) if step > args.steps or step in args.skip_sync)
     if corrupt:
         return (
@@ -146,11 +205,47 @@ def check_demo_arguments(args: argparse.Namespace) -> str | None:
             f"{sorted(args.skip_sync)}); pick a step that syncs"
         )
     if args.engine == "sglang":
-        return _check_sglang_arguments(args)
-    for flag, value in (("--model-config", args.model_config), ("--kill-engine", args.kill_engine)):
-        if value is not None:
-            return f"{flag} is for --engine sglang (the reference engine has no model config or scheduler)"
+        problem = _check_sglang_arguments(args)
+        if problem is not None:
+            return problem
+    else:
+        for flag, value in (("--model-config", args.model_config), ("--kill-engine", args.kill_engine)):
+            if value is not None:
+                return (
+                    f"{flag} is for --engine sglang (the reference engine has no model config or scheduler)"
+                )
+    return _check_out(args.out)  # last: the only check that makes something (the output directory)
+
+
+def _check_out(out: str) -> str | None:
+    """Whether the output directory can be made and written (the logs, checkpoints and timeline go there)."""
+    path = Path(out)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".lifecycle-demo-probe-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        return f"--out {out}: cannot write there ({exc.strerror or exc}); pick a writable directory"
     return None
+
+
+def check_address(address: str, timeout_s: float) -> None:
+    """Refuse (exit 2) an --address where nothing answers, within `timeout_s`, before Ray is asked
+    (Ray itself retries an unreachable GCS for minutes)."""
+    if address == "auto":
+        return
+    target = urllib.parse.urlsplit(address if "://" in address else f"ray://{address}")
+    if target.hostname is None or target.port is None:
+        refuse(f"--address {address}: expected HOST:PORT (or ray://HOST:PORT, or auto)")
+    try:
+        with socket.create_connection((target.hostname, target.port), timeout=min(timeout_s, 10.0)):
+            pass
+    except OSError as exc:
+        refuse(
+            f"--address {address}: no Ray cluster answers there ({exc.strerror or exc}); start one with "
+            "`ray start --head` or leave --address out to start a local one"
+        )
 
 
 def _check_sglang_arguments(args: argparse.Namespace) -> str | None:

@@ -11,6 +11,7 @@ from typing import Any
 
 from rich.console import Console
 
+from actor_integration.demo.options import refuse
 from actor_integration.ray_group import LifecycleGroup
 
 VOCAB = 97
@@ -49,16 +50,16 @@ def start_ray(args: argparse.Namespace, console: Console) -> Any:
     return ray
 
 
-def resolve_device(requested: str) -> str:
+def resolve_device(requested: str, transport: str = "auto") -> str:
+    """The device the demo runs on; refuses what this machine cannot do before Ray starts."""
     import torch
 
     if requested == "cuda" and not torch.cuda.is_available():
-        raise SystemExit(
-            "lifecycle demo: --device cuda asked for, but torch sees no GPU (see `lifecycle doctor`)"
-        )
-    if requested == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return requested
+        refuse("--device cuda asked for, but torch sees no GPU (see `lifecycle doctor`)")
+    device = requested if requested != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cpu" and transport == "cuda_ipc":
+        refuse("--transport cuda_ipc needs CUDA, and the demo runs on the CPU here: use shm (or auto)")
+    return device
 
 
 def place(ray: Any, args: argparse.Namespace, device: str, out: Path, console: Console) -> Placement:
@@ -72,18 +73,18 @@ def place(ray: Any, args: argparse.Namespace, device: str, out: Path, console: C
     gpus = int(ray.cluster_resources().get("GPU", 0))
     trainers = args.trainers or (max(gpus, 1) if device == "cuda" else 2)
     if device == "cuda" and args.engines not in (None, trainers):
-        raise SystemExit(
-            f"lifecycle demo: on a GPU host every GPU has its own 1-GPU engine ({trainers}); --engines "
+        refuse(
+            f"on a GPU host every GPU has its own 1-GPU engine ({trainers}); --engines "
             f"{args.engines} is for CPU runs"
         )
     if device == "cuda" and trainers > gpus:
-        raise SystemExit(
-            f"lifecycle demo: {trainers} trainer ranks need {trainers} GPUs (one rank per GPU: NCCL refuses two "
+        refuse(
+            f"{trainers} trainer ranks need {trainers} GPUs (one rank per GPU: NCCL refuses two "
             f"ranks on one GPU, 'Duplicate GPU detected'); this cluster has {gpus}"
         )
     engine = getattr(args, "engine", "reference")
     if engine == "sglang" and device != "cuda":
-        raise SystemExit("lifecycle demo: --engine sglang needs a GPU (SGLang runs on CUDA); torch sees none")
+        refuse("--engine sglang needs a GPU (SGLang runs on CUDA); torch sees none")
     if engine == "sglang":
         from actor_integration.qwen2_model import QwenConfig
 
@@ -91,7 +92,7 @@ def place(ray: Any, args: argparse.Namespace, device: str, out: Path, console: C
         try:
             vocab = QwenConfig.from_json(config_dir).vocab_size
         except ValueError as exc:
-            raise SystemExit(f"lifecycle demo: --model-config {args.model_config}: {exc}") from None
+            refuse(f"--model-config {args.model_config}: {exc}")
         model: dict[str, Any] = {"qwen_config": config_dir, "seed": args.seed}
     else:
         vocab = VOCAB
@@ -122,9 +123,7 @@ def place(ray: Any, args: argparse.Namespace, device: str, out: Path, console: C
     else:
         engines = args.engines or 1
         if trainers % engines:
-            raise SystemExit(
-                f"lifecycle demo: --engines {engines} must divide the {trainers} trainer ranks into equal slots"
-            )
+            refuse(f"--engines {engines} must divide the {trainers} trainer ranks into equal slots")
         engine_gpu_counts = [trainers // engines] * engines
 
         def options(i: int) -> dict[str, Any]:

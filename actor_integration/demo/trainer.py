@@ -21,6 +21,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from actor_integration.clear_memory import ClearMemory
+from actor_integration.demo.options import TRAINER_POLICY
 from actor_integration.memory_saver import select_memory_backend
 from actor_integration.mixin import LifecycleMixin
 from actor_integration.model_tag import CpuWeightBackup, ModelTagSwitch
@@ -29,7 +30,7 @@ from actor_integration.qwen2_model import QwenConfig, QwenLM
 from actor_integration.tiny_model import TinyLM, TinyLMConfig, weights_checksum
 from actor_integration.weight_sync import SlotTopology, WeightSender, configure_sender
 from actor_integration.weight_sync.buckets import WSUM64, WSUM64_DEVICE
-from lifecycle import Hooks, LifecyclePolicy, configure_logging, flush_logs
+from lifecycle import Hooks, configure_logging, flush_logs
 from lifecycle.faults import FaultInjector, with_faults
 
 
@@ -177,7 +178,7 @@ class DemoTrainer(LifecycleMixin, TinyTrainer):
             deadline_s=timeout_s,
         )
         lifecycle = self.configure_lifecycle(
-            LifecyclePolicy(offload_train=True, memory_tags=("model",)),
+            TRAINER_POLICY,
             with_faults(
                 self.faults,
                 Hooks(
