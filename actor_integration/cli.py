@@ -18,18 +18,13 @@ def _diagram(args: argparse.Namespace) -> int:
 
     if args.output is None:
         if args.format not in ("mermaid", "dot"):
-            print(
-                f"lifecycle diagram: --format {args.format} writes a binary file: give -o FILE",
-                file=sys.stderr,
-            )
-            return 2
+            args.parser.error(f"--format {args.format} writes a binary file: give -o FILE")
         sys.stdout.write(diagram.mermaid() if args.format == "mermaid" else diagram.dot())
         return 0
     try:
         diagram.render(args.format, Path(args.output))
-    except RuntimeError as exc:
-        print(f"lifecycle diagram: {exc}", file=sys.stderr)
-        return 2
+    except (RuntimeError, OSError) as exc:
+        args.parser.error(str(exc))
     print(args.output)
     return 0
 
@@ -43,9 +38,8 @@ def _check(args: argparse.Namespace) -> int:
         for file in files:
             run.feed_lines(file.path, file.lines)
         findings = run.finish()
-    except (FileNotFoundError, ValueError) as exc:
-        print(f"lifecycle check: {exc}", file=sys.stderr)
-        return 2
+    except (OSError, ValueError) as exc:
+        args.parser.error(str(exc))
     for finding in findings:
         print(finding)
     verdict = "clean" if not findings else f"{len(findings)} finding(s)"
@@ -64,14 +58,18 @@ def _timeline(args: argparse.Namespace) -> int:
     trace, png = stem.with_suffix(".json"), stem.with_suffix(".png")
     try:
         lanes = timeline.read_lanes(args.logs)  # read once for the trace and the picture
+    except (OSError, ValueError) as exc:
+        args.parser.error(str(exc))
+    try:
         timeline.write_trace(lanes, trace)
         print(f"{trace}  (open in https://ui.perfetto.dev or chrome://tracing)")
         if not args.no_png:
             picture = timeline.render_png(lanes, png)
             print(f"{png}  ({len(picture.lanes)} lane(s), {picture.seconds:.1f} s)")
-    except (FileNotFoundError, ValueError) as exc:
-        print(f"lifecycle timeline: {exc}", file=sys.stderr)
-        return 2
+    except OSError as exc:
+        args.parser.error(f"-o {args.output}: cannot write {exc.filename or stem} ({exc.strerror or exc})")
+    except ValueError as exc:
+        args.parser.error(str(exc))
     for problem in timeline.problems(lanes):
         print(f"lifecycle timeline: {problem} (skipped; the rest is drawn)", file=sys.stderr)
     return 0

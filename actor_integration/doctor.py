@@ -12,8 +12,10 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import platform
+import socket
 import subprocess
 import sys
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -305,11 +307,32 @@ def check_ipc_allocator(env: Mapping[str, str], transport: str) -> Check:
     )
 
 
+def unreachable(address: str, timeout_s: float) -> str | None:
+    """Why nothing answers at a Ray `address` (HOST:PORT or ray://HOST:PORT), or None if something
+    does: one TCP connection within `timeout_s`, where Ray itself retries an absent GCS for minutes."""
+    if address == "auto":
+        return None
+    target = urllib.parse.urlsplit(address if "://" in address else f"ray://{address}")
+    try:
+        host, port = target.hostname, target.port
+    except ValueError:
+        host = port = None
+    if host is None or port is None:
+        return "expected HOST:PORT (or ray://HOST:PORT, or auto)"
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return None
+    except OSError as exc:
+        return f"no Ray cluster answers there ({exc.strerror or exc})"
+
+
 def check_ray(address: str | None, env: Mapping[str, str]) -> Check:
     version = _version("ray")
     if version is None:
         return Check("Ray", "fail", "not installed: pip install ray")
     address = address or env.get("RAY_ADDRESS")
+    if address and (problem := unreachable(address, 10.0)) is not None:
+        return Check("Ray", "fail", f"ray {version}: {address}: {problem}; start one with `ray start --head`")
     if address:
         code = f"import ray; ray.init(address={address!r}, logging_level='ERROR'); print(len(ray.nodes()))"
         try:

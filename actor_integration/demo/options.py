@@ -7,9 +7,7 @@ import json
 import math
 import os
 import re
-import socket
 import sys
-import urllib.parse
 from pathlib import Path
 from typing import NoReturn
 
@@ -233,19 +231,11 @@ def _check_out(out: str) -> str | None:
 def check_address(address: str, timeout_s: float) -> None:
     """Refuse (exit 2) an --address where nothing answers, within `timeout_s`, before Ray is asked
     (Ray itself retries an unreachable GCS for minutes)."""
-    if address == "auto":
-        return
-    target = urllib.parse.urlsplit(address if "://" in address else f"ray://{address}")
-    if target.hostname is None or target.port is None:
-        refuse(f"--address {address}: expected HOST:PORT (or ray://HOST:PORT, or auto)")
-    try:
-        with socket.create_connection((target.hostname, target.port), timeout=min(timeout_s, 10.0)):
-            pass
-    except OSError as exc:
-        refuse(
-            f"--address {address}: no Ray cluster answers there ({exc.strerror or exc}); start one with "
-            "`ray start --head` or leave --address out to start a local one"
-        )
+    from actor_integration.doctor import unreachable
+
+    problem = unreachable(address, min(timeout_s, 10.0))
+    if problem is not None:
+        refuse(f"--address {address}: {problem}; start one with `ray start --head` or leave --address out")
 
 
 def _check_sglang_arguments(args: argparse.Namespace) -> str | None:

@@ -81,6 +81,32 @@ def test_an_unreachable_address_is_refused_within_the_deadline(tmp_path):
     assert not (tmp_path / "logs").exists()
 
 
+@pytest.mark.parametrize(
+    ("args", "command", "names"),
+    [
+        (["check"], "check", "the following arguments are required: logs"),
+        (["check", "/nonexistent.jsonl"], "check", "/nonexistent.jsonl does not exist"),
+        (["timeline", "/nonexistent.jsonl", "-o", "/tmp/t"], "timeline", "/nonexistent.jsonl does not exist"),
+        (["diagram", "--format", "svg"], "diagram", "--format svg writes a binary file: give -o FILE"),
+        (["diagram", "--format", "gif"], "diagram", "argument --format: invalid choice: 'gif'"),
+        (["doctor", "--transport", "x"], "doctor", "argument --transport: invalid choice: 'x'"),
+        (["check", "--strict", "x.jsonl"], "check", "unrecognized arguments: --strict"),
+    ],
+)
+def test_a_bad_argument_of_another_command_is_one_line(args, command, names):
+    assert names in one_line_error(lifecycle(*args), command)
+
+
+def test_a_timeline_that_cannot_be_written_names_the_output(tmp_path):
+    log = tmp_path / "rank0.jsonl"
+    log.write_text(
+        '{"event": "lifecycle.configured", "rank": 0, "role": "trainer", "state": "AWAKE", "t": 1.0, '
+        '"residency": {"*": "resident"}, "policy": {}}\n'
+    )
+    line = one_line_error(lifecycle("timeline", str(log), "-o", "/proc/nope/t"), "timeline")
+    assert "-o /proc/nope/t: cannot write" in line
+
+
 def test_the_version_is_the_packages():
     proc = lifecycle("--version")
     import lifecycle as package
