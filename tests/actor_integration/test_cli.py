@@ -10,18 +10,10 @@ from pathlib import Path
 import pytest
 
 from lifecycle import diagram
+from tests.helpers.cli import lifecycle
 
 pytestmark = pytest.mark.ray
 TINY = str(Path(__file__).resolve().parents[2] / "configs" / "qwen2-tiny")
-
-
-def lifecycle(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "actor_integration.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 @pytest.fixture(scope="module")

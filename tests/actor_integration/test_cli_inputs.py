@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,17 +15,9 @@ from hypothesis import strategies as st
 
 from actor_integration.demo.options import ROLE_HOOKS, ROLLOUT_MACHINE, ROLLOUT_SLOTS, parse_fault
 from lifecycle.table import Hook
+from tests.helpers.cli import lifecycle
 
 TINY = str(Path(__file__).resolve().parents[2] / "configs" / "qwen2-tiny")
-
-
-def lifecycle(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "actor_integration.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 def one_line_error(proc: subprocess.CompletedProcess[str], command: str) -> str:

@@ -1,0 +1,16 @@
+"""Run the `lifecycle` command in a subprocess, as a user types it (tests only)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def lifecycle(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """`python -m actor_integration.cli ARGS`: its exit code, stdout and stderr."""
+    return subprocess.run(
+        [sys.executable, "-m", "actor_integration.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
