@@ -2,6 +2,7 @@
 
 import io
 import json
+import os
 
 import pytest
 import structlog
@@ -198,3 +199,39 @@ class TestApplicationStructlog:
         lc.sleep()
         lc.wake_up()
         assert lc.state is State.AWAKE
+
+
+@pytest.fixture
+def unconfigured(monkeypatch):
+    """A process that configured no logging (the suite's own sink restored after)."""
+    monkeypatch.delenv(ev.LOG_DIR_ENV, raising=False)
+    ev.reset_logging()
+    yield
+    lifecycle.configure_logging(stream=io.StringIO(), level="warning")
+
+
+class TestRankLogs:
+    def test_an_unconfigured_actor_logs_to_its_role_and_rank_file(self, unconfigured, tmp_path):
+        path = lifecycle.configure_rank_log("trainer", 3, log_dir=tmp_path)
+        assert path == (tmp_path / "trainer-rank3.jsonl").resolve() and ev.log_path() == path
+        recording_lifecycle(LifecyclePolicy(), rank=3, role="trainer")[0].sleep()
+        lifecycle.flush_logs()
+        events = [json.loads(line)["event"] for line in path.read_text().splitlines()]
+        assert events[:2] == ["lifecycle.configured", "lifecycle.transition"]
+
+    def test_the_environment_names_the_directory_and_off_writes_nothing(
+        self, unconfigured, tmp_path, monkeypatch
+    ):
+        monkeypatch.setenv(ev.LOG_DIR_ENV, str(tmp_path / "from-env"))
+        assert lifecycle.configure_rank_log("rollout", None) == (tmp_path / "from-env").resolve() / (
+            f"rollout-pid{os.getpid()}.jsonl"
+        )
+        ev.reset_logging()
+        monkeypatch.setenv(ev.LOG_DIR_ENV, "off")
+        assert lifecycle.configure_rank_log("rollout", 0) is None and ev.log_path() is None
+
+    def test_a_process_that_configured_its_logging_keeps_it(self, unconfigured, tmp_path):
+        mine = tmp_path / "mine.jsonl"
+        lifecycle.configure_logging(json_path=mine)
+        assert lifecycle.configure_rank_log("trainer", 0, log_dir=tmp_path / "other") == mine.resolve()
+        assert not (tmp_path / "other").exists()
