@@ -471,10 +471,9 @@ class SGLangEngine(SGLangWeights):
                 "round",
                 payloads=payloads,
                 timeout_s=self.weights_timeout_s,
-                flush=final and self._resident["kv_cache"],
-                weight_version=str(version) if final else None,
-                open_session=round_index == 0,
-                close_session=final,
+                version=version,
+                round_index=round_index,
+                final=final,
             )
         except (CorruptBucketError, WeightSyncError) as error:
             if error.fields.get("written", True) or round_index > 0:
@@ -512,14 +511,14 @@ class SGLangEngine(SGLangWeights):
         round_index: int,
         final: bool,
     ) -> None:
-        with self._weight_session(open_=round_index == 0, close=final):
+        with self._weight_session(round_index=round_index, final=final):
             super().load_buckets(version, buckets, round_index=round_index, final=final)
 
     def load_weights(
         self, version: int, shards: Sequence[NamedTensors], *, round_index: int, final: bool
     ) -> None:
         """Send one round of `version` to SGLang's schedulers; round 0 opens the update, the final one ends it."""
-        with self._weight_session(open_=round_index == 0, close=final):
+        with self._weight_session(round_index=round_index, final=final):
             super().load_weights(version, shards, round_index=round_index, final=final)
 
     def _update(self, payloads: list[Any], *, version: int, last: bool) -> None:
@@ -527,8 +526,7 @@ class SGLangEngine(SGLangWeights):
         self._send_update(
             payloads,
             load_format="flattened_bucket",
-            flush=last and self._resident["kv_cache"],
-            weight_version=str(version) if last else None,
+            ends_version=version if last else None,
             timeout_s=self.weights_timeout_s,
             what=f"weight version {version}",
         )
@@ -662,20 +660,21 @@ class SGLangEngine(SGLangWeights):
         payloads: list[Any],
         *,
         load_format: str,
-        flush: bool,
-        weight_version: str | None,
+        ends_version: int | None,
         timeout_s: float,
         what: str,
     ) -> None:
+        """One `update_weights_from_tensor` call. The call that ends a version (`ends_version`)
+        tags the engine with it and flushes the radix cache if the KV cache is resident."""
         from sglang.srt.managers.io_struct import UpdateWeightsFromTensorReqInput
 
         fields: dict[str, Any] = {
             "serialized_named_tensors": payloads,
             "load_format": load_format,
-            "flush_cache": flush,
+            "flush_cache": ends_version is not None and self._resident["kv_cache"],
         }
-        if weight_version is not None:
-            fields["weight_version"] = weight_version
+        if ends_version is not None:
+            fields["weight_version"] = str(ends_version)
         request = UpdateWeightsFromTensorReqInput(**fields)
         answer = self._call(
             "update_weights_from_tensor",
@@ -699,14 +698,14 @@ class SGLangEngine(SGLangWeights):
         _check(answer, "begin_weight_update" if begin else "end_weight_update")
 
     @contextlib.contextmanager
-    def _weight_session(self, *, open_: bool, close: bool) -> Iterator[None]:
+    def _weight_session(self, *, round_index: int, final: bool) -> Iterator[None]:
         """The weight-update session around the calls of a version (sglang 0.5.23; a no-op before):
-        opened at its first round, closed at its last, and closed at once when a call fails, so
-        the next version can open its own."""
+        opened at its first round, closed at its last (`final`), and closed at once when a call
+        fails, so the next version can open its own."""
         if not self._sessions:
             yield
             return
-        if open_:
+        if round_index == 0:
             self._session(begin=True)
         try:
             yield
@@ -715,7 +714,7 @@ class SGLangEngine(SGLangWeights):
                 with contextlib.suppress(Exception):
                     self._session(begin=False)
             raise
-        if close:
+        if final:
             self._session(begin=False)
 
     def _scheduler(
@@ -724,12 +723,12 @@ class SGLangEngine(SGLangWeights):
         *,
         timeout_s: float,
         payloads: Sequence[RankPayload] | None = None,
-        flush: bool = False,
-        weight_version: str | None = None,
-        open_session: bool = True,
-        close_session: bool = True,
+        version: int | None = None,
+        round_index: int = 0,
+        final: bool = True,
     ) -> dict[str, Any]:
-        """One call of the scheduler-side receiver (`sglang_receiver.receive`); its reply."""
+        """One call of the scheduler-side receiver (`sglang_receiver.receive`); its reply. A round
+        carries `version`'s payloads; any other op is a call of its own (its own session)."""
         from sglang.srt.utils import MultiprocessingSerializer
 
         call = f"{os.getpid()}-{next(self._calls)}-{uuid.uuid4().hex[:6]}"
@@ -739,18 +738,17 @@ class SGLangEngine(SGLangWeights):
         )
         # An empty tensor pickles without shared memory, and SGLang calls .to(device) on each.
         serialized = MultiprocessingSerializer.serialize([(name, torch.empty(0)) for name in names])
-        with self._weight_session(open_=open_session, close=close_session):
+        with self._weight_session(round_index=round_index, final=final):
             self._send_update(
                 [serialized] * self.tp_size,
                 load_format=SCHEDULER_LOADER,
-                flush=flush,
-                weight_version=weight_version,
+                ends_version=version if final else None,
                 timeout_s=timeout_s,
                 what=f"the lifecycle's {op} call",
             )
             reply = sglang_receiver.read_reply(reply_path)
-            if reply is not None and not reply["ok"] and op == "round":
-                self._raise_refusal(int(payloads[0].version) if payloads else -1, reply)
+            if reply is not None and not reply["ok"] and version is not None:
+                self._raise_refusal(version, reply)
         if reply is None:
             raise WeightSyncError(
                 f"SGLang answered the lifecycle's {op} call but its receiver left no reply in {reply_path}: "
