@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from actor_integration.rollout.load_plan import LoadPlans
-from actor_integration.weight_sync.buckets import BucketManifest, PackedEntries, dtype_from_name
+from actor_integration.weight_sync.buckets import BucketManifest, PackedEntries
 from actor_integration.weight_sync.wire import RankPayload
 
 LOADER = "actor_integration.rollout.sglang_receiver.receive"
@@ -77,16 +77,7 @@ def encode_payload(payload: RankPayload) -> dict[str, Any]:
         )
     buckets = []
     for manifest in payload.buckets:
-        entries = manifest.entries
-        if not isinstance(entries, PackedEntries):
-            entries = PackedEntries.build(
-                [e.name for e in entries],
-                [e.shape for e in entries],
-                [dtype_from_name(e.dtype) for e in entries],
-                [e.offset for e in entries],
-                [e.nbytes for e in entries],
-            )
-        names, meta = entries.key
+        names, meta = manifest.packed.key
         buckets.append(
             {
                 "index": manifest.index,
@@ -285,17 +276,7 @@ def _load_round(model: Any, request: dict[str, Any], group: Any) -> dict[str, An
 
 def _layout(payload: RankPayload) -> Any:
     """What a recorded copy plan depends on: the transport, and each bucket's place and entries."""
-    return (
-        payload.transport,
-        tuple(
-            (
-                m.index,
-                m.nbytes,
-                tuple(m.entries) if not isinstance(m.entries, PackedEntries) else m.entries.key,
-            )
-            for m in payload.buckets
-        ),
-    )
+    return (payload.transport, tuple((m.index, m.nbytes, m.entries_key) for m in payload.buckets))
 
 
 def _get_receiver() -> Any:

@@ -203,6 +203,27 @@ class BucketManifest:
             return self.entries.names
         return tuple(e.name for e in self.entries)
 
+    @property
+    def packed(self) -> PackedEntries:
+        """The entries as `PackedEntries` (as they are when a sender made them)."""
+        entries = self.entries
+        if isinstance(entries, PackedEntries):
+            return entries
+        items = list(entries)
+        return PackedEntries.build(
+            [e.name for e in items],
+            [e.shape for e in items],
+            [dtype_from_name(e.dtype) for e in items],
+            [e.offset for e in items],
+            [e.nbytes for e in items],
+        )
+
+    @property
+    def entries_key(self) -> Any:
+        """A hashable key of the layout, equal for equal layouts (what receivers cache plans by)."""
+        entries = self.entries
+        return entries.key if isinstance(entries, PackedEntries) else tuple(entries)
+
 
 @dataclass(frozen=True)
 class Bucket:

@@ -36,7 +36,6 @@ from actor_integration.weight_sync.buckets import (
     WSUM64,
     WSUM64_DEVICE,
     BucketManifest,
-    PackedEntries,
     checksum,
     checksum_trailer,
     dtype_from_name,
@@ -477,7 +476,7 @@ class WeightReceiver:
         key = (
             id(targets),
             tuple(
-                (b.rank_index, w.data_ptr(), w.device, b.manifest.checksum_kind, _entries_key(b.manifest))
+                (b.rank_index, w.data_ptr(), w.device, b.manifest.checksum_kind, b.manifest.entries_key)
                 for b, w in zip(buckets, works, strict=True)
             ),
         )
@@ -503,7 +502,7 @@ class WeightReceiver:
                     )
         by_device = {}
         for device, indices in per_device.items():
-            pieces = [(buckets[i].work, _packed(buckets[i].manifest), resolved[i]) for i in indices]
+            pieces = [(buckets[i].work, buckets[i].manifest.packed, resolved[i]) for i in indices]
             by_device[device] = (kernels.plan_scatter(pieces, device), indices)  # type: ignore[arg-type]
         tiled = all(
             b.manifest.checksum_kind in (WSUM64, WSUM64_DEVICE)
@@ -631,25 +630,6 @@ def _device_of(mapping: Mapping[str, torch.Tensor]) -> torch.device | None:
 
 def _device_of_list(tensors: list[torch.Tensor]) -> torch.device | None:
     return tensors[0].device if tensors else None
-
-
-def _entries_key(manifest: BucketManifest) -> Any:
-    entries = manifest.entries
-    return entries.key if isinstance(entries, PackedEntries) else tuple(entries)
-
-
-def _packed(manifest: BucketManifest) -> PackedEntries:
-    entries = manifest.entries
-    if isinstance(entries, PackedEntries):
-        return entries
-    items = list(entries)
-    return PackedEntries.build(
-        [e.name for e in items],
-        [e.shape for e in items],
-        [dtype_from_name(e.dtype) for e in items],
-        [e.offset for e in items],
-        [e.nbytes for e in items],
-    )
 
 
 def _resolve(b: _Bucket, mapping: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
