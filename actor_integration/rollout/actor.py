@@ -192,6 +192,7 @@ class RolloutActor:
         self.gate.admit(version, round_index)
         if round_index == 0:
             self._loaded_bytes = 0
+            self._engine_ms = {}  # a version loaded another way reports no engine phases
         final = payloads[0].final
         overwriting = final if self._stages else round_index == 0
 

@@ -29,9 +29,11 @@ from actor_integration.rollout.sglang import (
     sglang_codec,
 )
 from actor_integration.rollout.sglang_receiver import encode_request
-from actor_integration.weight_sync import CorruptBucketError
+from actor_integration.weight_sync import CorruptBucketError, RankSlot, WeightSender
+from actor_integration.weight_sync.disk import DiskSender
 from lifecycle import State
 from lifecycle.errors import EngineDiedError, EngineNotIdleError, MemoryStateError, SGLangServerTimeout
+from lifecycle.events import capture_events
 from tests.helpers.sglang_fake import ENGINE, IO, TOKENIZER_MANAGER, FakeSGLang, flattened_bucket_codec
 from tests.helpers.sglang_source import VERSIONS, literal_values
 from tests.helpers.weight_sync_doubles import shm_sender_into
@@ -192,6 +194,35 @@ class TestEngineCalls:
         for name, tensor in sent.items():
             assert torch.equal(fake.model.params[name], tensor), name
         assert not fake.session_open
+        assert_binds(fake)
+
+    def test_the_schedulers_own_timings_reach_the_loaded_event_of_their_version_only(self, fake, tmp_path):
+        """A round the schedulers received reports their phases in `weight_sync.loaded` and
+        `engine_timings()`; a later version that went as flattened buckets (disk, which the
+        schedulers do not open) carries none, not the previous version's."""
+        actor = RolloutActor(SGLangEngine(**KWARGS, bucket_codec=flattened_bucket_codec))
+        actor.sleep()
+        with capture_events() as events:
+            sync(actor, sender_into(actor), 1, weights(1))
+        (loaded,) = [e for e in events if e["event"] == "weight_sync.loaded"]
+        assert loaded["transport"] == "shm"
+        assert {"verify_ms", "scheduler_ms", "call_ms", "load_path"} <= loaded["engine_ms"].keys()
+        assert actor.engine_timings() == loaded["engine_ms"]
+        actor.sleep()
+        disk = WeightSender(
+            RankSlot.single(0),
+            None,
+            DiskSender(tmp_path),
+            rank=0,
+            engine_call=actor.update_weights,
+            bucket_bytes=4 << 10,
+            deadline_s=30.0,
+        )
+        with capture_events() as events:
+            sync(actor, disk, 2, weights(2))
+        (loaded,) = [e for e in events if e["event"] == "weight_sync.loaded"]
+        assert loaded["transport"] == "disk" and "engine_ms" not in loaded
+        assert actor.engine_timings() == {}
         assert_binds(fake)
 
     def test_the_codec_binds(self, fake):
