@@ -4,18 +4,18 @@ torch.distributed, Megatron, SGLang and the weight transports (one module per sy
 Names are imported lazily so that `import actor_integration` (e.g. for `lifecycle check`) pulls in
 neither torch nor Ray; each is imported from its module on first use:
 
-- actors: `LifecycleMixin`, `LifecycleNotConfiguredError` (`actor_integration.mixin`)
+- actors: `LifecycleMixin`, `LifecycleNotConfiguredError` (`actor_integration.actors.mixin`)
 - the driver's fan-out to Ray actors: `LifecycleGroup`, `DeadActorsError`, `GroupCallError`,
-  `GroupTimeoutError`, `InconsistentGroupError` (`actor_integration.ray_group`)
+  `GroupTimeoutError`, `InconsistentGroupError` (`actor_integration.actors.ray_group`)
 - device memory: `TorchMemorySaverBackend`, `NoopMemory`, `select_memory_backend`,
-  `MemorySaverConfigError`, `MemoryStateError` (`actor_integration.memory_saver`),
-  `validate_environment` (`actor_integration.tms_env`), `AuditedMemory`
-  (`actor_integration.release_audit`), `ClearMemory` (`actor_integration.clear_memory`)
-- hooks: `CpuWeightBackup`, `ModelTagSwitch` (`actor_integration.model_tag`),
-  `RoutingReplayCache`, `RoutingReplayClear` (`actor_integration.routing_replay`)
+  `MemorySaverConfigError`, `MemoryStateError` (`actor_integration.backends.memory_saver`),
+  `validate_environment` (`actor_integration.backends.tms_env`), `AuditedMemory`
+  (`actor_integration.backends.release_audit`), `ClearMemory` (`actor_integration.backends.clear_memory`)
+- hooks: `CpuWeightBackup`, `ModelTagSwitch` (`actor_integration.backends.model_tag`),
+  `RoutingReplayCache`, `RoutingReplayClear` (`actor_integration.backends.routing_replay`)
 - process groups: `ReloadableProcessGroups`, `GroupHandle`, `RendezvousMismatchError`,
-  `RendezvousTimeoutError` (`actor_integration.process_groups`), `MegatronParallelState`
-  (`actor_integration.megatron`)
+  `RendezvousTimeoutError` (`actor_integration.backends.process_groups`), `MegatronParallelState`
+  (`actor_integration.backends.megatron`)
 - weight sync: `WeightSender`, `WeightReceiver`, `SlotTopology`, `configure_sender`,
   `select_transport`, `physical_gpu_id` (`actor_integration.weight_sync`)
 - rollout engines: `RolloutActor`, `ReferenceEngine`, `SGLangEngine` (`actor_integration.rollout`)
@@ -26,33 +26,36 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from actor_integration import _moved
 from lifecycle import __version__ as __version__
 
+_moved.install()  # 0.1's module paths keep working for one release
+
 _EXPORTS = {
-    "LifecycleMixin": "actor_integration.mixin",
-    "LifecycleNotConfiguredError": "actor_integration.mixin",
-    "LifecycleGroup": "actor_integration.ray_group",
-    "DeadActorsError": "actor_integration.ray_group",
-    "GroupCallError": "actor_integration.ray_group",
-    "GroupTimeoutError": "actor_integration.ray_group",
-    "InconsistentGroupError": "actor_integration.ray_group",
-    "ClearMemory": "actor_integration.clear_memory",
-    "AuditedMemory": "actor_integration.release_audit",
-    "MemorySaverConfigError": "actor_integration.memory_saver",
-    "MemoryStateError": "actor_integration.memory_saver",
-    "NoopMemory": "actor_integration.memory_saver",
-    "TorchMemorySaverBackend": "actor_integration.memory_saver",
-    "select_memory_backend": "actor_integration.memory_saver",
-    "validate_environment": "actor_integration.tms_env",
-    "CpuWeightBackup": "actor_integration.model_tag",
-    "ModelTagSwitch": "actor_integration.model_tag",
-    "RoutingReplayCache": "actor_integration.routing_replay",
-    "RoutingReplayClear": "actor_integration.routing_replay",
-    "GroupHandle": "actor_integration.process_groups",
-    "ReloadableProcessGroups": "actor_integration.process_groups",
-    "RendezvousMismatchError": "actor_integration.process_groups",
-    "RendezvousTimeoutError": "actor_integration.process_groups",
-    "MegatronParallelState": "actor_integration.megatron",
+    "LifecycleMixin": "actor_integration.actors.mixin",
+    "LifecycleNotConfiguredError": "actor_integration.actors.mixin",
+    "LifecycleGroup": "actor_integration.actors.ray_group",
+    "DeadActorsError": "actor_integration.actors.ray_group",
+    "GroupCallError": "actor_integration.actors.ray_group",
+    "GroupTimeoutError": "actor_integration.actors.ray_group",
+    "InconsistentGroupError": "actor_integration.actors.ray_group",
+    "ClearMemory": "actor_integration.backends.clear_memory",
+    "AuditedMemory": "actor_integration.backends.release_audit",
+    "MemorySaverConfigError": "actor_integration.backends.memory_saver",
+    "MemoryStateError": "actor_integration.backends.memory_saver",
+    "NoopMemory": "actor_integration.backends.memory_saver",
+    "TorchMemorySaverBackend": "actor_integration.backends.memory_saver",
+    "select_memory_backend": "actor_integration.backends.memory_saver",
+    "validate_environment": "actor_integration.backends.tms_env",
+    "CpuWeightBackup": "actor_integration.backends.model_tag",
+    "ModelTagSwitch": "actor_integration.backends.model_tag",
+    "RoutingReplayCache": "actor_integration.backends.routing_replay",
+    "RoutingReplayClear": "actor_integration.backends.routing_replay",
+    "GroupHandle": "actor_integration.backends.process_groups",
+    "ReloadableProcessGroups": "actor_integration.backends.process_groups",
+    "RendezvousMismatchError": "actor_integration.backends.process_groups",
+    "RendezvousTimeoutError": "actor_integration.backends.process_groups",
+    "MegatronParallelState": "actor_integration.backends.megatron",
     "SlotTopology": "actor_integration.weight_sync",
     "WeightSender": "actor_integration.weight_sync",
     "WeightReceiver": "actor_integration.weight_sync",

@@ -675,7 +675,7 @@ def column_main(column: str, cfg: Config, out: str) -> None:
                 result["steps"].append(rows)
                 print(f"  {column} step {version}: {rows['step']:.3f} s", flush=True)
             if column != "slime":
-                from actor_integration.process_groups import loaded_nccl, nccl_suspend_support
+                from actor_integration.backends.process_groups import loaded_nccl, nccl_suspend_support
 
                 result["clear_memory_ms"] = trainer.clear.timings_ms
                 result["communicators"] = trainer.groups.communicators
@@ -739,7 +739,7 @@ def teardown_main(cfg: Config, out: str) -> None:
     from torch.distributed.distributed_c10d import PrefixStore
 
     import lifecycle
-    from actor_integration.process_groups import ReloadableProcessGroups
+    from actor_integration.backends.process_groups import ReloadableProcessGroups
 
     lifecycle.configure_logging(stream=open(os.devnull, "w"), level="warning")  # noqa: SIM115
     result: dict[str, Any] = {}
@@ -795,7 +795,7 @@ WAY_CYCLES = 2
 def way_main(cfg: Config, way: str, out: str) -> None:
     """One way of treating the communicators on WORLD + 16 warmed subgroups, in a process of its own."""
     import lifecycle
-    from actor_integration.process_groups import ReloadableProcessGroups
+    from actor_integration.backends.process_groups import ReloadableProcessGroups
     from lifecycle.logs import Event
 
     lifecycle.configure_logging(stream=open(os.devnull, "w"), level="warning")  # noqa: SIM115
@@ -853,7 +853,7 @@ def run_way(cfg: Config, way: str) -> dict[str, Any]:
 
 def suspend_unreachable(cfg: Config) -> str | None:
     """Why communicators="suspend" cannot run here (the children inherit this process's NCCL), or None."""
-    from actor_integration.process_groups import nccl_suspend_support
+    from actor_integration.backends.process_groups import nccl_suspend_support
 
     support = nccl_suspend_support(cfg.backend)
     return None if support.available else support.reason
@@ -1118,7 +1118,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     params = sizes.parameters()
     state_bytes = sum(_numel(s) for _, s in params) * (2 + 4 + 4 + 4 + 2)
-    from actor_integration.process_groups import loaded_nccl
+    from actor_integration.backends.process_groups import loaded_nccl
 
     loaded = loaded_nccl()
     report: dict[str, Any] = {

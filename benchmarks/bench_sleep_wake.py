@@ -63,7 +63,7 @@ def child(name: str, gib: float, cycles: int) -> dict[str, Any]:
     from torch_memory_saver import torch_memory_saver
 
     if adapter:
-        from actor_integration.memory_saver import TorchMemorySaverBackend
+        from actor_integration.backends.memory_saver import TorchMemorySaverBackend
         from lifecycle import Hooks, LifecyclePolicy, configure_logging
 
         # Production logging: JSON lines written off the caller's thread.
@@ -72,7 +72,7 @@ def child(name: str, gib: float, cycles: int) -> dict[str, Any]:
         backend = TorchMemorySaverBackend(
             tags=("model",), cpu_backup=backup, retain_cpu_backup=retain, hook_mode="torch"
         )
-        from actor_integration.mixin import LifecycleMixin
+        from actor_integration.actors.mixin import LifecycleMixin
 
         class Actor(LifecycleMixin):
             """The calls an actor's driver makes: sleep()/wake_up() through the mixin."""

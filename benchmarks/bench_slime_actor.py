@@ -174,7 +174,7 @@ def child_main(column: str, location: str, commit: str, cycles: int, cpu_smoke: 
         )
         result["slime_commit"] = source.resolved_commit()
         if cpu_smoke:  # the launcher's environment, read by the adapter (the fake TMS ignores it)
-            from actor_integration.tms_env import preload_library
+            from actor_integration.backends.tms_env import preload_library
 
             os.environ.update(
                 {"LD_PRELOAD": preload_library(13), "TMS_INIT_ENABLE": "1", "TMS_INIT_ENABLE_CPU_BACKUP": "1"}
@@ -276,7 +276,7 @@ def run_column(column: str, location: str, commit: str, cycles: int, cpu_smoke: 
     path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
     env = {**os.environ, "PYTHONPATH": path, "BENCH_MASTER_PORT": str(_free_port())}
     if not cpu_smoke:
-        from actor_integration.tms_env import preload_library
+        from actor_integration.backends.tms_env import preload_library
 
         # What slime's RayTrainGroup puts in the actor's environment (no TMS_RETAIN_CPU_BACKUP).
         env.update(

@@ -15,7 +15,7 @@ plain cudaMalloc memory that the manager does not track (nothing to release).
 
 Each variant runs in a fresh process (NCCL reads its variables once): one rank, WORLD + N
 subgroups, each warmed by an all_reduce, then suspend and resume every communicator through
-`actor_integration.process_groups` (the same calls `communicators="suspend"` makes), timed one
+`actor_integration.backends.process_groups` (the same calls `communicators="suspend"` makes), timed one
 by one. NCCL_DEBUG=INFO with NCCL_DEBUG_SUBSYS=ALLOC logs, per suspend, how many bytes were
 scratch (released) and offload (copied to host): summed here. The same bytes are then allocated
 as pinned host memory and copied device to host outside NCCL, to show what the backup alone
@@ -75,7 +75,7 @@ def child(variant: str, groups: int, cycles: int, log_dir: Path) -> dict[str, An
     import torch
     import torch.distributed as dist
 
-    from actor_integration.process_groups import _nccl, loaded_nccl, nccl_suspend_support
+    from actor_integration.backends.process_groups import _nccl, loaded_nccl, nccl_suspend_support
 
     torch.cuda.set_device(0)
     result: dict[str, Any] = {"variant": variant, "env": VARIANTS[variant]}

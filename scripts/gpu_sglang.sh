@@ -77,16 +77,16 @@ for part in "$@"; do
         TAIL=30 step bench_sglang_sync 320 "$PY" benchmarks/bench_sglang_sync.py --out "$WORK/bench_sglang_sync.json"
         ;;
     demo)
-        TAIL=45 step demo_sglang 280 "$PY" -m actor_integration.cli demo --engine sglang \
+        TAIL=45 step demo_sglang 280 "$PY" -m actor_integration.tools.cli demo --engine sglang \
             --model-config configs/qwen2-tiny --steps 5 --save-every 2 --skip-sync 2 \
             --inject-fault rollout:memory.pause@3 --corrupt-sync 4 --out "$WORK/demo-sglang" --no-progress
-        step demo_sglang_check 40 "$PY" -m actor_integration.cli check "$WORK/demo-sglang/logs"
+        step demo_sglang_check 40 "$PY" -m actor_integration.tools.cli check "$WORK/demo-sglang/logs"
         [[ -n ${OUT:-} ]] && cp "$WORK"/demo-sglang/timeline.png "$OUT"/timeline-sglang.png 2>/dev/null
         ;;
     kill)
-        TAIL=30 step demo_sglang_kill 200 "$PY" -m actor_integration.cli demo --engine sglang \
+        TAIL=30 step demo_sglang_kill 200 "$PY" -m actor_integration.tools.cli demo --engine sglang \
             --model-config configs/qwen2-tiny --steps 3 --kill-engine 2 --out "$WORK/demo-kill" --no-progress
-        step demo_sglang_kill_check 40 "$PY" -m actor_integration.cli check "$WORK/demo-kill/logs"
+        step demo_sglang_kill_check 40 "$PY" -m actor_integration.tools.cli check "$WORK/demo-kill/logs"
         ;;
     *) echo "unknown part $part" ;;
     esac

@@ -29,17 +29,17 @@ if [[ $part == tests || $part == all ]]; then
     for file in tests/gpu/test_*.py; do
         step "pytest-$(basename "$file" .py)" 300 "$PY" -m pytest -m gpu -q -s -p no:cacheprovider "$file"
     done
-    step doctor 120 "$PY" -m actor_integration.cli doctor
+    step doctor 120 "$PY" -m actor_integration.tools.cli doctor
 fi
 if [[ $part == demo || $part == all ]]; then
-    step demo 400 "$PY" -m actor_integration.cli demo --steps 6 --save-every 2 --out "$WORK/demo" \
+    step demo 400 "$PY" -m actor_integration.tools.cli demo --steps 6 --save-every 2 --out "$WORK/demo" \
         --no-progress --inject-fault memory.pause@3
-    step demo-check 60 "$PY" -m actor_integration.cli check "$WORK/demo/logs"
+    step demo-check 60 "$PY" -m actor_integration.tools.cli check "$WORK/demo/logs"
     # A skipped sync: the next generation is refused (InvalidWeightsError), then sync → generate.
     # A larger model (~400 MiB of weights per engine) makes the release-verification figures meaningful.
-    step demo-skip-sync 400 "$PY" -m actor_integration.cli demo --steps 4 --save-every 2 \
+    step demo-skip-sync 400 "$PY" -m actor_integration.tools.cli demo --steps 4 --save-every 2 \
         --out "$WORK/demo-skip-sync" --no-progress --skip-sync 2 --hidden 1024 --layers 8
-    step demo-skip-sync-check 60 "$PY" -m actor_integration.cli check "$WORK/demo-skip-sync/logs"
+    step demo-skip-sync-check 60 "$PY" -m actor_integration.tools.cli check "$WORK/demo-skip-sync/logs"
 fi
 if [[ $part == bench || $part == all ]]; then
     step bench_sleep_wake 300 "$PY" benchmarks/bench_sleep_wake.py --out "$WORK/bench_sleep_wake.json"

@@ -41,13 +41,13 @@ from typing import Any
 
 import torch.distributed as dist
 
-from actor_integration.clear_memory import ClearMemory
+from actor_integration.actors.mixin import LifecycleMixin
+from actor_integration.backends.clear_memory import ClearMemory
+from actor_integration.backends.memory_saver import NoopMemory, TorchMemorySaverBackend
+from actor_integration.backends.tms_env import is_true
 from actor_integration.frameworks.registry_groups import RegistryProcessGroups, registry, require
 from actor_integration.frameworks.slime import RETAIN_VARIABLE
 from actor_integration.frameworks.stand_ins import body_owner, plan_owned_globals, stand_in_calls
-from actor_integration.memory_saver import NoopMemory, TorchMemorySaverBackend
-from actor_integration.mixin import LifecycleMixin
-from actor_integration.tms_env import is_true
 from lifecycle import Hooks, LifecyclePolicy, State
 from lifecycle.errors import IllegalTransitionError
 from lifecycle.hooks import MemoryBackend, ProcessGroupsBackend

@@ -14,7 +14,7 @@ rank was still shutting down, and it waited forever (slime's comment in
 construction: every rank meets on the rendezvous store (a deadline whose error names the missing
 ranks), then tears down its whole set at once (each group in its own thread, WORLD once and last),
 then meets again, so no rank reloads before every rank has finished tearing down, and no teardown
-can wait on another in a cycle (see `actor_integration.process_groups.each_at_once`). `reload()`
+can wait on another in a cycle (see `actor_integration.backends.process_groups.each_at_once`). `reload()`
 is the framework's own, after a meeting. A subclass says which groups its framework owns and what its framework does around WORLD.
 """
 
@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import PrefixStore, Store
 
-from actor_integration.process_groups import (
+from actor_integration.backends.process_groups import (
     LIFECYCLE_CAUSE,
     Meeting,
     destroy_registered_groups,

@@ -41,7 +41,11 @@ from typing import Any
 
 import torch.distributed as dist
 
-from actor_integration.clear_memory import ClearMemory
+from actor_integration.actors.mixin import LifecycleMixin
+from actor_integration.backends.clear_memory import ClearMemory
+from actor_integration.backends.memory_saver import TorchMemorySaverBackend
+from actor_integration.backends.routing_replay import RoutingReplayClear
+from actor_integration.backends.tms_env import is_true
 from actor_integration.frameworks.registry_groups import RegistryProcessGroups, registry, require
 from actor_integration.frameworks.stand_ins import (
     body_owner,
@@ -49,10 +53,6 @@ from actor_integration.frameworks.stand_ins import (
     plan_owned_globals,
     stand_in_calls,
 )
-from actor_integration.memory_saver import TorchMemorySaverBackend
-from actor_integration.mixin import LifecycleMixin
-from actor_integration.routing_replay import RoutingReplayClear
-from actor_integration.tms_env import is_true
 from lifecycle import Hooks, LifecyclePolicy
 from lifecycle.hooks import MemoryBackend
 

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from actor_integration.mixin import LifecycleMixin
+from actor_integration.actors.mixin import LifecycleMixin
 from lifecycle.errors import IllegalTransitionError
 from lifecycle.machine import Lifecycle
 from lifecycle.table import Groups

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from actor_integration.release_audit import AuditedMemory
+from actor_integration.backends.release_audit import AuditedMemory
 from actor_integration.rollout.engine import (
     EngineGeneration,
     EngineMemory,

@@ -1,4 +1,4 @@
-"""A reference rollout engine on plain torch, serving `TinyLM` (`actor_integration.tiny_model`).
+"""A reference rollout engine on plain torch, serving `TinyLM` (`actor_integration.models.tiny`).
 
 The engine behaves like SGLang where the lifecycle cares: `weights` and `kv_cache` memory are
 released and resumed per tag (released weights lose their contents unless `weights_backup`;
@@ -19,8 +19,8 @@ from collections.abc import Sequence
 
 import torch
 
+from actor_integration.models.tiny import TinyLM, TinyLMConfig, weights_checksum
 from actor_integration.rollout.engine import ENGINE_TAGS, GENERATION_MODES, NamedTensors
-from actor_integration.tiny_model import TinyLM, TinyLMConfig, weights_checksum
 from actor_integration.weight_sync.receiver import WeightTargets
 
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from actor_integration.qwen2_model import QwenConfig
+from actor_integration.models.qwen2 import QwenConfig
 
 __all__ = [
     "LAYOUTS",

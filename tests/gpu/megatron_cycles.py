@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from actor_integration import ClearMemory, LifecycleMixin, ModelTagSwitch
-from actor_integration.memory_saver import MemorySaverConfigError
+from actor_integration.backends.memory_saver import MemorySaverConfigError
 from lifecycle import Hooks, LifecyclePolicy, State, capture_events
 from lifecycle.logs import Event
 from tests.gpu.megatron_trainer import MegatronTrainer, free_gib

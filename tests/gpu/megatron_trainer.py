@@ -27,7 +27,7 @@ from actor_integration import (
     ReloadableProcessGroups,
     TorchMemorySaverBackend,
 )
-from actor_integration.model_tag import named_model_tensors
+from actor_integration.backends.model_tag import named_model_tensors
 from lifecycle import Hooks, LifecyclePolicy, State
 from tests.helpers.models import tiny_gpt_model
 

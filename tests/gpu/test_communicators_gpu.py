@@ -27,7 +27,7 @@ import torch.multiprocessing as mp
 from torch.distributed.distributed_c10d import Store
 
 import lifecycle
-from actor_integration.process_groups import (
+from actor_integration.backends.process_groups import (
     ProcessGroupsAsleepError,
     ReloadableProcessGroups,
     loaded_nccl,
@@ -210,7 +210,7 @@ def test_megatron_gpt_trains_across_suspended_sleeps(store: Store) -> None:
     pytest.importorskip("megatron.core", reason="megatron-core is not installed")
     from megatron.core import parallel_state as ps
 
-    from actor_integration.megatron import MegatronParallelState
+    from actor_integration.backends.megatron import MegatronParallelState
     from tests.helpers.models import tiny_gpt_model
 
     torch.cuda.set_device(0)

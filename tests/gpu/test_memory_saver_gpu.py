@@ -67,8 +67,8 @@ def free_bytes() -> int:
 
 
 def test_sleep_releases_wake_restores_contents_bit_exact() -> None:
-    from actor_integration.clear_memory import ClearMemory
-    from actor_integration.memory_saver import MemoryStateError, TorchMemorySaverBackend
+    from actor_integration.backends.clear_memory import ClearMemory
+    from actor_integration.backends.memory_saver import MemoryStateError, TorchMemorySaverBackend
     from lifecycle import Hooks, Lifecycle, LifecyclePolicy, State
 
     backend = TorchMemorySaverBackend(tags=("model",), cpu_backup=True, hook_mode="torch")
@@ -145,12 +145,12 @@ def test_raw_tms_second_pause_exits_the_process() -> None:
 
 def test_preload_disable_makes_allocations_shareable_over_cuda_ipc() -> None:
     """slime #2188: under preload + TMS_INIT_ENABLE=1, only memory allocated inside disable() can be exported."""
-    from actor_integration.tms_env import preload_library
+    from actor_integration.backends.tms_env import preload_library
 
     result = run_python(
         """
         import torch
-        from actor_integration.memory_saver import TorchMemorySaverBackend
+        from actor_integration.backends.memory_saver import TorchMemorySaverBackend
         from lifecycle import Hooks, Lifecycle, LifecyclePolicy
 
         backend = TorchMemorySaverBackend(tags=None, hook_mode="preload")
@@ -188,12 +188,12 @@ def test_preload_disable_makes_allocations_shareable_over_cuda_ipc() -> None:
 
 
 def test_preload_adapter_refuses_where_raw_tms_exits() -> None:
-    from actor_integration.tms_env import preload_library
+    from actor_integration.backends.tms_env import preload_library
 
     result = run_python(
         """
         import torch
-        from actor_integration.memory_saver import MemoryStateError, TorchMemorySaverBackend
+        from actor_integration.backends.memory_saver import MemoryStateError, TorchMemorySaverBackend
         from torch_memory_saver import torch_memory_saver
 
         backend = TorchMemorySaverBackend(tags=("weights",), hook_mode="preload")

@@ -26,7 +26,7 @@ import torch.multiprocessing as mp
 from torch.distributed.distributed_c10d import Store
 
 import lifecycle
-from actor_integration.process_groups import ReloadableProcessGroups
+from actor_integration.backends.process_groups import ReloadableProcessGroups
 from lifecycle import Groups, Hooks, Lifecycle, LifecyclePolicy
 from lifecycle.testing import FakeMemorySaver
 
@@ -193,7 +193,7 @@ def test_megatron_gpt_trains_across_sleep_and_wake(store: Store) -> None:
     pytest.importorskip("megatron.core", reason="megatron-core is not installed")
     from megatron.core import parallel_state as ps
 
-    from actor_integration.megatron import MegatronParallelState
+    from actor_integration.backends.megatron import MegatronParallelState
     from tests.helpers.models import tiny_gpt_model
 
     torch.cuda.set_device(0)

@@ -59,8 +59,8 @@ def figures(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def test_a_torch_memory_saver_release_frees_its_region() -> None:
     """The trainer side: the adapter over real torch_memory_saver, audited; 1 GiB freed and taken back."""
     pytest.importorskip("torch_memory_saver")
-    from actor_integration.memory_saver import TorchMemorySaverBackend
-    from actor_integration.release_audit import AuditedMemory
+    from actor_integration.backends.memory_saver import TorchMemorySaverBackend
+    from actor_integration.backends.release_audit import AuditedMemory
     from lifecycle import Hooks, Lifecycle, LifecyclePolicy, capture_events
 
     backend = TorchMemorySaverBackend(tags=("model",), hook_mode="torch")
@@ -83,8 +83,8 @@ def test_a_torch_memory_saver_release_frees_its_region() -> None:
 def test_the_reference_engines_release_frees_about_its_tags_size() -> None:
     """The rollout side: RolloutActor over the reference engine on CUDA; every release and wake is
     measured against the engine's own tag sizes and none is short."""
+    from actor_integration.models.tiny import TinyLMConfig
     from actor_integration.rollout import ReferenceEngine, RolloutActor
-    from actor_integration.tiny_model import TinyLMConfig
     from lifecycle import capture_events
 
     settle()
@@ -118,8 +118,8 @@ def test_the_reference_engines_release_frees_about_its_tags_size() -> None:
 
 def test_a_release_that_frees_nothing_warns_with_the_numbers() -> None:
     """A live reference to the weights keeps their memory: the release returns, frees ~0, and warns."""
+    from actor_integration.models.tiny import TinyLMConfig
     from actor_integration.rollout import ReferenceEngine, RolloutActor
-    from actor_integration.tiny_model import TinyLMConfig
     from lifecycle import capture_events
 
     settle()

@@ -51,7 +51,7 @@ def free_bytes() -> int:
 def rig() -> Any:
     """One engine with CUDA graphs at SGLang's default sizes, its rollout actor, and a trainer's
     two weight sets (QwenLM, the same names and shapes SGLang loads) with a CUDA IPC sender."""
-    from actor_integration.qwen2_model import QwenConfig, QwenLM
+    from actor_integration.models.qwen2 import QwenConfig, QwenLM
     from actor_integration.rollout import RolloutActor, SGLangEngine
     from actor_integration.weight_sync import RankSlot, WeightSender
     from actor_integration.weight_sync.cuda_ipc import CudaIpcSender

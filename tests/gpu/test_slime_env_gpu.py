@@ -64,7 +64,7 @@ print("RESULT " + json.dumps(out))
 
 
 def run(mode: str) -> dict[str, Any]:
-    from actor_integration.tms_env import preload_library
+    from actor_integration.backends.tms_env import preload_library
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("TMS_") and k != "LD_PRELOAD"}
     env.update(

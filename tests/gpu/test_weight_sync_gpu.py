@@ -40,7 +40,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from actor_integration.tiny_model import TinyLMConfig  # noqa: E402 - after the importorskip
+from actor_integration.models.tiny import TinyLMConfig  # noqa: E402 - after the importorskip
 from tests.helpers.engine_pipe import EngineClient, serve_rollout, serve_tensors_rollout  # noqa: E402
 from tests.helpers.models import perturbed  # noqa: E402
 
@@ -129,7 +129,7 @@ def tms_producer_main(address: str) -> None:
     payload = RankPayload(
         1, 0, True, 0, 0, "cuda_ipc", sender.sender_id, sender.gpu, tuple(manifests), tuple(descriptors)
     )
-    from actor_integration.tiny_model import weights_checksum
+    from actor_integration.models.tiny import weights_checksum
 
     result["producer_checksum"] = weights_checksum(weights)
     conn.send((result, payload))
@@ -141,7 +141,7 @@ def tms_producer_main(address: str) -> None:
 
 def test_tms_preload_breaks_legacy_ipc_and_cuda_ipc_works_in_the_same_process():
     library = tms_preload_library()
-    from actor_integration.tiny_model import weights_checksum
+    from actor_integration.models.tiny import weights_checksum
     from actor_integration.weight_sync import WeightReceiver
 
     listener = Listener(("127.0.0.1", 0), authkey=AUTH)
@@ -197,7 +197,7 @@ def trained_model(device: str, seed: int):
 def test_cuda_ipc_updates_reuse_handles_and_release_them_on_sleep():
     import torch.multiprocessing as mp
 
-    from actor_integration.tiny_model import weights_checksum
+    from actor_integration.models.tiny import weights_checksum
     from actor_integration.weight_sync import RankSlot, WeightSender
     from actor_integration.weight_sync.cuda_ipc import CudaIpcSender
 
@@ -272,7 +272,7 @@ def test_cuda_ipc_updates_reuse_handles_and_release_them_on_sleep():
 
 
 def two_gpu_trainer(rank: int, port: int, conn, out: str) -> None:
-    from actor_integration.tiny_model import weights_checksum
+    from actor_integration.models.tiny import weights_checksum
     from actor_integration.weight_sync import SlotTopology, WeightSender
     from actor_integration.weight_sync.cuda_ipc import CudaIpcSender
 
@@ -492,7 +492,7 @@ def single_sender(rollout, transport, **kwargs):
 def test_a_corrupted_staging_buffer_or_a_truncated_bucket_leaves_the_previous_weights():
     import dataclasses
 
-    from actor_integration.tiny_model import weights_checksum
+    from actor_integration.models.tiny import weights_checksum
     from actor_integration.weight_sync import CorruptBucketError, WeightSyncError
     from actor_integration.weight_sync.cuda_ipc import CudaIpcSender
 
@@ -545,7 +545,7 @@ def test_a_corrupted_staging_buffer_or_a_truncated_bucket_leaves_the_previous_we
 
 
 def test_streamed_rounds_arena_and_shm_from_gpu_arrive_bit_exact():
-    from actor_integration.tiny_model import weights_checksum
+    from actor_integration.models.tiny import weights_checksum
     from actor_integration.weight_sync import WSUM64
     from actor_integration.weight_sync.cuda_ipc import CudaIpcSender
     from actor_integration.weight_sync.shm import ShmSender

@@ -7,9 +7,9 @@ import sys
 
 
 def lifecycle(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """`python -m actor_integration.cli ARGS`: its exit code, stdout and stderr."""
+    """`python -m actor_integration.tools.cli ARGS`: its exit code, stdout and stderr."""
     return subprocess.run(
-        [sys.executable, "-m", "actor_integration.cli", *args],
+        [sys.executable, "-m", "actor_integration.tools.cli", *args],
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
+from actor_integration.models.tiny import TinyLMConfig
 from actor_integration.rollout import ReferenceEngine, RolloutActor
-from actor_integration.tiny_model import TinyLMConfig
 from actor_integration.weight_sync import WeightReceiver
 
 

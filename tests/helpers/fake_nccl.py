@@ -14,7 +14,7 @@ from typing import Any
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
-from actor_integration.process_groups import _nccl
+from actor_integration.backends.process_groups import _nccl
 from lifecycle.errors import NcclError
 
 LOG: list[tuple[str, str]] = []  # (call, group name); WORLD is named "WORLD"

@@ -6,7 +6,7 @@ from typing import cast
 
 import torch
 
-from actor_integration.tiny_model import TinyLM, TinyLMConfig
+from actor_integration.models.tiny import TinyLM, TinyLMConfig
 
 
 def perturbed(config: TinyLMConfig, seed: int, *, scale: float, device: str = "cpu") -> TinyLM:

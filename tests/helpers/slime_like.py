@@ -16,8 +16,8 @@ import argparse
 import contextlib
 from typing import Any
 
+from actor_integration.actors.mixin import LifecycleMixin
 from actor_integration.frameworks.slime import SlimeLifecycleMixin
-from actor_integration.mixin import LifecycleMixin
 from lifecycle import Hooks, LifecyclePolicy
 from lifecycle.testing import CallLog, FakeMemorySaver, FakeProcessGroups, ProtocolViolation, RecordingHook
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from actor_integration.tms_env import preload_library
+from actor_integration.backends.tms_env import preload_library
 
 
 def preload_env(major: int = 13, **extra: str) -> dict[str, str]:

@@ -307,7 +307,7 @@ class TestBackends:
     @pytest.mark.parametrize(("role", "switches"), [("actor", True), ("critic", False)])
     def test_the_hooks_are_miles_own(self, role, switches):
         """miles' sleep clears host memory too; only the actor restores its params after a wake."""
-        from actor_integration.clear_memory import ClearMemory
+        from actor_integration.backends.clear_memory import ClearMemory
         from actor_integration.frameworks.miles import MilesLifecycleMixin
 
         class Composed(LifecycleMilesActor):

@@ -106,7 +106,7 @@ def _rollout(step: int) -> Any:
 
 def _launcher_env() -> dict[str, str]:
     """What miles' allocate_gpus_for_actor puts in an offloaded megatron actor's environment."""
-    from actor_integration.tms_env import preload_library
+    from actor_integration.backends.tms_env import preload_library
 
     return {"LD_PRELOAD": preload_library(13), "TMS_INIT_ENABLE": "1", "TMS_INIT_ENABLE_CPU_BACKUP": "1"}
 

@@ -253,7 +253,7 @@ class TestBackends:
         mark follow, so slime's reload rebuilds WORLD instead of skipping it."""
         import types
 
-        import actor_integration.process_groups._teardown as teardown
+        import actor_integration.backends.process_groups._teardown as teardown
 
         made = []
         state = types.SimpleNamespace(

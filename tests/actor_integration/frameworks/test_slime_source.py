@@ -5,7 +5,7 @@ backuper, routing replay, TrainRayActor and RayTrainGroup code; only the heavy i
 stand-ins (tests/helpers/slime_source.py). Needs slime's source: CI has no network, so the suite
 skips there; run it with
 
-    RL_LIFECYCLE_SLIME_SOURCE=/path/to/slime python -m pytest -s tests/actor_integration/test_slime_source.py
+    RL_LIFECYCLE_SLIME_SOURCE=/path/to/slime python -m pytest -s tests/actor_integration/frameworks/test_slime_source.py
 
 (`-s` prints the figures: process groups before/after, weight checksums at save, sync and wake).
 """
@@ -50,7 +50,7 @@ def _rollout(step: int) -> Any:
 
 def _launcher_env() -> dict[str, str]:
     """What slime's RayTrainGroup puts in an offloaded megatron actor's environment."""
-    from actor_integration.tms_env import preload_library
+    from actor_integration.backends.tms_env import preload_library
 
     return {"LD_PRELOAD": preload_library(13), "TMS_INIT_ENABLE": "1", "TMS_INIT_ENABLE_CPU_BACKUP": "1"}
 
@@ -340,7 +340,7 @@ class TestLogs:
             [
                 sys.executable,
                 "-m",
-                "actor_integration.cli",
+                "actor_integration.tools.cli",
                 "check",
                 *map(str, sorted(tmp_path.glob("*.jsonl"))),
             ],

@@ -5,10 +5,10 @@ import threading
 
 import pytest
 
+from actor_integration.models.tiny import TinyLMConfig
 from actor_integration.rollout import ROLLOUT_POLICY, EngineGeneration, ReferenceEngine, RolloutActor
 from actor_integration.rollout import engine as engine_module
 from actor_integration.rollout.engine import QueryableEngineMemory
-from actor_integration.tiny_model import TinyLMConfig
 from lifecycle import Hooks, Lifecycle, Residency, State
 from lifecycle.errors import EngineNotIdleError, LifecycleError
 

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
+from actor_integration.models.tiny import TinyLM, TinyLMConfig, weights_checksum
 from actor_integration.rollout import ReferenceEngine, RolloutEngine
-from actor_integration.tiny_model import TinyLM, TinyLMConfig, weights_checksum
 from tests.helpers.models import perturbed
 
 CONFIG = TinyLMConfig(vocab_size=53, dim=16, n_layers=2, n_heads=4, max_seq_len=24, seed=1)

@@ -4,6 +4,7 @@ import os
 
 import pytest
 
+from actor_integration.models.tiny import TinyLMConfig, weights_checksum
 from actor_integration.rollout import (
     ROLLOUT_POLICY,
     EngineGeneration,
@@ -11,7 +12,6 @@ from actor_integration.rollout import (
     ReferenceEngine,
     RolloutActor,
 )
-from actor_integration.tiny_model import TinyLMConfig, weights_checksum
 from actor_integration.weight_sync import (
     CorruptBucketError,
     RankSlot,

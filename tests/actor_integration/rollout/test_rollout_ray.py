@@ -4,9 +4,9 @@ import functools
 
 import pytest
 
-from actor_integration.ray_group import LifecycleGroup
+from actor_integration.actors.ray_group import LifecycleGroup
+from actor_integration.models.tiny import TinyLMConfig, weights_checksum
 from actor_integration.rollout import ReferenceEngine, RolloutActor
-from actor_integration.tiny_model import TinyLMConfig, weights_checksum
 from actor_integration.weight_sync import RankSlot, WeightSender, WeightSyncError
 from actor_integration.weight_sync.disk import DiskSender
 from actor_integration.weight_sync.shm import ShmSender

@@ -7,9 +7,9 @@ import pytest
 import structlog
 import torch
 
+from actor_integration.models.tiny import TinyLMConfig
 from actor_integration.rollout import RolloutActor, SGLangEngine
 from actor_integration.rollout.engine import LoadsBuckets, LoadsPayloads
-from actor_integration.tiny_model import TinyLMConfig
 from actor_integration.weight_sync import WeightSyncError
 from lifecycle.errors import EngineNotIdleError
 from tests.helpers.models import perturbed

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from actor_integration.qwen2_model import QwenConfig, QwenLM
+from actor_integration.models.qwen2 import QwenConfig, QwenLM
 from actor_integration.rollout import RolloutActor
 from actor_integration.weight_sync import RankSlot, WeightReceiver, WeightSender
 from actor_integration.weight_sync.checkpoint_layouts import (

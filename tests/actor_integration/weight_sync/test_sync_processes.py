@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from actor_integration.tiny_model import TinyLMConfig, weights_checksum
+from actor_integration.models.tiny import TinyLMConfig, weights_checksum
 from actor_integration.weight_sync import (
     RankSlot,
     SlotTopology,

@@ -10,8 +10,8 @@ import time
 import pytest
 import torch
 
+from actor_integration.models.tiny import TinyLMConfig, weights_checksum
 from actor_integration.rollout import ReferenceEngine, RolloutActor
-from actor_integration.tiny_model import TinyLMConfig, weights_checksum
 from actor_integration.weight_sync import (
     CorruptBucketError,
     RankPayload,

@@ -1,0 +1,54 @@
+"""torch.distributed groups that sleep can free and wake_up bring back, and the pieces they are made of.
+
+`ReloadableProcessGroups` is what an actor uses; `communicators=` says what its sleep does to the
+NCCL communicators: "destroy" (default), "suspend" or "keep", one unit each (`_destroy`,
+`_suspend`, `_keep`). `loaded_nccl()` and `nccl_suspend_support()` say what the NCCL this process
+loaded can do. The rest is public for other group registries (slime's) that tear their own groups
+down the same way: `Meeting` (store-based meeting points whose deadlines name the missing ranks),
+`registered_groups`, `each_at_once`, `destroy_registered_groups` (every subgroup concurrently,
+WORLD last) and `quiesce`.
+"""
+
+from __future__ import annotations
+
+from actor_integration.backends.process_groups._nccl import (
+    LoadedNccl,
+    NcclSuspendSupport,
+    loaded_nccl,
+    nccl_suspend_support,
+)
+from actor_integration.backends.process_groups._reloadable import GroupHandle, ReloadableProcessGroups
+from actor_integration.backends.process_groups._rendezvous import LIFECYCLE_CAUSE, Meeting
+from actor_integration.backends.process_groups._teardown import (
+    destroy_registered_groups,
+    each_at_once,
+    quiesce,
+    registered_groups,
+)
+from lifecycle.errors import (
+    NcclError,
+    ProcessGroupsAsleepError,
+    RendezvousMismatchError,
+    RendezvousTimeoutError,
+)
+from lifecycle.table import Communicators
+
+__all__ = [
+    "LIFECYCLE_CAUSE",
+    "Communicators",
+    "GroupHandle",
+    "LoadedNccl",
+    "Meeting",
+    "NcclError",
+    "NcclSuspendSupport",
+    "ProcessGroupsAsleepError",
+    "ReloadableProcessGroups",
+    "RendezvousMismatchError",
+    "RendezvousTimeoutError",
+    "destroy_registered_groups",
+    "each_at_once",
+    "loaded_nccl",
+    "nccl_suspend_support",
+    "quiesce",
+    "registered_groups",
+]

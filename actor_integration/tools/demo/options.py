@@ -1,0 +1,260 @@
+"""The `lifecycle demo` options: importing them (and `lifecycle demo --help`) imports neither torch nor Ray."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+from lifecycle.policy import LifecyclePolicy
+from lifecycle.table import Hook, hooks_used
+
+# The demo's trainer (`trainer.py` builds it with these) and what its rollout's machine is made of
+# (`RolloutActor`'s policy and hook slots; a test keeps the two equal).
+TRAINER_POLICY = LifecyclePolicy(offload_train=True, memory_tags=("model",))
+TRAINER_SLOTS = frozenset(
+    {Hook.PROCESS_GROUPS_DESTROY, Hook.PROCESS_GROUPS_RELOAD, Hook.CLEAR_MEMORY, Hook.SWITCH_MODEL}
+)
+ROLLOUT_MACHINE = LifecyclePolicy(
+    memory_tags=("weights", "kv_cache"), destroy_process_groups=False, model_tag=None
+)
+ROLLOUT_SLOTS = frozenset({Hook.GENERATION_PAUSE, Hook.GENERATION_RESUME})
+ROLE_HOOKS = {
+    "trainer": tuple(h.value for h in hooks_used(TRAINER_POLICY.view(), TRAINER_POLICY.tags, TRAINER_SLOTS)),
+    "rollout": tuple(
+        h.value for h in hooks_used(ROLLOUT_MACHINE.view(), ROLLOUT_MACHINE.tags, ROLLOUT_SLOTS)
+    ),
+}
+TINY_HEADS = 4  # the reference model's attention heads (`placement.py` builds it with these)
+
+
+def refuse(message: str) -> NoReturn:
+    """Stop the demo with a one-line usage error (exit code 2), before or instead of any work."""
+    print(f"lifecycle demo: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+_FAULT = re.compile(r"^(?:(?P<role>trainer|rollout):)?(?P<hook>[a-z_.]+)@(?P<step>\d+)$")
+
+
+def parse_fault(text: str) -> tuple[str, str, int]:
+    """`[trainer:|rollout:]HOOK@STEP` → (role, hook, step); the hook names are the logs' hook names."""
+    match = _FAULT.match(text)
+    hooks = [h.value for h in Hook]
+    if match is None or match["hook"] not in hooks:
+        raise argparse.ArgumentTypeError(
+            f"--inject-fault {text!r}: expected [trainer:|rollout:]HOOK@STEP with HOOK one of {hooks}, "
+            "e.g. memory.pause@2 or rollout:generation.pause@3"
+        )
+    return match["role"] or "trainer", match["hook"], int(match["step"])
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text}")
+    return value
+
+
+def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--steps", type=_positive, default=6, help="RL steps to run (default 6)")
+    parser.add_argument(
+        "--trainers",
+        type=_positive,
+        default=None,
+        help="trainer ranks (default: one per GPU on a GPU host, 2 on CPU)",
+    )
+    parser.add_argument(
+        "--engines",
+        type=_positive,
+        default=None,
+        help="rollout engines on CPU, splitting the trainer ranks into that many slots (default 1); "
+        "on a GPU host each GPU has its own engine",
+    )
+    parser.add_argument(
+        "--save-every", type=_positive, default=2, help="checkpoint every K steps (default 2)"
+    )
+    parser.add_argument(
+        "--transport",
+        choices=["auto", "cuda_ipc", "shm", "disk"],
+        default="auto",
+        help="weight transport (default auto: cuda_ipc where CUDA IPC export works, shm otherwise)",
+    )
+    parser.add_argument(
+        "--device", choices=["auto", "cpu", "cuda"], default="auto", help="default: cuda if available"
+    )
+    parser.add_argument(
+        "--out", default="lifecycle-demo-out", help="output directory for logs, checkpoints, timeline"
+    )
+    parser.add_argument(
+        "--inject-fault",
+        type=parse_fault,
+        action="append",
+        default=[],
+        metavar="[ROLE:]HOOK@STEP",
+        help="make HOOK raise at STEP on every rank of ROLE (default trainer), then recover; repeatable",
+    )
+    parser.add_argument(
+        "--skip-sync",
+        type=_positive,
+        action="append",
+        default=[],
+        metavar="STEP",
+        help="skip the weight sync of STEP (before the last): the next generation is refused on the "
+        "discarded weights (InvalidWeightsError), then the demo syncs and generates; repeatable",
+    )
+    parser.add_argument(
+        "--address", default=None, help="join this Ray cluster instead of starting a local one"
+    )
+    parser.add_argument(
+        "--engine",
+        choices=["reference", "sglang"],
+        default="reference",
+        help="rollout engine: the reference torch engine (default), or a real sglang.Engine on each GPU "
+        "(needs sglang and --model-config; the trainer then trains that Qwen2/Qwen3 model)",
+    )
+    parser.add_argument(
+        "--model-config",
+        default=None,
+        metavar="DIR",
+        help="with --engine sglang: a Hugging Face Qwen2/Qwen3 config directory (e.g. configs/qwen2-tiny); "
+        "SGLang serves it with dummy weights until the first sync, the trainer trains it",
+    )
+    parser.add_argument(
+        "--mem-fraction",
+        type=float,
+        default=0.15,
+        help="with --engine sglang: SGLang's mem_fraction_static (weights + KV cache, of the GPU)",
+    )
+    parser.add_argument(
+        "--corrupt-sync",
+        type=_positive,
+        action="append",
+        default=[],
+        metavar="STEP",
+        help="corrupt one bucket of STEP's weight sync after it was packed: the engine refuses the round "
+        "(CorruptBucketError, nothing written) and the trainer sends it again; repeatable",
+    )
+    parser.add_argument(
+        "--kill-engine",
+        type=_positive,
+        default=None,
+        metavar="STEP",
+        help="with --engine sglang: kill SGLang's scheduler at the start of STEP; the demo shows the typed "
+        "error (EngineDiedError) and ends",
+    )
+    parser.add_argument("--bucket-mb", type=_positive, default=64, help="weight-sync bucket size in MiB")
+    parser.add_argument("--hidden", type=_positive, default=256, help="model width (default 256)")
+    parser.add_argument("--layers", type=_positive, default=4, help="model depth (default 4)")
+    parser.add_argument(
+        "--timeout-s", type=_seconds, default=120.0, help="deadline for every cross-actor wait (seconds, > 0)"
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--no-progress", action="store_true", help="plain log lines instead of the live display"
+    )
+
+
+def check_demo_arguments(args: argparse.Namespace) -> str | None:
+    """What is wrong with options that argparse checks one by one, or None; checked before anything starts."""
+    late = sorted(step for step in set(args.skip_sync) if step >= args.steps)
+    if late:
+        return (
+            f"--skip-sync {late[0]}: the refusal shows at the generation after the skipped sync, so the step "
+            f"must come before the last one (--steps {args.steps}); use a step below {args.steps} or raise --steps"
+        )
+    faults = sorted(step for _, _, step in args.inject_fault if step > args.steps)
+    if faults:
+        return f"--inject-fault at step {faults[0]} never runs: the demo has --steps {args.steps}"
+    for role, hook, step in args.inject_fault:
+        if hook not in ROLE_HOOKS[role]:
+            return (
+                f"--inject-fault {role}:{hook}@{step}: the demo's {role} never calls {hook}; its hooks are "
+                f"{list(ROLE_HOOKS[role])}"
+            )
+    if args.engine == "reference" and args.hidden % TINY_HEADS:
+        return (
+            f"--hidden {args.hidden}: the reference model has {TINY_HEADS} attention heads, so its width must be "
+            f"a multiple of {TINY_HEADS} (e.g. 256)"
+        )
+
+    corrupt = sorted(step for step in set(args.corrupt_sync) if step > args.steps or step in args.skip_sync)
+    if corrupt:
+        return (
+            f"--corrupt-sync {corrupt[0]}: that step's sync never runs (--steps {args.steps}, --skip-sync "
+            f"{sorted(args.skip_sync)}); pick a step that syncs"
+        )
+    if args.engine == "sglang":
+        problem = _check_sglang_arguments(args)
+        if problem is not None:
+            return problem
+    else:
+        for flag, value in (("--model-config", args.model_config), ("--kill-engine", args.kill_engine)):
+            if value is not None:
+                return (
+                    f"{flag} is for --engine sglang (the reference engine has no model config or scheduler)"
+                )
+    return _check_out(args.out)  # last: the only check that makes something (the output directory)
+
+
+def _check_out(out: str) -> str | None:
+    """Whether the output directory can be made and written (the logs, checkpoints and timeline go there)."""
+    path = Path(out)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".lifecycle-demo-probe-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        return f"--out {out}: cannot write there ({exc.strerror or exc}); pick a writable directory"
+    return None
+
+
+def check_address(address: str, timeout_s: float) -> None:
+    """Refuse (exit 2) an --address where nothing answers, within `timeout_s`, before Ray is asked
+    (Ray itself retries an unreachable GCS for minutes)."""
+    from actor_integration.tools.doctor import unreachable
+
+    problem = unreachable(address, min(timeout_s, 10.0))
+    if problem is not None:
+        refuse(f"--address {address}: {problem}; start one with `ray start --head` or leave --address out")
+
+
+def _check_sglang_arguments(args: argparse.Namespace) -> str | None:
+    if args.model_config is None:
+        return "--engine sglang needs --model-config DIR: a Qwen2/Qwen3 config.json (e.g. configs/qwen2-tiny)"
+    config = Path(args.model_config) / "config.json"
+    try:
+        data = json.loads(config.read_text())
+    except (OSError, ValueError) as exc:
+        return f"--model-config {args.model_config}: cannot read {config} as JSON ({exc})"
+    if data.get("model_type") not in ("qwen2", "qwen3"):
+        return (
+            f"--model-config {args.model_config}: model_type is {data.get('model_type')!r}; the demo's trainer "
+            "builds Qwen2 or Qwen3 (actor_integration.models.qwen2), so SGLang serves what it trains"
+        )
+    if args.device == "cpu":
+        return "--engine sglang needs a GPU: SGLang's engine runs on CUDA (--device cpu was asked for)"
+    if not 0.0 < args.mem_fraction < 0.9:
+        return f"--mem-fraction {args.mem_fraction}: SGLang's mem_fraction_static is a fraction in (0, 0.9)"
+    if args.kill_engine is not None and args.kill_engine > args.steps:
+        return f"--kill-engine {args.kill_engine} never runs: the demo has --steps {args.steps}"
+    return None

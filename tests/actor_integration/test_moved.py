@@ -1,0 +1,52 @@
+"""0.1's module paths keep working for one release: the same module, one DeprecationWarning."""
+
+import importlib
+import subprocess
+import sys
+
+import pytest
+
+from actor_integration._moved import MOVED, new_name
+
+
+class TestOldPaths:
+    @pytest.mark.parametrize("old", sorted(MOVED))
+    def test_an_old_path_is_the_new_module_and_says_where_it_went(self, old):
+        """Importing an old path warns once with the new path and gives the new module object itself."""
+        code = (
+            "import importlib, warnings\n"
+            "warnings.simplefilter('always')\n"
+            "with warnings.catch_warnings(record=True) as caught:\n"
+            f"    old = importlib.import_module({old!r})\n"
+            f"new = importlib.import_module({MOVED[old]!r})\n"
+            "assert old is new, (old, new)\n"
+            "messages = [str(w.message) for w in caught if w.category is DeprecationWarning]\n"
+            f"assert any(m.startswith({old!r} + ' moved to ' + {MOVED[old]!r}) for m in messages), messages\n"
+        )
+        # A fresh interpreter per path: this one has imported the new modules already.
+        subprocess.run([sys.executable, "-c", code], check=True)
+
+    def test_a_submodule_under_an_old_package_path_resolves(self):
+        """`actor_integration.demo.step` and `actor_integration.process_groups._way` name the moved modules."""
+        with pytest.warns(DeprecationWarning, match="moved to actor_integration.tools.demo.step"):
+            old = importlib.import_module("actor_integration.demo.step")
+        assert old is importlib.import_module("actor_integration.tools.demo.step")
+        assert new_name("actor_integration.process_groups._way") == (
+            "actor_integration.backends.process_groups._way"
+        )
+
+    def test_a_class_from_an_old_path_is_the_same_class(self):
+        """isinstance checks and Ray's pickles by qualified name see one class under both paths."""
+        with pytest.warns(DeprecationWarning):
+            from actor_integration.slime import SlimeLifecycleMixin as Old
+        from actor_integration.frameworks.slime import SlimeLifecycleMixin
+
+        assert Old is SlimeLifecycleMixin
+        assert SlimeLifecycleMixin.__module__ == "actor_integration.frameworks.slime"
+
+    def test_names_that_never_moved_are_not_aliased(self):
+        """An unknown path is still a plain ModuleNotFoundError, not an alias."""
+        assert new_name("actor_integration.weight_sync") is None
+        assert new_name("actor_integration.demonstration") is None
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module("actor_integration.no_such_module")

@@ -1,0 +1,143 @@
+"""Bad input to the `lifecycle` command, as a new user types it: one line `lifecycle <cmd>: error: ...`
+naming the argument and what is accepted, exit code 2, no traceback, nothing started or written;
+and a fuzz pass over the fault-spec parser."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from actor_integration.tools.demo.options import ROLE_HOOKS, ROLLOUT_MACHINE, ROLLOUT_SLOTS, parse_fault
+from lifecycle.table import Hook
+from tests.helpers.cli import lifecycle
+
+TINY = str(Path(__file__).resolve().parents[3] / "configs" / "qwen2-tiny")
+
+
+def one_line_error(proc: subprocess.CompletedProcess[str], command: str) -> str:
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    assert len(lines) == 1 and lines[0].startswith(f"lifecycle {command}: error: "), proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("args", "names"),
+    [
+        (["--hidden", "7"], "--hidden 7: the reference model has 4 attention heads"),
+        (["--out", "/proc/nope"], "--out /proc/nope: cannot write there"),
+        (["--timeout-s", "0"], "argument --timeout-s: expected a positive number of seconds, got 0"),
+        (["--timeout-s", "-1"], "argument --timeout-s: expected a positive number of seconds, got -1"),
+        (["--timeout-s", "soon"], "argument --timeout-s: expected a number of seconds, got 'soon'"),
+        (["--steps", "two"], "argument --steps: expected a positive integer, got 'two'"),
+        (["--inject-fault", "trainer:generation.pause@1"], "the demo's trainer never calls generation.pause"),
+        (["--inject-fault", "memory.paws@2"], "expected [trainer:|rollout:]HOOK@STEP"),
+        (["--engine", "sglang"], "--engine sglang needs --model-config DIR"),
+        (["--step", "3"], "unrecognized arguments: --step 3"),  # no abbreviation of --steps
+        (["--engines", "0"], "argument --engines: expected a positive integer, got 0"),
+        (["--transport", "carrier-pigeon"], "argument --transport: invalid choice"),
+        (["--mem-fraction", "2", "--engine", "sglang", "--model-config", TINY], "--mem-fraction 2.0"),
+    ],
+)
+def test_a_bad_demo_argument_is_one_line_and_nothing_starts(tmp_path, args, names):
+    out = tmp_path / "out"
+    line = one_line_error(lifecycle("demo", "--out", str(out), *args), "demo")
+    assert names in line
+    assert not (out / "logs").exists()
+
+
+def test_cuda_ipc_on_a_machine_without_cuda_is_refused_before_ray(tmp_path):
+    pytest.importorskip("torch")
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: cuda_ipc is allowed")
+    line = one_line_error(lifecycle("demo", "--out", str(tmp_path), "--transport", "cuda_ipc"), "demo")
+    assert "--transport cuda_ipc needs CUDA" in line and not (tmp_path / "logs").exists()
+
+
+def test_an_unreachable_address_is_refused_within_the_deadline(tmp_path):
+    started = time.monotonic()
+    proc = lifecycle("demo", "--out", str(tmp_path), "--address", "127.0.0.1:1", "--timeout-s", "5")
+    line = one_line_error(proc, "demo")
+    assert time.monotonic() - started < 5 + 30  # the deadline, plus the interpreter's start on a slow CI box
+    assert "--address 127.0.0.1:1: no Ray cluster answers there" in line
+    assert not (tmp_path / "logs").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "command", "names"),
+    [
+        (["check"], "check", "the following arguments are required: logs"),
+        (["check", "/nonexistent.jsonl"], "check", "/nonexistent.jsonl does not exist"),
+        (["timeline", "/nonexistent.jsonl", "-o", "/tmp/t"], "timeline", "/nonexistent.jsonl does not exist"),
+        (["diagram", "--format", "svg"], "diagram", "--format svg writes a binary file: give -o FILE"),
+        (["diagram", "--format", "gif"], "diagram", "argument --format: invalid choice: 'gif'"),
+        (["doctor", "--transport", "x"], "doctor", "argument --transport: invalid choice: 'x'"),
+        (["check", "--strict", "x.jsonl"], "check", "unrecognized arguments: --strict"),
+    ],
+)
+def test_a_bad_argument_of_another_command_is_one_line(args, command, names):
+    assert names in one_line_error(lifecycle(*args), command)
+
+
+def test_a_timeline_that_cannot_be_written_names_the_output(tmp_path):
+    log = tmp_path / "rank0.jsonl"
+    log.write_text(
+        '{"event": "lifecycle.configured", "rank": 0, "role": "trainer", "state": "AWAKE", "t": 1.0, '
+        '"residency": {"*": "resident"}, "policy": {}}\n'
+    )
+    line = one_line_error(lifecycle("timeline", str(log), "-o", "/proc/nope/t"), "timeline")
+    assert "-o /proc/nope/t: cannot write" in line
+
+
+def test_the_version_is_the_packages():
+    proc = lifecycle("--version")
+    import lifecycle as package
+
+    assert proc.returncode == 0 and proc.stdout.strip() == f"lifecycle (rl-lifecycle) {package.__version__}"
+
+
+def test_an_unknown_command_is_one_line():
+    proc = lifecycle("sleep")
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+    assert proc.stderr.startswith("lifecycle: error: argument command: invalid choice: 'sleep'")
+
+
+class TestFaultSpecs:
+    def test_the_rollout_machine_the_checks_use_is_the_rollout_actors(self):
+        """ROLE_HOOKS' rollout policy and hook slots are RolloutActor's own (so the check follows it)."""
+        from actor_integration.rollout.actor import ROLLOUT_POLICY, RolloutActor
+        from actor_integration.rollout.reference import ReferenceEngine
+
+        assert ROLLOUT_MACHINE.memory_tags == ROLLOUT_POLICY.memory_tags
+        assert (ROLLOUT_MACHINE.destroy_process_groups, ROLLOUT_MACHINE.model_tag) == (
+            ROLLOUT_POLICY.destroy_process_groups,
+            ROLLOUT_POLICY.model_tag,
+        )
+        hooks = RolloutActor(ReferenceEngine()).lifecycle.hooks
+        present = {Hook.GENERATION_PAUSE, Hook.GENERATION_RESUME} if hooks.generation is not None else set()
+        assert frozenset(present) == ROLLOUT_SLOTS
+        assert set(ROLE_HOOKS["rollout"]) == {
+            "generation.pause",
+            "generation.resume",
+            "memory.pause",
+            "memory.resume",
+        }
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.text(max_size=40))
+    def test_any_text_parses_or_is_refused_with_the_expected_form(self, text):
+        try:
+            role, hook, step = parse_fault(text)
+        except argparse.ArgumentTypeError as exc:
+            assert "expected [trainer:|rollout:]HOOK@STEP" in str(exc)
+        else:
+            assert role in ("trainer", "rollout") and hook in {h.value for h in Hook} and step >= 0
