@@ -7,44 +7,26 @@ diagrams and the log checker are derived from it.
 
 Here: the machine (`Lifecycle`, `LifecyclePolicy`, `Hooks` and the backend Protocols), the table's
 names (`State`, `Residency`, `Groups`, `Contents`, `Hook`, `Communicators`, `ALL_TAGS`), the logging
-set-up (`configure_logging`, `configure_rank_log`, `flush_logs`, `capture_events`) and every error of the library (under
-`LifecycleError`). Beside them: `lifecycle.checker` and `lifecycle.timeline` (what `lifecycle check`
+set-up (`configure_logging`, `configure_rank_log`, `flush_logs`, `capture_events`) and the core's errors (under `LifecycleError`,
+the root of every error of the library; the adapters' are in `actor_integration.errors`). Beside them: `lifecycle.checker` and `lifecycle.timeline` (what `lifecycle check`
 and `lifecycle timeline` run), `lifecycle.testing` (fakes for users' tests), `lifecycle.faults`,
 `lifecycle.diagram` and `lifecycle.modelcheck`.
 """
 
 from importlib import metadata as _metadata
+from typing import Any as _Any
 
 from lifecycle.errors import (
-    CorruptBucketError,
-    DeadActorsError,
-    EngineDiedError,
-    EngineNotIdleError,
-    GroupCallError,
-    GroupTimeoutError,
     IllegalTransitionError,
-    InconsistentGroupError,
     InjectedFault,
     InvalidWeightsError,
     LifecycleError,
     LifecycleFailedError,
     LifecycleNotConfiguredError,
     LogFieldError,
-    MemorySaverConfigError,
-    MemoryStateError,
-    NcclError,
-    ProcessGroupsAsleepError,
     ProtocolViolation,
-    RendezvousMismatchError,
-    RendezvousTimeoutError,
-    SGLangServerError,
-    SGLangServerTimeout,
-    StaleVersionError,
-    UnknownModelTagError,
-    WeightMismatchError,
-    WeightSyncError,
-    WeightSyncTimeout,
 )
+from lifecycle.errors import moved_error as _moved_error
 from lifecycle.events import capture_events, configure_logging, configure_rank_log, flush_logs
 from lifecycle.hooks import EventSink, GenerationBackend, Hooks, MemoryBackend, ProcessGroupsBackend
 from lifecycle.machine import Failure, Lifecycle
@@ -60,20 +42,13 @@ __all__ = [
     "ALL_TAGS",
     "Communicators",
     "Contents",
-    "CorruptBucketError",
-    "DeadActorsError",
-    "EngineDiedError",
-    "EngineNotIdleError",
     "EventSink",
     "Failure",
     "GenerationBackend",
-    "GroupCallError",
-    "GroupTimeoutError",
     "Groups",
     "Hook",
     "Hooks",
     "IllegalTransitionError",
-    "InconsistentGroupError",
     "InjectedFault",
     "InvalidWeightsError",
     "Lifecycle",
@@ -83,25 +58,17 @@ __all__ = [
     "LifecyclePolicy",
     "LogFieldError",
     "MemoryBackend",
-    "MemorySaverConfigError",
-    "MemoryStateError",
-    "NcclError",
-    "ProcessGroupsAsleepError",
     "ProcessGroupsBackend",
     "ProtocolViolation",
-    "RendezvousMismatchError",
-    "RendezvousTimeoutError",
     "Residency",
-    "SGLangServerError",
-    "SGLangServerTimeout",
-    "StaleVersionError",
     "State",
-    "UnknownModelTagError",
-    "WeightMismatchError",
-    "WeightSyncError",
-    "WeightSyncTimeout",
     "capture_events",
     "configure_logging",
     "configure_rank_log",
     "flush_logs",
 ]
+
+
+def __getattr__(name: str) -> _Any:
+    """0.1's names of the adapters' errors (`lifecycle.CorruptBucketError`), for one release."""
+    return _moved_error(__name__, name)

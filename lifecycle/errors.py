@@ -1,6 +1,7 @@
-"""Every error the library raises, in one module (as structlog does, to avoid import loops).
+"""The core's errors: the root `LifecycleError`, the machine's refusals and failures, the checker's.
 
-All derive from `LifecycleError`, and each keeps the built-in base callers already catch
+Every error of the library derives from `LifecycleError`, the adapters' included (those live
+beside the adapters, in `actor_integration.errors`). All of them, and each keeps the built-in base callers already catch
 (`RuntimeError`, `ValueError`, `TimeoutError`, `KeyError`, `AssertionError`). Structured fields
 are keyword arguments, kept as attributes and in `.fields`; one pickling scheme carries them
 across processes (Ray and torch.multiprocessing ship exceptions by pickling). Wherever ranks or
@@ -10,40 +11,22 @@ state, and what to do next.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import importlib
+import warnings
+from collections.abc import Mapping
 from typing import Any
 
 from lifecycle.table import Groups, Residency, State
 
 __all__ = [
-    "CorruptBucketError",
-    "DeadActorsError",
-    "EngineDiedError",
-    "EngineNotIdleError",
-    "GroupCallError",
-    "GroupTimeoutError",
     "IllegalTransitionError",
-    "InconsistentGroupError",
     "InjectedFault",
     "InvalidWeightsError",
     "LifecycleError",
     "LifecycleFailedError",
     "LifecycleNotConfiguredError",
     "LogFieldError",
-    "MemorySaverConfigError",
-    "MemoryStateError",
-    "NcclError",
-    "ProcessGroupsAsleepError",
     "ProtocolViolation",
-    "RendezvousMismatchError",
-    "RendezvousTimeoutError",
-    "SGLangServerError",
-    "SGLangServerTimeout",
-    "StaleVersionError",
-    "UnknownModelTagError",
-    "WeightMismatchError",
-    "WeightSyncError",
-    "WeightSyncTimeout",
 ]
 
 
@@ -161,159 +144,46 @@ class LogFieldError(LifecycleError, ValueError):
     """A field of a log line cannot be read; the checker reports it as a finding for that line."""
 
 
-# ---------------------------------------------------------------------------------------------- memory
-
-
-class MemorySaverConfigError(LifecycleError, ValueError):
-    """A configuration torch_memory_saver would exit(1) on (or silently misread) later."""
-
-
-class MemoryStateError(LifecycleError, RuntimeError):
-    """A pause/resume/region call that torch_memory_saver would answer with exit(1)."""
-
-
-class UnknownModelTagError(LifecycleError, KeyError):
-    """No weight backup was taken under this model tag."""
-
-    def __str__(self) -> str:
-        # KeyError quotes its message; this one is a sentence.
-        return str(self.args[0]) if self.args else ""
-
-
-class WeightMismatchError(LifecycleError, ValueError):
-    """The tensors given do not match the backup of a model tag (names, shapes or dtypes)."""
-
-
-# ---------------------------------------------------------------------------------------------- ranks
-
-
-class RendezvousTimeoutError(LifecycleError, TimeoutError):
-    """Some ranks did not reach a meeting point before its deadline."""
-
-    what: str
-    missing: tuple[int, ...]
-    waited_s: float
-
-    def __init__(self, message: str, *, what: str, missing: Sequence[int], waited_s: float) -> None:
-        super().__init__(message, what=what, missing=tuple(missing), waited_s=waited_s)
-
-
-class RendezvousMismatchError(LifecycleError, RuntimeError):
-    """Ranks met, but were doing different things (e.g. different new_group arguments)."""
-
-    what: str
-    other_rank: int
-    other_what: str
-
-    def __init__(self, message: str, *, what: str, other_rank: int, other_what: str) -> None:
-        super().__init__(message, what=what, other_rank=other_rank, other_what=other_what)
-
-
-class ProcessGroupsAsleepError(LifecycleError, RuntimeError):
-    """A group was asked for (a collective, `new_group`, `connect`) while the process groups sleep.
-
-    `state` is how they sleep: "destroyed", "suspended" or "kept" (`Groups`); `operation` what
-    was asked; `group` the group's name, when one was named. A collective on a suspended NCCL
-    communicator would read unmapped memory, so it is refused here, before it reaches NCCL.
-    """
-
-    state: str
-    operation: str
-    group: str | None
-
-    def __init__(self, message: str, *, state: str, operation: str, group: str | None = None) -> None:
-        super().__init__(message, state=state, operation=operation, group=group)
-
-
-class NcclError(LifecycleError, RuntimeError):
-    """An NCCL call (`call`) returned an error code (`code`; None: it could not be made), or a
-    communicator cannot be reached; the message has NCCL's own words and the loaded version."""
-
-    call: str
-    code: int | None
-
-    def __init__(self, message: str, *, call: str, code: int | None = None) -> None:
-        super().__init__(message, call=call, code=code)
-
-
-class GroupTimeoutError(LifecycleError, TimeoutError):
-    """Some actors of a `LifecycleGroup` did not answer within the deadline."""
-
-    operation: str
-    missing: list[int]
-    waited_s: float
-
-    def __init__(self, message: str, *, operation: str, missing: list[int], waited_s: float) -> None:
-        super().__init__(message, operation=operation, missing=list(missing), waited_s=waited_s)
-
-
-class DeadActorsError(LifecycleError, RuntimeError):
-    """Some actors are dead; `.dead` maps each rank to its last known lifecycle state (or None)."""
-
-    dead: dict[int, dict[str, Any] | None]
-
-    def __init__(self, message: str, *, dead: dict[int, dict[str, Any] | None]) -> None:
-        super().__init__(message, dead=dead)
-
-
-class GroupCallError(LifecycleError, RuntimeError):
-    """The call raised on some actors; `.errors` maps each rank to its exception."""
-
-    operation: str
-    errors: dict[int, BaseException]
-
-    def __init__(self, message: str, *, operation: str, errors: dict[int, BaseException]) -> None:
-        super().__init__(message, operation=operation, errors=errors)
-
-
-class InconsistentGroupError(LifecycleError, RuntimeError):
-    """Actors disagree on state or residency; `.groups` maps each distinct view to its ranks."""
-
-    groups: dict[str, list[int]]
-
-    def __init__(self, message: str, *, groups: dict[str, list[int]]) -> None:
-        super().__init__(message, groups=groups)
-
-
-# ---------------------------------------------------------------------------------------------- weight sync
-
-
-class WeightSyncError(LifecycleError, RuntimeError):
-    """A weight update failed; the fields (slot, version, ...) say which one."""
-
-
-class WeightSyncTimeout(WeightSyncError):
-    """A cross-process wait of a weight update passed its deadline. Fields: slot, version, awaited,
-    waiting_rank, missing (the ranks or party that did not answer), waited_s, cause."""
-
-
-class StaleVersionError(WeightSyncError):
-    """The engine refused a version that is not newer than the one it has loaded."""
-
-
-class CorruptBucketError(WeightSyncError):
-    """A received bucket is truncated or fails its checksum. Nothing of the round was loaded,
-    unless `written` is true (a receiver that checks while it writes, `keep_previous=False`)."""
-
-
-# ---------------------------------------------------------------------------------------------- rollout
-
-
-class EngineNotIdleError(LifecycleError, RuntimeError):
-    """The engine still had requests after pausing generation; its memory was not released."""
-
-
-class EngineDiedError(LifecycleError, RuntimeError):
-    """A process of the rollout engine exited (SGLang's scheduler or detokenizer): the engine can
-    neither serve nor release memory any more. Fields: process (its name), pid, exitcode (None
-    when unknown), call (what the adapter was doing), waited_s."""
-
-
-class SGLangServerError(LifecycleError, RuntimeError):
-    """An SGLang server refused a request (`status`, SGLang's text in `answer`) or could not be
-    reached (`status` None). Fields: method, path, status, answer."""
-
-
-class SGLangServerTimeout(LifecycleError, TimeoutError):
-    """An SGLang server did not answer a request in time. Fields: method, path, timeout_s, and
-    `missing` (the server's URL: who did not answer, as in every timeout of this library)."""
+# 0.1 defined the adapters' errors here; their old names still resolve for one release (0.2 removes
+# them). By name, so that the pure core imports nothing of the adapters.
+MOVED_TO_ADAPTERS = frozenset(
+    {
+        "CorruptBucketError",
+        "DeadActorsError",
+        "EngineDiedError",
+        "EngineNotIdleError",
+        "GroupCallError",
+        "GroupTimeoutError",
+        "InconsistentGroupError",
+        "MemorySaverConfigError",
+        "MemoryStateError",
+        "NcclError",
+        "ProcessGroupsAsleepError",
+        "RendezvousMismatchError",
+        "RendezvousTimeoutError",
+        "SGLangServerError",
+        "SGLangServerTimeout",
+        "StaleVersionError",
+        "UnknownModelTagError",
+        "WeightMismatchError",
+        "WeightSyncError",
+        "WeightSyncTimeout",
+    }
+)
+
+
+def moved_error(module: str, name: str) -> Any:
+    """An adapter error asked for under its 0.1 name: the class itself, with a DeprecationWarning."""
+    if name not in MOVED_TO_ADAPTERS:
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+    warnings.warn(
+        f"{module}.{name} moved to actor_integration.errors.{name}; import it from there "
+        "(the old name goes in 0.2)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return getattr(importlib.import_module("actor_integration.errors"), name)
+
+
+def __getattr__(name: str) -> Any:
+    return moved_error(__name__, name)

@@ -17,7 +17,12 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
-from lifecycle.errors import DeadActorsError, GroupCallError, GroupTimeoutError, InconsistentGroupError
+from actor_integration.errors import (
+    DeadActorsError,
+    GroupCallError,
+    GroupTimeoutError,
+    InconsistentGroupError,
+)
 from lifecycle.events import LOG_DIR_ENV
 
 

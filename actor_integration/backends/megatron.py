@@ -26,7 +26,7 @@ import torch
 from torch.distributed import ProcessGroup
 
 from actor_integration.backends.process_groups import ReloadableProcessGroups, each_at_once
-from lifecycle.errors import MemorySaverConfigError
+from actor_integration.errors import MemorySaverConfigError
 
 __all__ = ["MegatronParallelState"]
 

@@ -28,8 +28,8 @@ from actor_integration.backends.tms_env import (
     preloads_tms,
     validate_environment,
 )
+from actor_integration.errors import MemorySaverConfigError, MemoryStateError
 from lifecycle import ALL_TAGS
-from lifecycle.errors import MemorySaverConfigError, MemoryStateError
 
 __all__ = [
     "MemorySaverConfigError",

@@ -18,7 +18,7 @@ from types import MappingProxyType
 
 import torch
 
-from lifecycle.errors import UnknownModelTagError, WeightMismatchError
+from actor_integration.errors import UnknownModelTagError, WeightMismatchError
 
 __all__ = [
     "CpuWeightBackup",

@@ -18,7 +18,7 @@ from typing import Literal
 
 import torch
 
-from lifecycle.errors import MemorySaverConfigError
+from actor_integration.errors import MemorySaverConfigError
 
 __all__ = [
     "CPU_BACKUP_BACKENDS",

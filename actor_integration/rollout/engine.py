@@ -9,10 +9,10 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from actor_integration.errors import EngineNotIdleError
 from actor_integration.weight_sync.buckets import BucketManifest
 from actor_integration.weight_sync.receiver import WeightTargets
 from actor_integration.weight_sync.wire import RankPayload
-from lifecycle.errors import EngineNotIdleError
 
 GENERATION_MODES = ("abort", "retract", "in_place")  # SGLang's pause_generation modes
 ENGINE_TAGS = ("weights", "kv_cache")

@@ -42,11 +42,16 @@ from typing import Any, TypeVar
 
 import torch
 
+from actor_integration.errors import (
+    EngineDiedError,
+    EngineNotIdleError,
+    MemoryStateError,
+    SGLangServerTimeout,
+)
 from actor_integration.rollout import sglang_receiver
 from actor_integration.rollout.engine import GENERATION_MODES, NamedTensors
 from actor_integration.weight_sync.buckets import BucketManifest, dtype_from_name
 from actor_integration.weight_sync.wire import CorruptBucketError, RankPayload, WeightSyncError
-from lifecycle.errors import EngineDiedError, EngineNotIdleError, MemoryStateError, SGLangServerTimeout
 
 Codec = Callable[[NamedTensors], Any]
 BucketCodec = Callable[[torch.Tensor, BucketManifest], Any]

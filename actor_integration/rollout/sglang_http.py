@@ -21,9 +21,9 @@ import urllib.request
 from collections.abc import Sequence
 from typing import Any
 
+from actor_integration.errors import SGLangServerError, SGLangServerTimeout
 from actor_integration.rollout.engine import GENERATION_MODES
 from actor_integration.rollout.sglang import Codec, SGLangWeights
-from lifecycle.errors import SGLangServerError, SGLangServerTimeout
 
 
 class SGLangHTTPEngine(SGLangWeights):

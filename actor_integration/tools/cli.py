@@ -164,12 +164,44 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# The bare install is the core alone; a subcommand that needs more names the extra that brings it.
+EXTRA_FOR_MODULE = {
+    "torch": "torch",
+    "torch_memory_saver": "torch",
+    "numpy": "torch",
+    "psutil": "torch",
+    "ray": "ray",
+    "matplotlib": "plots",
+    "rich": "demo",
+    "megatron": "megatron",
+    "sglang": "sglang",
+}
+
+
+def missing_extra(command: str, exc: ModuleNotFoundError) -> str | None:
+    """The one-line answer to a subcommand that needs a module the install left out, or None."""
+    module = (exc.name or "").partition(".")[0]
+    extra = EXTRA_FOR_MODULE.get(module)
+    if extra is None:
+        return None
+    if command in ("demo", "doctor"):
+        extra = "demo"  # torch, Ray, matplotlib and rich together
+    hint = " (or --no-png for the trace alone)" if command == "timeline" and extra == "plots" else ""
+    return f"needs {module}, which this install leaves out: pip install 'rl-lifecycle[{extra}]'{hint}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:  # said by the subcommand that was given them, as argparse says everything else
         args.parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    code: int = args.func(args)
+    try:
+        code: int = args.func(args)
+    except ModuleNotFoundError as exc:
+        problem = missing_extra(args.command, exc)
+        if problem is None:
+            raise
+        args.parser.error(problem)
     return code
 
 

@@ -66,7 +66,7 @@ def check_memory_saver(env: Mapping[str, str]) -> list[Check]:
     import torch
 
     from actor_integration.backends.tms_env import preload_library, validate_environment
-    from lifecycle.errors import MemorySaverConfigError
+    from actor_integration.errors import MemorySaverConfigError
 
     version = _version("torch-memory-saver")
     if version is None:

@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from actor_integration.errors import CorruptBucketError
 from actor_integration.weight_sync import kernels
 from actor_integration.weight_sync.buckets import (
     ALIGN,
@@ -44,7 +45,6 @@ from actor_integration.weight_sync.buckets import (
 from actor_integration.weight_sync.kernels import DevicePacker
 from actor_integration.weight_sync.topology import local_device_index, physical_gpu_id
 from actor_integration.weight_sync.transport import ReceiverTransport, SenderTransport
-from lifecycle.errors import CorruptBucketError
 from lifecycle.hooks import MemoryDisable
 
 _CAPACITY_STEP = 2 << 20  # round capacities up so small growth does not reallocate every update

@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from actor_integration.errors import CorruptBucketError, WeightSyncError
 from actor_integration.weight_sync.buckets import (
     CRC32,
     NONE,
@@ -36,7 +37,6 @@ from actor_integration.weight_sync.transport import (
     SenderTransport,
     check_directory,
 )
-from lifecycle.errors import CorruptBucketError, WeightSyncError
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from typing import Any, overload
 
 import torch
 
+from actor_integration.errors import CorruptBucketError, StaleVersionError, WeightSyncError
 from actor_integration.weight_sync import kernels
 from actor_integration.weight_sync.buckets import (
     ALIGN,
@@ -46,7 +47,6 @@ from actor_integration.weight_sync.buckets import (
 )
 from actor_integration.weight_sync.transport import ReceiverTransport, receiver_class
 from actor_integration.weight_sync.wire import RankPayload, payload_mismatch
-from lifecycle.errors import CorruptBucketError, StaleVersionError, WeightSyncError
 
 __all__ = ["LoadedRound", "ReceivedRound", "VersionGate", "WeightReceiver", "WeightTargets"]
 

@@ -27,11 +27,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from actor_integration.errors import CorruptBucketError, WeightSyncError, WeightSyncTimeout
 from actor_integration.weight_sync.buckets import ArenaBucket, Bucket, LayoutCache, iter_buckets
 from actor_integration.weight_sync.topology import RankSlot
 from actor_integration.weight_sync.transport import SenderTransport, emit
 from actor_integration.weight_sync.wire import RankPayload, payload_mismatch
-from lifecycle.errors import CorruptBucketError, WeightSyncError, WeightSyncTimeout
 from lifecycle.hooks import EventSink
 from lifecycle.logs import Event
 

@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from actor_integration.errors import CorruptBucketError, WeightSyncError
 from actor_integration.weight_sync.buckets import (
     ALIGN,
     CRC32,
@@ -45,7 +46,6 @@ from actor_integration.weight_sync.transport import (
     SenderTransport,
     check_directory,
 )
-from lifecycle.errors import CorruptBucketError, WeightSyncError
 
 DEFAULT_DIRECTORY = "/dev/shm"
 _CAPACITY_STEP = 1 << 20

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from actor_integration.errors import CorruptBucketError, StaleVersionError, WeightSyncError, WeightSyncTimeout
 from actor_integration.weight_sync.buckets import BucketManifest
-from lifecycle.errors import CorruptBucketError, StaleVersionError, WeightSyncError, WeightSyncTimeout
 
 __all__ = [
     "CorruptBucketError",

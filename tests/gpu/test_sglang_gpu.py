@@ -290,7 +290,7 @@ def test_a_corrupt_round_is_refused_and_the_previous_weights_keep_serving(rig: d
 def test_a_killed_scheduler_is_a_typed_error_within_a_second(rig: dict[str, Any]) -> None:
     """SGLang's scheduler killed: the next call raises EngineDiedError naming it (pid, exit code)
     within a poll, the rollout actor's process lives, and later calls fail at once."""
-    from lifecycle.errors import EngineDiedError
+    from actor_integration.errors import EngineDiedError
 
     actor, engine = rig["actor"], rig["engine"]
     pid = engine.scheduler_pids[0]

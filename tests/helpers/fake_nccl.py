@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
 from actor_integration.backends.process_groups import _nccl
-from lifecycle.errors import NcclError
+from actor_integration.errors import NcclError
 
 LOG: list[tuple[str, str]] = []  # (call, group name); WORLD is named "WORLD"
 SUSPENDABLE = 390 << 20  # what one H200 communicator held (FACTS.md)

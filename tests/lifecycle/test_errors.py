@@ -1,4 +1,5 @@
-"""One error root, one pickling scheme, one name for who did not answer."""
+"""One error root, one pickling scheme, one name for who did not answer: the core's errors
+(`lifecycle.errors`) and the adapters' (`actor_integration.errors`), and 0.1's names of the latter."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+import lifecycle
+from actor_integration import errors as adapter_errors
 from lifecycle import errors
 from lifecycle.errors import LifecycleError
 from lifecycle.table import Groups, Residency, State
@@ -26,17 +29,17 @@ EXAMPLES: list[LifecycleError] = [
         groups=Groups.DESTROYED,
         error="boom",
     ),
-    errors.RendezvousTimeoutError("late", what="destroy", missing=[1, 3], waited_s=2.5),
-    errors.ProcessGroupsAsleepError("asleep", state="suspended", operation="group", group="tp"),
-    errors.NcclError("ncclCommSuspend returned 5", call="ncclCommSuspend", code=5),
-    errors.RendezvousMismatchError("apart", what="destroy", other_rank=2, other_what="reload"),
-    errors.GroupTimeoutError("late", operation="sleep", missing=[1], waited_s=1.0),
-    errors.DeadActorsError("dead", dead={1: None}),
-    errors.InconsistentGroupError("differ", groups={"AWAKE": [0], "PAUSED": [1]}),
-    errors.WeightSyncTimeout("late", slot=0, version=3, missing=["engine"]),
-    errors.CorruptBucketError("bad", version=3, rank=1, bucket=0),
-    errors.UnknownModelTagError("no backup under 'actor'"),
-    errors.MemorySaverConfigError("bad env"),
+    adapter_errors.RendezvousTimeoutError("late", what="destroy", missing=[1, 3], waited_s=2.5),
+    adapter_errors.ProcessGroupsAsleepError("asleep", state="suspended", operation="group", group="tp"),
+    adapter_errors.NcclError("ncclCommSuspend returned 5", call="ncclCommSuspend", code=5),
+    adapter_errors.RendezvousMismatchError("apart", what="destroy", other_rank=2, other_what="reload"),
+    adapter_errors.GroupTimeoutError("late", operation="sleep", missing=[1], waited_s=1.0),
+    adapter_errors.DeadActorsError("dead", dead={1: None}),
+    adapter_errors.InconsistentGroupError("differ", groups={"AWAKE": [0], "PAUSED": [1]}),
+    adapter_errors.WeightSyncTimeout("late", slot=0, version=3, missing=["engine"]),
+    adapter_errors.CorruptBucketError("bad", version=3, rank=1, bucket=0),
+    adapter_errors.UnknownModelTagError("no backup under 'actor'"),
+    adapter_errors.MemorySaverConfigError("bad env"),
     errors.InvalidWeightsError(
         "discarded",
         state=State.AWAKE,
@@ -47,9 +50,9 @@ EXAMPLES: list[LifecycleError] = [
         required_version=None,
         fix="sync",
     ),
-    errors.EngineNotIdleError("busy", mode="abort", queued={"running": 1}, waited_s=1.5, attempts=4),
-    errors.SGLangServerError("500", method="POST", path="/flush_cache", status=500, answer="busy"),
-    errors.SGLangServerTimeout(
+    adapter_errors.EngineNotIdleError("busy", mode="abort", queued={"running": 1}, waited_s=1.5, attempts=4),
+    adapter_errors.SGLangServerError("500", method="POST", path="/flush_cache", status=500, answer="busy"),
+    adapter_errors.SGLangServerTimeout(
         "late", method="POST", path="/flush_cache", timeout_s=5.0, missing=["http://127.0.0.1:30000"]
     ),
 ]
@@ -58,8 +61,9 @@ EXAMPLES: list[LifecycleError] = [
 def _library_classes() -> list[type[BaseException]]:
     return [
         cls
-        for _, cls in inspect.getmembers(errors, inspect.isclass)
-        if issubclass(cls, BaseException) and cls.__module__ == errors.__name__
+        for module in (errors, adapter_errors)
+        for _, cls in inspect.getmembers(module, inspect.isclass)
+        if issubclass(cls, BaseException) and cls.__module__ == module.__name__
     ]
 
 
@@ -72,10 +76,11 @@ class TestRoot:
                 assert issubclass(cls, BUILT_IN), f"{cls.__name__} lost its built-in base"
 
     def test_no_other_module_defines_an_error_class(self) -> None:
-        """Every public exception class lives in lifecycle/errors.py (private control flow excepted)."""
+        """Every public exception class lives in lifecycle/errors.py or actor_integration/errors.py
+        (private control flow excepted)."""
         offenders = []
         for path in [*ROOT.glob("lifecycle/**/*.py"), *ROOT.glob("actor_integration/**/*.py")]:
-            if path.name == "errors.py" and path.parent.name == "lifecycle":
+            if path.name == "errors.py" and path.parent.name in ("lifecycle", "actor_integration"):
                 continue
             for node in ast.walk(ast.parse(path.read_text())):
                 if not isinstance(node, ast.ClassDef) or node.name.startswith("_"):
@@ -98,6 +103,32 @@ class TestRoot:
     def test_who_did_not_answer_is_always_missing(self) -> None:
         """One field name for the ranks (or parties) that did not answer."""
         for error in EXAMPLES:
-            if isinstance(error, TimeoutError | errors.WeightSyncTimeout):
+            if isinstance(error, TimeoutError | adapter_errors.WeightSyncTimeout):
                 assert "missing" in error.fields, type(error).__name__
                 assert "ranks" not in error.fields
+
+
+class TestMovedNames:
+    """0.1 defined every error in `lifecycle.errors`; the adapters' still answer there for one release."""
+
+    @pytest.mark.parametrize("name", sorted(errors.MOVED_TO_ADAPTERS))
+    def test_an_old_name_is_the_moved_class_with_a_deprecation_warning(self, name: str) -> None:
+        for module in (errors, lifecycle):
+            with pytest.warns(DeprecationWarning, match=f"moved to actor_integration.errors.{name}"):
+                old = getattr(module, name)
+            assert old is getattr(adapter_errors, name)
+
+    def test_the_moved_names_are_exactly_the_adapters_errors(self) -> None:
+        assert set(adapter_errors.__all__) == errors.MOVED_TO_ADAPTERS
+        assert not errors.MOVED_TO_ADAPTERS & set(lifecycle.__all__)
+
+    def test_from_import_of_an_old_name_works(self) -> None:
+        with pytest.warns(DeprecationWarning):
+            from lifecycle.errors import CorruptBucketError
+        assert CorruptBucketError is adapter_errors.CorruptBucketError
+
+    def test_an_unknown_name_is_still_an_attribute_error(self) -> None:
+        with pytest.raises(AttributeError, match="no attribute 'NoSuchError'"):
+            errors.NoSuchError  # noqa: B018
+        with pytest.raises(AttributeError):
+            lifecycle.NoSuchError  # noqa: B018

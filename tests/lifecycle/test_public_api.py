@@ -25,7 +25,8 @@ class TestPublicApi:
         assert all(hasattr(lifecycle, name) for name in lifecycle.__all__)
 
     def test_every_error_is_importable_from_the_package(self) -> None:
-        """`from lifecycle import LifecycleNotConfiguredError` and every other class of lifecycle.errors."""
+        """`from lifecycle import LifecycleNotConfiguredError` and every other class of lifecycle.errors
+        (the adapters' errors are in actor_integration.errors)."""
         from lifecycle import LifecycleNotConfiguredError
 
         assert LifecycleNotConfiguredError is errors.LifecycleNotConfiguredError

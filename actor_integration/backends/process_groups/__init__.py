@@ -25,7 +25,7 @@ from actor_integration.backends.process_groups._teardown import (
     quiesce,
     registered_groups,
 )
-from lifecycle.errors import (
+from actor_integration.errors import (
     NcclError,
     ProcessGroupsAsleepError,
     RendezvousMismatchError,

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
 from actor_integration.backends.process_groups import _teardown
-from lifecycle.errors import NcclError
+from actor_integration.errors import NcclError
 
 SUSPEND_NCCL = (2, 29, 7)  # the first NCCL with ncclCommSuspend / ncclCommResume / ncclCommMemStats
 NCCL_SUSPEND_MEM = 0x01  # nccl.h: the only suspend flag, "release dynamic GPU memory allocations"

@@ -43,8 +43,8 @@ from actor_integration.backends.process_groups._rendezvous import (
 )
 from actor_integration.backends.process_groups._suspend import SuspendCommunicators
 from actor_integration.backends.process_groups._way import CommunicatorWay, Outcome, nccl_bytes
+from actor_integration.errors import ProcessGroupsAsleepError
 from lifecycle import events
-from lifecycle.errors import ProcessGroupsAsleepError
 from lifecycle.logs import Event
 from lifecycle.table import Communicators
 

@@ -8,7 +8,7 @@ from datetime import timedelta
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import PrefixStore, Store
 
-from lifecycle.errors import RendezvousMismatchError, RendezvousTimeoutError
+from actor_integration.errors import RendezvousMismatchError, RendezvousTimeoutError
 
 NAMESPACE = "rl-lifecycle/process-groups"
 NEW_GROUP_CAUSE = (

@@ -22,9 +22,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from actor_integration.actors.ray_group import LifecycleGroup
+from actor_integration.errors import EngineDiedError, GroupCallError
 from actor_integration.tools.demo.placement import Placement
 from actor_integration.tools.demo.progress import Progress
-from lifecycle.errors import EngineDiedError, GroupCallError, IllegalTransitionError, InvalidWeightsError
+from lifecycle.errors import IllegalTransitionError, InvalidWeightsError
 
 PROMPTS, PROMPT_LEN = 8, 8
 

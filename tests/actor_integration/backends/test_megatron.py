@@ -273,7 +273,7 @@ def test_megatron_imported_after_torch_memory_saver_says_what_to_do(
 ) -> None:
     """megatron-core 0.19 sets torch_memory_saver.hook_mode on import, which TMS refuses once initialised."""
     import actor_integration.backends.megatron as megatron_module
-    from lifecycle.errors import MemorySaverConfigError
+    from actor_integration.errors import MemorySaverConfigError
 
     # A megatron.core whose import fails the way 0.19.2's does after torch_memory_saver started.
     package = tmp_path / "megatron" / "core"

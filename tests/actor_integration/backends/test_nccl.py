@@ -20,7 +20,7 @@ import pytest
 import torch.distributed as dist
 
 from actor_integration.backends.process_groups import _nccl
-from lifecycle.errors import NcclError
+from actor_integration.errors import NcclError
 from tests.helpers.nccl_lib import nccl_library
 
 REPO = Path(__file__).resolve().parents[3]
@@ -48,7 +48,7 @@ PROBE = """
 import json
 import torch
 from actor_integration.backends.process_groups import _nccl
-from lifecycle.errors import NcclError
+from actor_integration.errors import NcclError
 from tests.helpers.nccl_lib import nccl_library
 loaded = _nccl.loaded_nccl()
 out = {"loaded": None}

@@ -18,8 +18,8 @@ import torch.distributed as dist
 from torch.distributed.distributed_c10d import Store
 
 from actor_integration.backends.process_groups import ReloadableProcessGroups, _nccl
+from actor_integration.errors import ProcessGroupsAsleepError
 from lifecycle import Communicators, Groups, Hooks, Lifecycle, LifecyclePolicy, capture_events
-from lifecycle.errors import ProcessGroupsAsleepError
 from lifecycle.testing import FakeMemorySaver
 from tests.helpers import fake_nccl
 from tests.helpers.spawn import no_crash, run_world

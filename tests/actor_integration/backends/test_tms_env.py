@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from actor_integration.backends.tms_env import TMS_ENV_VARS, preload_library, validate_environment
-from lifecycle.errors import MemorySaverConfigError
+from actor_integration.errors import MemorySaverConfigError
 
 
 class TestValidateEnvironmentRefuses:

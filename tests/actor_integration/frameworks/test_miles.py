@@ -12,6 +12,7 @@ from typing import ClassVar
 import pytest
 import torch.distributed as dist
 
+from actor_integration.errors import MemorySaverConfigError
 from actor_integration.frameworks.miles import (
     ALL_MEMORY,
     LORA_ROLLOUT,
@@ -22,7 +23,7 @@ from actor_integration.frameworks.miles import (
     miles_tag_layout,
 )
 from lifecycle import State
-from lifecycle.errors import IllegalTransitionError, InjectedFault, MemorySaverConfigError
+from lifecycle.errors import IllegalTransitionError, InjectedFault
 from lifecycle.faults import FaultInjector, with_faults
 from lifecycle.testing import FakeMemorySaver
 from tests.helpers import miles_like

@@ -146,8 +146,8 @@ class TestConcurrentRegistryTeardown:
 def _missing_worker(rank: int, world_size: int, store: Any) -> dict[str, Any]:
     import torch.distributed as dist
 
+    from actor_integration.errors import RendezvousTimeoutError
     from actor_integration.frameworks.registry_groups import RegistryProcessGroups
-    from lifecycle.errors import RendezvousTimeoutError
 
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
 

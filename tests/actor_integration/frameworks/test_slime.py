@@ -6,13 +6,14 @@ The same class against slime's real actor source runs in test_slime_source.py (o
 import pytest
 import torch.distributed as dist
 
+from actor_integration.errors import MemorySaverConfigError
 from actor_integration.frameworks.slime import (
     SlimeLifecycleMixin,
     SlimeProcessGroups,
     slime_memory_backend,
 )
 from lifecycle import Hooks, Lifecycle, LifecyclePolicy, State
-from lifecycle.errors import IllegalTransitionError, InjectedFault, MemorySaverConfigError
+from lifecycle.errors import IllegalTransitionError, InjectedFault
 from lifecycle.faults import FaultInjector, with_faults
 from lifecycle.testing import FakeMemorySaver
 from tests.helpers import slime_like

@@ -5,12 +5,13 @@ import threading
 
 import pytest
 
+from actor_integration.errors import EngineNotIdleError
 from actor_integration.models.tiny import TinyLMConfig
 from actor_integration.rollout import ROLLOUT_POLICY, EngineGeneration, ReferenceEngine, RolloutActor
 from actor_integration.rollout import engine as engine_module
 from actor_integration.rollout.engine import QueryableEngineMemory
 from lifecycle import Hooks, Lifecycle, Residency, State
-from lifecycle.errors import EngineNotIdleError, LifecycleError
+from lifecycle.errors import LifecycleError
 
 CONFIG = TinyLMConfig(vocab_size=53, dim=16, n_layers=2, n_heads=4, max_seq_len=24, seed=1)
 

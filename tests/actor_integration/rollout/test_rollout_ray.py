@@ -5,12 +5,13 @@ import functools
 import pytest
 
 from actor_integration.actors.ray_group import LifecycleGroup
+from actor_integration.errors import GroupCallError
 from actor_integration.models.tiny import TinyLMConfig, weights_checksum
 from actor_integration.rollout import ReferenceEngine, RolloutActor
 from actor_integration.weight_sync import RankSlot, WeightSender, WeightSyncError
 from actor_integration.weight_sync.disk import DiskSender
 from actor_integration.weight_sync.shm import ShmSender
-from lifecycle.errors import GroupCallError, InvalidWeightsError
+from lifecycle.errors import InvalidWeightsError
 from tests.helpers.models import perturbed
 
 pytestmark = pytest.mark.ray

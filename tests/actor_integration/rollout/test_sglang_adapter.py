@@ -7,11 +7,11 @@ import pytest
 import structlog
 import torch
 
+from actor_integration.errors import EngineNotIdleError
 from actor_integration.models.tiny import TinyLMConfig
 from actor_integration.rollout import RolloutActor, SGLangEngine
 from actor_integration.rollout.engine import LoadsBuckets, LoadsPayloads
 from actor_integration.weight_sync import WeightSyncError
-from lifecycle.errors import EngineNotIdleError
 from tests.helpers.models import perturbed
 from tests.helpers.sglang_fake import FakeSGLang, flattened_bucket_codec
 from tests.helpers.weight_sync_doubles import shm_sender_into

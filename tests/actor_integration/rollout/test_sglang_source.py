@@ -21,6 +21,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from actor_integration.errors import (
+    EngineDiedError,
+    EngineNotIdleError,
+    MemoryStateError,
+    SGLangServerTimeout,
+)
 from actor_integration.rollout import GENERATION_MODES, RolloutActor, SGLangEngine
 from actor_integration.rollout.sglang import (
     SCHEDULER_LOADER,
@@ -32,7 +38,6 @@ from actor_integration.rollout.sglang_receiver import encode_request
 from actor_integration.weight_sync import CorruptBucketError, RankSlot, WeightSender
 from actor_integration.weight_sync.disk import DiskSender
 from lifecycle import State
-from lifecycle.errors import EngineDiedError, EngineNotIdleError, MemoryStateError, SGLangServerTimeout
 from lifecycle.events import capture_events
 from tests.helpers.sglang_fake import ENGINE, IO, TOKENIZER_MANAGER, FakeSGLang, flattened_bucket_codec
 from tests.helpers.sglang_source import VERSIONS, literal_values

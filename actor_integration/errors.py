@@ -1,0 +1,198 @@
+"""The adapters' errors: memory, process groups, the actor group, weight sync and rollout engines.
+
+They live here, beside the adapters that raise them, and not in the pure core; all derive from
+`lifecycle.LifecycleError` and pickle the same way (Ray ships exceptions by pickling). Each keeps
+the built-in base callers already catch. `lifecycle.errors` still answers the old names for one
+release (0.2 removes them), with a DeprecationWarning.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from lifecycle.errors import LifecycleError
+
+__all__ = [
+    "CorruptBucketError",
+    "DeadActorsError",
+    "EngineDiedError",
+    "EngineNotIdleError",
+    "GroupCallError",
+    "GroupTimeoutError",
+    "InconsistentGroupError",
+    "MemorySaverConfigError",
+    "MemoryStateError",
+    "NcclError",
+    "ProcessGroupsAsleepError",
+    "RendezvousMismatchError",
+    "RendezvousTimeoutError",
+    "SGLangServerError",
+    "SGLangServerTimeout",
+    "StaleVersionError",
+    "UnknownModelTagError",
+    "WeightMismatchError",
+    "WeightSyncError",
+    "WeightSyncTimeout",
+]
+
+
+# ------------------------------------------------------- memory (torch_memory_saver, model tags)
+
+
+class MemorySaverConfigError(LifecycleError, ValueError):
+    """A configuration torch_memory_saver would exit(1) on (or silently misread) later."""
+
+
+class MemoryStateError(LifecycleError, RuntimeError):
+    """A pause/resume/region call that torch_memory_saver would answer with exit(1)."""
+
+
+class UnknownModelTagError(LifecycleError, KeyError):
+    """No weight backup was taken under this model tag."""
+
+    def __str__(self) -> str:
+        # KeyError quotes its message; this one is a sentence.
+        return str(self.args[0]) if self.args else ""
+
+
+class WeightMismatchError(LifecycleError, ValueError):
+    """The tensors given do not match the backup of a model tag (names, shapes or dtypes)."""
+
+
+# ---------------------------------------------------------------------- ranks and process groups
+
+
+class RendezvousTimeoutError(LifecycleError, TimeoutError):
+    """Some ranks did not reach a meeting point before its deadline."""
+
+    what: str
+    missing: tuple[int, ...]
+    waited_s: float
+
+    def __init__(self, message: str, *, what: str, missing: Sequence[int], waited_s: float) -> None:
+        super().__init__(message, what=what, missing=tuple(missing), waited_s=waited_s)
+
+
+class RendezvousMismatchError(LifecycleError, RuntimeError):
+    """Ranks met, but were doing different things (e.g. different new_group arguments)."""
+
+    what: str
+    other_rank: int
+    other_what: str
+
+    def __init__(self, message: str, *, what: str, other_rank: int, other_what: str) -> None:
+        super().__init__(message, what=what, other_rank=other_rank, other_what=other_what)
+
+
+class ProcessGroupsAsleepError(LifecycleError, RuntimeError):
+    """A group was asked for (a collective, `new_group`, `connect`) while the process groups sleep.
+
+    `state` is how they sleep: "destroyed", "suspended" or "kept" (`Groups`); `operation` what
+    was asked; `group` the group's name, when one was named. A collective on a suspended NCCL
+    communicator would read unmapped memory, so it is refused here, before it reaches NCCL.
+    """
+
+    state: str
+    operation: str
+    group: str | None
+
+    def __init__(self, message: str, *, state: str, operation: str, group: str | None = None) -> None:
+        super().__init__(message, state=state, operation=operation, group=group)
+
+
+class NcclError(LifecycleError, RuntimeError):
+    """An NCCL call (`call`) returned an error code (`code`; None: it could not be made), or a
+    communicator cannot be reached; the message has NCCL's own words and the loaded version."""
+
+    call: str
+    code: int | None
+
+    def __init__(self, message: str, *, call: str, code: int | None = None) -> None:
+        super().__init__(message, call=call, code=code)
+
+
+# ---------------------------------------------------------------- the driver's actor group (Ray)
+
+
+class GroupTimeoutError(LifecycleError, TimeoutError):
+    """Some actors of a `LifecycleGroup` did not answer within the deadline."""
+
+    operation: str
+    missing: list[int]
+    waited_s: float
+
+    def __init__(self, message: str, *, operation: str, missing: list[int], waited_s: float) -> None:
+        super().__init__(message, operation=operation, missing=list(missing), waited_s=waited_s)
+
+
+class DeadActorsError(LifecycleError, RuntimeError):
+    """Some actors are dead; `.dead` maps each rank to its last known lifecycle state (or None)."""
+
+    dead: dict[int, dict[str, Any] | None]
+
+    def __init__(self, message: str, *, dead: dict[int, dict[str, Any] | None]) -> None:
+        super().__init__(message, dead=dead)
+
+
+class GroupCallError(LifecycleError, RuntimeError):
+    """The call raised on some actors; `.errors` maps each rank to its exception."""
+
+    operation: str
+    errors: dict[int, BaseException]
+
+    def __init__(self, message: str, *, operation: str, errors: dict[int, BaseException]) -> None:
+        super().__init__(message, operation=operation, errors=errors)
+
+
+class InconsistentGroupError(LifecycleError, RuntimeError):
+    """Actors disagree on state or residency; `.groups` maps each distinct view to its ranks."""
+
+    groups: dict[str, list[int]]
+
+    def __init__(self, message: str, *, groups: dict[str, list[int]]) -> None:
+        super().__init__(message, groups=groups)
+
+
+# ----------------------------------------------------------------------------------- weight sync
+
+
+class WeightSyncError(LifecycleError, RuntimeError):
+    """A weight update failed; the fields (slot, version, ...) say which one."""
+
+
+class WeightSyncTimeout(WeightSyncError):
+    """A cross-process wait of a weight update passed its deadline. Fields: slot, version, awaited,
+    waiting_rank, missing (the ranks or party that did not answer), waited_s, cause."""
+
+
+class StaleVersionError(WeightSyncError):
+    """The engine refused a version that is not newer than the one it has loaded."""
+
+
+class CorruptBucketError(WeightSyncError):
+    """A received bucket is truncated or fails its checksum. Nothing of the round was loaded,
+    unless `written` is true (a receiver that checks while it writes, `keep_previous=False`)."""
+
+
+# ---------------------------------------------------------------------- rollout engines (SGLang)
+
+
+class EngineNotIdleError(LifecycleError, RuntimeError):
+    """The engine still had requests after pausing generation; its memory was not released."""
+
+
+class EngineDiedError(LifecycleError, RuntimeError):
+    """A process of the rollout engine exited (SGLang's scheduler or detokenizer): the engine can
+    neither serve nor release memory any more. Fields: process (its name), pid, exitcode (None
+    when unknown), call (what the adapter was doing), waited_s."""
+
+
+class SGLangServerError(LifecycleError, RuntimeError):
+    """An SGLang server refused a request (`status`, SGLang's text in `answer`) or could not be
+    reached (`status` None). Fields: method, path, status, answer."""
+
+
+class SGLangServerTimeout(LifecycleError, TimeoutError):
+    """An SGLang server did not answer a request in time. Fields: method, path, timeout_s, and
+    `missing` (the server's URL: who did not answer, as in every timeout of this library)."""
