@@ -208,7 +208,9 @@ def main(argv: list[str] | None = None) -> int:
     if missing or args.iters < 1 or args.bucket_mib < 1:
         parser.error(f"unknown shapes {missing} (see configs/), or --iters/--bucket-mib below 1")
     if not torch.cuda.is_available():
-        parser.error("needs a GPU (and sglang: ../shared/sglang-gpu/README.md)")
+        parser.error(
+            "needs a GPU and sglang (the sglang extra; scripts/gpu_sglang.sh sets it up on the GPU machine)"
+        )
     torch.cuda.set_device(0)
     rows = [run_shape(s, args) for s in shapes]
     header = f"{'shape':<11} {'GB':>6} {'ours ms':>8} {'slime ms':>9} {'d2d ms':>7} {'ours GB/s':>10} {'slime GB/s':>11} {'d2d GB/s':>9} {'ours/slime':>10} same"

@@ -160,7 +160,8 @@ SLEEP = Plan(
         (Hook.ROUTING_REPLAY_CLEAR,),  # caches hold device tensors: clear before the pause (slime)
         (Hook.CLEAR_MEMORY,),
         # NCCL frees its communicators' own memory while the saver copies the model's memory to
-        # host: independent work, ~8 s serial before (FACTS.md), so it runs together.
+        # host: independent work, the slowest of a sleep when serial, so it runs together
+        # (docs/measurements.md#serial-process-group-teardown-2026-12-01).
         (Hook.PROCESS_GROUPS_DESTROY, Hook.MEMORY_PAUSE),
     ),
     "release memory: stop generation, clear caches, destroy process groups and pause tags together",

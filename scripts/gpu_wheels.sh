@@ -5,15 +5,16 @@
 # Then, back to back (the machine is given back 30 s after a call):
 #   run(carry=[".gpuw/p1"], command="bash scripts/gpu_sglang.sh stage")   ... for p1 .. pN-1
 #   run(carry=[".gpuw/pN"], command="bash scripts/gpu_sglang.sh stage run")
-# The SGLang set is ../shared/sglang-gpu's (sglang 0.5.17 for the machine's torch 2.11, slimmed);
+# The SGLang set is what $SGLANG_GPU/fetch_wheels.sh lays out (sglang 0.5.17 for the machine's
+# torch 2.11, slimmed; SGLANG_GPU names the directory that holds it, outside this repository);
 # the rest is what the project and Ray import that the machine's image lacks, installed there only
 # where missing (`gpu_sglang.sh` asks pip for each distribution first).
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$here"
 part_mib=${PART_MIB:-56}
-shared=${SGLANG_GPU:-../shared/sglang-gpu}
-[[ -d .sgw/batch1 && -d .sgw/batch2 ]] || "$shared/fetch_wheels.sh" .sgw >/dev/null
+[[ -d .sgw/batch1 && -d .sgw/batch2 ]] ||
+    "${SGLANG_GPU:?set SGLANG_GPU to the directory holding fetch_wheels.sh}/fetch_wheels.sh" .sgw >/dev/null
 mkdir -p .gpuw/wheels
 rm -rf .gpuw/p* .gpuw/all.tar
 cp .sgw/batch1/*.whl .sgw/batch2/*.whl .gpuw/wheels/

@@ -76,8 +76,8 @@ def slime_memory_backend(
     slime's launcher preloads torch_memory_saver with `TMS_INIT_ENABLE=1`, so every allocation is
     saver memory under tag "default" (CPU-backed with `TMS_INIT_ENABLE_CPU_BACKUP=1`), and slime's
     `sleep()` pauses all of it. Without retain, torch_memory_saver allocates that pinned backup in
-    every pause and frees it in every resume: 5.75 s per sleep + wake for a 0.6B-shaped training
-    state on an H200 against 0.39 s retained (FACTS.md). So the backup is retained unless the
+    every pause and frees it in every resume, which costs most of a sleep + wake
+    (docs/measurements.md#cpu-backup-retained-or-not-2026-12-01). So the backup is retained unless the
     user's `TMS_RETAIN_CPU_BACKUP` says otherwise (it is honoured whenever set); the first pause,
     the `sleep()` that ends slime's `init`, then allocates it once, off the step's critical path.
     `notes` says which was chosen and why.

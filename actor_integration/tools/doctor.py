@@ -162,8 +162,8 @@ def check_cuda_ipc(env: Mapping[str, str]) -> tuple[list[Check], bool | None]:
     return checks, False
 
 
-# Measured on one H200 rank, WORLD + 16 NCCL subgroups each warmed by one all_reduce (FACTS.md,
-# 2026-12-02; NCCL 2.30.7 preloaded for suspend). Shown as the reason for the recommendation.
+# The reason shown for the recommendation: one H200 rank, WORLD + 16 warmed NCCL subgroups
+# (docs/measurements.md#ncclcommsuspend-on-nccl-2307-2026-12-02).
 MEASURED_WAYS = (
     "measured on an H200 (one rank, WORLD + 16 warmed groups): destroy frees 6.4 GiB in 0.73-0.80 s and "
     "rebuilds in 0.22-0.68 s; NCCL 2.30.7's suspend frees the same in 3.7-6.3 s and resumes in 1.3-1.8 s "

@@ -1,7 +1,7 @@
 """CUDA IPC transport: staging buffers kept across updates, handles opened once and reused.
 
-Measured on an H200 (FACTS.md): a handle opened once moves 8 GiB at ~1.9 TB/s; a fresh handle
-per 512 MiB bucket ~341 GB/s, per 64 MiB ~60 GB/s. So the sender keeps one staging buffer per
+Opening a handle costs far more than the copy behind it, the more so the smaller the bucket
+(docs/measurements.md#cuda-ipc-handles-2026-11-29). So the sender keeps one staging buffer per
 bucket position (and round parity) across updates, and the receiver caches the opened handle per
 buffer identity. Packing is one fused kernel per bucket (kernels.py) that leaves the bucket's
 checksum in a 16-byte trailer after it (`WSUM64_DEVICE`); the sender then records an IPC event and

@@ -2,7 +2,8 @@
 resume of all three tags under `RolloutActor`, the trainer's weights through our sender into
 SGLang's schedulers, SGLang's own calls timed beside ours, faults. Skipped where sglang is absent.
 
-Run (../shared/sglang-gpu sets sglang up): python -m pytest -m gpu -q -s tests/gpu/test_sglang_gpu.py
+Run where sglang is installed (`scripts/gpu_sglang.sh install` sets it up on the GPU machine):
+python -m pytest -m gpu -q -s tests/gpu/test_sglang_gpu.py
 Figures are printed and, when LIFECYCLE_GPU_OUT is set, written to sglang_*.json there. The
 tests share one engine and run in file order; the last one kills its scheduler.
 

@@ -18,7 +18,8 @@ from actor_integration.backends.process_groups import _nccl
 from actor_integration.errors import NcclError
 
 LOG: list[tuple[str, str]] = []  # (call, group name); WORLD is named "WORLD"
-SUSPENDABLE = 390 << 20  # what one H200 communicator held (FACTS.md)
+# What one H200 communicator held: docs/measurements.md#serial-process-group-teardown-2026-12-01
+SUSPENDABLE = 390 << 20
 PERSISTENT = 4 << 20
 
 

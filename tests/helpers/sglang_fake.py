@@ -1,7 +1,8 @@
 """A fake `sglang` that behaves as a real engine does where the adapters depend on it, shaped by the
 real source of one release (`SourceShapedSGLang`: every call binds to SGLang's own signature).
 
-What it models, from SGLang's source (0.5.17 and 0.5.23) and the H200 runs (../shared/sglang-gpu):
+What it models, from SGLang's source (0.5.17 and 0.5.23) and the H200 runs
+(docs/measurements.md#sglang-rollout-engine-2026-12-03):
 - memory tags released and resumed by name; a second release of a tag, a resume of a resident
   one, a generation with a tag released, or a weight load into released weights end the
   scheduler (torch_memory_saver's exit(1), the KeyError, the Triton pointer error): the fake

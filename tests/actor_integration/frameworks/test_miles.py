@@ -296,7 +296,7 @@ class TestBackends:
 
     @pytest.mark.parametrize(("given", "retained"), [(None, True), ("0", False), ("1", True)])
     def test_the_backup_is_retained_unless_the_environment_says_otherwise(self, given, retained):
-        """As slime's adapter: 0.39 s against 5.75 s per sleep + wake (FACTS.md); a user's setting wins."""
+        """As slime's adapter (docs/measurements.md#cpu-backup-retained-or-not-2026-12-01); a user's setting wins."""
         env = preload_env(TMS_INIT_ENABLE="1", TMS_INIT_ENABLE_CPU_BACKUP="1")
         if given is not None:
             env["TMS_RETAIN_CPU_BACKUP"] = given
