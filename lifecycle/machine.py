@@ -1,19 +1,20 @@
-"""`Lifecycle`: the per-actor machine, built on `transitions` and driven by `lifecycle.table`."""
+"""`Lifecycle`: the per-actor machine, built on `transitions` and driven by `lifecycle.table`.
+
+Its parts are in `lifecycle._machine`: the hook runner and the `transitions` machine itself.
+"""
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
-import functools
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, TypeVar
-
-from transitions import Machine
+from typing import Any, TypeVar
 
 from lifecycle import events
+from lifecycle._machine.hook_runner import HookRecord, HookRunner, Stages, bind_hook, hook_dicts
+from lifecycle._machine.state_machine import StateMachine
 from lifecycle.errors import IllegalTransitionError, InvalidWeightsError, LifecycleFailedError
 from lifecycle.hooks import Hooks
 from lifecycle.logs import Event
@@ -22,12 +23,8 @@ from lifecycle.table import (
     ALL_TAGS,
     ASLEEP,
     BODY_OPERATIONS,
-    EDGES,
-    FAIL_SOURCES,
-    FAIL_TRIGGER,
     LIFECYCLE_CALLS,
     OPERATIONS,
-    PLANS,
     Call,
     Communicators,
     Contents,
@@ -45,8 +42,6 @@ from lifecycle.table import (
     initial_contents,
     invalid_weights,
     mark_unknown,
-    plan_calls,
-    plan_stages,
     resolve_contents,
     row_edges,
     rows_for,
@@ -73,12 +68,6 @@ class Failure:
     groups: Groups | None
     contents: Mapping[str, Contents] = field(default_factory=dict)
     time: float = field(default_factory=time.time)
-
-
-class _Model:
-    """The object `transitions` drives; kept apart so its trigger methods don't crowd `Lifecycle`."""
-
-    state: State
 
 
 _INFO = events.LEVELS["info"]
@@ -149,11 +138,9 @@ class Lifecycle:
         # Hooks a plan declares independent run together only where the memory backend says its
         # pause/resume may overlap a process-group teardown/rebuild (not TMS preload mode, where
         # NCCL's own buffers are saver memory).
-        self._overlap = policy.overlap_hooks and bool(
-            getattr(hooks.memory, "may_overlap_process_groups", False)
-        )
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
-        self._hook_threads: set[int] = set()
+        overlap = policy.overlap_hooks and bool(getattr(hooks.memory, "may_overlap_process_groups", False))
+        self._callables: dict[Call, Callable[[], Any]] = {}
+        self._runner = HookRunner(self._callable, overlap=overlap)
 
         self._lock = threading.RLock()
         self._owner: int | None = None  # thread running an operation
@@ -166,23 +153,8 @@ class Lifecycle:
         self._context: dict[str, Any] = {"rank": rank, "role": role}
         self.step: int | None = None
 
-        self._model = _Model()
-        machine = Machine(
-            model=self._model,
-            states=State,
-            initial=initial,
-            auto_transitions=False,
-        )
-        for edge in EDGES:
-            machine.add_transition(edge.trigger, edge.source, edge.dest)
-        for source in FAIL_SOURCES:
-            machine.add_transition(FAIL_TRIGGER, source, State.FAILED)
-        self._machine = machine
-        self._fire_event = {edge: machine.events[edge.trigger].trigger for edge in EDGES}
-        self._fail_event = machine.events[FAIL_TRIGGER].trigger
+        self._states = StateMachine(initial)
         self._edges: dict[Row, tuple[Edge, ...]] = {}
-        self._plans: dict[tuple[Any, ...], tuple[tuple[tuple[Call, ...], ...], ...]] = {}
-        self._callables: dict[Call, Callable[[], Any]] = {}
 
         self._emit(
             "info",
@@ -205,7 +177,7 @@ class Lifecycle:
     @property
     def state(self) -> State:
         """The state the machine is in: AWAKE, PAUSED, SAVING, SYNCING or FAILED."""
-        return self._model.state
+        return self._states.state
 
     @property
     def residency(self) -> dict[str, Residency]:
@@ -435,7 +407,7 @@ class Lifecycle:
     ) -> Any:
         targets = self._targets(tags)
         me = threading.get_ident()
-        if me in self._hook_threads:
+        if me in self._runner.threads:
             return self._nested(operation)
         with self._lock:
             if self._owner == me:
@@ -599,48 +571,18 @@ class Lifecycle:
 
     def _fire(self, edge: Edge, targets: tuple[str, ...]) -> None:
         """Run the edge's plan stage by stage, then let `transitions` move the state."""
-        stages: tuple[tuple[tuple[Call, ...], ...], ...] = ()
+        stages: Stages = ()
         if edge.plan is not None:
-            key = (edge.plan, targets, tuple(self._residency.values()), self._groups)
-            cached = self._plans.get(key)
-            if cached is None:
-                calls = plan_calls(
-                    edge.plan, self._view, self._residency, self._groups, targets, self._present
-                )
-                cached = self._plans[key] = tuple(
-                    tuple(tuple(branch) for branch in stage) for stage in plan_stages(edge.plan, calls)
-                )
-            stages = cached
-        records: list[_Record] = []
+            stages = self._runner.stages(
+                edge.plan, self._view, self._residency, self._groups, targets, self._present
+            )
         t0 = time.time()
         p0 = time.perf_counter()
-        for stage in stages:
-            if len(stage) > 1 and self._overlap:
-                outcomes = self._run_together(stage, p0)
-            else:
-                outcomes = []
-                for branch in stage:
-                    outcomes.append(self._run_branch(branch, p0))
-                    if outcomes[-1][1] is not None:
-                        break  # run one after another, nothing runs after a failure
-            failed: tuple[Call, BaseException] | None = None
-            for branch_records, error in outcomes:  # in plan order, whatever finished first
-                records += branch_records
-                for record in branch_records:
-                    if record.call.hook in _MEMORY_HOOKS:
-                        update_contents(record.call, record.ok, self._view, self._contents)
-                    if not record.ok:
-                        self._groups = mark_unknown(record.call, self._residency, self._groups)
-                    elif record.call.hook in _RESOURCE_HOOKS:
-                        self._groups = apply_call(
-                            record.call, self._residency, self._groups, self._communicators
-                        )
-                if error is not None and failed is None:
-                    failed = (branch_records[-1].call, error)
-            if failed is not None:
-                self._enter_failed(edge, failed[0], records, failed[1], targets)
-                raise failed[1]
-        self._fire_event[edge](self._model)
+        records, failed = self._runner.run(stages, p0, self._record)
+        if failed is not None:
+            self._enter_failed(edge, failed[0], records, failed[1], targets)
+            raise failed[1]
+        self._states.move(edge)
         if events.enabled(_INFO):
             self._emit(
                 "info",
@@ -653,91 +595,34 @@ class Lifecycle:
                     "targets": list(targets),
                     "t": t0,
                     "duration_ms": round((time.perf_counter() - p0) * 1e3, 4),
-                    "hooks": _hook_dicts(records),
+                    "hooks": hook_dicts(records),
                     "residency": self._residency_view(),
                     "groups": self._groups,
                     "contents": self._contents_view(),
                 },
             )
 
-    def _run_branch(self, branch: tuple[Call, ...], p0: float) -> tuple[list[_Record], BaseException | None]:
-        """Run one branch's calls in order; stop at the first that raises and return its error."""
-        records: list[_Record] = []
-        for call in branch:
-            fn = self._callables.get(call) or self._bind(call)
-            start = time.perf_counter()
-            try:
-                fn()
-            except BaseException as exc:
-                records.append(_Record(call, start - p0, time.perf_counter() - start, False))
-                return records, exc
-            records.append(_Record(call, start - p0, time.perf_counter() - start, True))
-        return records, None
+    def _record(self, record: HookRecord) -> None:
+        """A hook call's effect on contents and process groups (the table's rules)."""
+        if record.call.hook in _MEMORY_HOOKS:
+            update_contents(record.call, record.ok, self._view, self._contents)
+        if not record.ok:
+            self._groups = mark_unknown(record.call, self._residency, self._groups)
+        elif record.call.hook in _RESOURCE_HOOKS:
+            self._groups = apply_call(record.call, self._residency, self._groups, self._communicators)
 
-    def _run_together(
-        self, stage: tuple[tuple[Call, ...], ...], p0: float
-    ) -> list[tuple[list[_Record], BaseException | None]]:
-        """Run a stage's branches at once: the first on this thread, the others on the hook pool.
-
-        Every branch finishes (or fails) before this returns, so a failure never leaves a hook running.
-        """
-        if self._pool is None:
-            self._pool = concurrent.futures.ThreadPoolExecutor(
-                max_workers=max(len(s) for p in PLANS for s in p.stages) - 1,
-                thread_name_prefix="lifecycle-hooks",
-            )
-        futures = [self._pool.submit(self._run_pooled, branch, p0) for branch in stage[1:]]
-        first = self._run_branch(stage[0], p0)
-        return [first, *(future.result() for future in futures)]
-
-    def _run_pooled(self, branch: tuple[Call, ...], p0: float) -> tuple[list[_Record], BaseException | None]:
-        me = threading.get_ident()
-        self._hook_threads.add(me)  # a hook calling back into the machine is refused, not deadlocked
-        try:
-            return self._run_branch(branch, p0)
-        finally:
-            self._hook_threads.discard(me)
-
-    def _bind(self, call: Call) -> Callable[[], Any]:
+    def _callable(self, call: Call) -> Callable[[], Any]:
         """The zero-argument callable for one hook call, built on first use."""
-        hook = call.hook
-        tag = None if call.tag == ALL_TAGS else call.tag
-        fn: Callable[[], Any]
-        if hook is Hook.MEMORY_PAUSE:
-            fn = functools.partial(self.hooks.memory.pause, tag=tag)
-        elif hook is Hook.MEMORY_RESUME:
-            fn = functools.partial(self.hooks.memory.resume, tag=tag)
-        elif hook is Hook.PROCESS_GROUPS_DESTROY:
-            assert self.hooks.process_groups is not None
-            fn = self.hooks.process_groups.destroy
-        elif hook is Hook.PROCESS_GROUPS_RELOAD:
-            assert self.hooks.process_groups is not None
-            fn = self.hooks.process_groups.reload
-        elif hook is Hook.CLEAR_MEMORY:
-            assert self.hooks.clear_memory is not None
-            fn = self.hooks.clear_memory
-        elif hook is Hook.ROUTING_REPLAY_CLEAR:
-            assert self.hooks.routing_replay is not None
-            fn = self.hooks.routing_replay
-        elif hook is Hook.SWITCH_MODEL:
-            assert self.hooks.switch_model is not None and self.policy.model_tag is not None
-            fn = functools.partial(self.hooks.switch_model, self.policy.model_tag)
-        elif hook is Hook.GENERATION_PAUSE:
-            assert self.hooks.generation is not None
-            fn = self.hooks.generation.pause
-        elif hook is Hook.GENERATION_RESUME:
-            assert self.hooks.generation is not None
-            fn = self.hooks.generation.resume
-        else:  # pragma: no cover - the enum is closed
-            raise AssertionError(f"unhandled hook {hook}")
-        self._callables[call] = fn
+        fn = self._callables.get(call)
+        if fn is None:
+            fn = self._callables[call] = bind_hook(call, self.hooks, self.policy.model_tag)
         return fn
 
     def _enter_failed(
         self,
         edge: Edge,
         call: Call,
-        records: list[_Record],
+        records: list[HookRecord],
         exc: BaseException,
         targets: tuple[str, ...],
     ) -> None:
@@ -748,14 +633,14 @@ class Lifecycle:
             hook=call.hook.value,
             tag=call.tag,
             error=repr(exc),
-            hooks=tuple(_hook_dicts(records)),
+            hooks=tuple(hook_dicts(records)),
             residency=dict(self._residency),
             groups=self._groups,
             contents=dict(self._contents),
         )
         self._in_body = False
         self._unheld = None  # a held scope's deferred sleep is dropped: recover decides where to go
-        self._fail_event(self._model)
+        self._states.fail()
         self._emit(
             "error",
             Event.FAILED,
@@ -997,30 +882,6 @@ _GUARD_ADVICE: dict[When, str] = {
     When.TARGET_AWAKE: "recover needs target=State.AWAKE or State.PAUSED",
     When.TARGET_PAUSED: "recover needs target=State.AWAKE or State.PAUSED",
 }
-
-
-class _Record(NamedTuple):
-    """One hook call of a transition: when it started (s after the edge began), how long, whether it returned."""
-
-    call: Call
-    at: float
-    seconds: float
-    ok: bool
-
-
-def _hook_dicts(records: list[_Record]) -> list[dict[str, Any]]:
-    out = []
-    for call, at, seconds, ok in records:
-        entry: dict[str, Any] = {
-            "name": call.hook.value,
-            "ms": round(seconds * 1e3, 4),
-            "at_ms": round(at * 1e3, 4),
-            "ok": ok,
-        }
-        if call.tag is not None:
-            entry["tag"] = call.tag
-        out.append(entry)
-    return out
 
 
 def _backend_descriptions(hooks: Hooks) -> dict[str, Any]:
