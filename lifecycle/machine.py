@@ -1,6 +1,7 @@
 """`Lifecycle`: the per-actor machine, built on `transitions` and driven by `lifecycle.table`.
 
-Its parts are in `lifecycle._machine`: the hook runner and the `transitions` machine itself.
+Its parts are in `lifecycle._machine`: the hook runner, refusals, failures and recovery, and the
+`transitions` machine itself.
 """
 
 from __future__ import annotations
@@ -8,19 +9,19 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 from lifecycle import events
+from lifecycle._machine.failures import Failure, resolve_unknown
 from lifecycle._machine.hook_runner import HookRecord, HookRunner, Stages, bind_hook, hook_dicts
+from lifecycle._machine.refusals import failed_error, refusal, stale_weights
 from lifecycle._machine.state_machine import StateMachine
-from lifecycle.errors import IllegalTransitionError, InvalidWeightsError, LifecycleFailedError
+from lifecycle.errors import IllegalTransitionError, LifecycleFailedError
 from lifecycle.hooks import Hooks
 from lifecycle.logs import Event
 from lifecycle.policy import LifecyclePolicy
 from lifecycle.table import (
-    ALL_TAGS,
     ASLEEP,
     BODY_OPERATIONS,
     LIFECYCLE_CALLS,
@@ -34,40 +35,21 @@ from lifecycle.table import (
     Residency,
     Row,
     State,
-    When,
-    allowed_operations,
     apply_call,
     body_ready,
     deferred_tags,
     initial_contents,
     invalid_weights,
     mark_unknown,
-    resolve_contents,
     row_edges,
-    rows_for,
     select_row,
     unheld_residency,
     update_contents,
 )
 
+__all__ = ["Failure", "Lifecycle"]
+
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class Failure:
-    """What the machine recorded when a hook raised."""
-
-    operation: str
-    state: State  # the state the failing edge left from
-    phase: str  # "move", "enter" (before the body) or "exit" (the body had run)
-    hook: str
-    tag: str | None
-    error: str
-    hooks: tuple[dict[str, Any], ...]  # the calls of the failing edge, in order, with ok flags
-    residency: Mapping[str, Residency]
-    groups: Groups | None
-    contents: Mapping[str, Contents] = field(default_factory=dict)
-    time: float = field(default_factory=time.time)
 
 
 _INFO = events.LEVELS["info"]
@@ -430,11 +412,24 @@ class Lifecycle:
                 self._holds,
             )
             if row is None:
-                raise self._refusal(operation, state, targets, recover_target)
+                raise refusal(
+                    self._who(),
+                    operation,
+                    state,
+                    targets,
+                    view=self._view,
+                    residency=self._residency,
+                    contents=self._contents,
+                    holds=self._holds,
+                    weight_version=self._weight_version,
+                    refused=self._refused,
+                )
             if min_weight_version is not None and (
                 self._weight_version is None or self._weight_version < min_weight_version
             ):
-                raise self._stale(operation, state, min_weight_version)
+                raise stale_weights(
+                    self._who(), operation, state, self._weight_version, min_weight_version, self._refused
+                )
             if operation == "hold":
                 self._take_hold()
                 return None
@@ -662,33 +657,16 @@ class Lifecycle:
         )
 
     def _resolve_unknown(self) -> None:
-        """Ask the backends what a failed hook left behind; never guess (vLLM's rule)."""
-        resolved: dict[str, Any] = {}
-        for tag, residency in self._residency.items():
-            if residency is not Residency.UNKNOWN:
-                continue
-            query = getattr(self.hooks.memory, "is_paused", None)
-            if query is None:
-                raise self._failed_error(
-                    "recover",
-                    f"the residency of tag {tag!r} is unknown (its hook raised) and the memory backend has no "
-                    "is_paused(tag) to ask; resuming a resident tag or pausing a released one kills the "
-                    "process under torch_memory_saver, so restart this actor instead",
-                )
-            paused = query(None if tag == ALL_TAGS else tag)
-            self._residency[tag] = Residency.RELEASED if paused else Residency.RESIDENT
-            resolve_contents(tag, self._residency[tag], self._view, self._contents)
-            resolved[tag] = self._residency[tag]
-        if self._groups is Groups.UNKNOWN:
-            query = getattr(self.hooks.process_groups, "is_alive", None)
-            if query is None:
-                raise self._failed_error(
-                    "recover",
-                    "the process groups' state is unknown (their hook raised) and the process-group backend "
-                    "has no is_alive() to ask; restart this actor instead",
-                )
-            self._groups = Groups.ALIVE if query() else ASLEEP[self._communicators]
-            resolved["process_groups"] = self._groups
+        """Ask the backends what a failed hook left behind (`_machine.failures`), and log it."""
+        self._groups, resolved = resolve_unknown(
+            self.hooks,
+            self._view,
+            self._residency,
+            self._contents,
+            self._groups,
+            self._communicators,
+            lambda reason: self._failed_error("recover", reason),
+        )
         if resolved:
             self._emit("info", Event.RESOLVED, {"resolved": resolved, "contents": self._contents_view()})
 
@@ -716,113 +694,12 @@ class Lifecycle:
     # ------------------------------------------------------------------ errors
 
     def _failed_error(self, operation: str, reason: str | None = None) -> LifecycleFailedError:
-        failure = self._failure
-        hook = failure.hook if failure else "unknown"
-        tag = f"[{failure.tag}]" if failure and failure.tag else ""
-        error = failure.error if failure else ""
-        what = (
-            f"{self._who()} is FAILED since hook {hook}{tag} raised {error} during {failure.operation} "
-            f"from {failure.state}"
-            if failure
-            else f"{self._who()} is FAILED"
-        )
-        advice = reason or (
-            f"{operation} is refused until recover(target=State.AWAKE) or recover(target=State.PAUSED) "
-            "succeeds"
-        )
-        self._emit(
-            "warning", Event.REFUSED, {"operation": operation, "state": State.FAILED, "reason": advice}
-        )
-        return LifecycleFailedError(
-            f"{what}; residency {self._residency_view()}, groups {self._groups and self._groups.value}. {advice}.",
-            hook=hook,
-            operation=operation,
-            residency=self._residency,
-            groups=self._groups,
-            error=error,
+        return failed_error(
+            self._who(), operation, self._failure, reason, self._residency, self._groups, self._refused
         )
 
-    def _refusal(
-        self, operation: str, state: State, targets: tuple[str, ...], recover_target: State | None
-    ) -> IllegalTransitionError:
-        allowed = allowed_operations(state)
-        if operation == "release" and self._holds == 0:
-            message = (
-                f"{self._who()} cannot release in {state}: no hold is taken (holds 0). Every release() gives "
-                "back one hold() (`with lifecycle.held():` pairs them); remove this release, or take the hold first."
-            )
-            self._emit("warning", Event.REFUSED, {"operation": operation, "state": state, "reason": message})
-            return IllegalTransitionError(message, state=state, operation=operation, allowed=allowed)
-        invalid = invalid_weights(self._view, self._contents)
-        if invalid and any(row.when is When.WEIGHTS_VALID for row in rows_for(operation, state)):
-            return self._invalid_weights(operation, state, invalid)
-        reasons = [
-            _GUARD_ADVICE.get(row.when, f"needs {row.when.value}") for row in rows_for(operation, state)
-        ]
-        if operation == "sync" and When.SYNC_TAGS_RESIDENT in [r.when for r in rows_for(operation, state)]:
-            released = [t for t in self._view.sync_requires if self._residency[t] is not Residency.RESIDENT]
-            reasons = [
-                f"the sync body writes into {released}, which are released; "
-                f"call wake_up(tags={released}) first"
-            ]
-        if not reasons:
-            if operation == "recover":
-                reasons = [
-                    f"recover is only legal from FAILED and the machine is {state}; nothing to recover"
-                ]
-            elif state is State.PAUSED:
-                reasons = ["call wake_up() first"]
-            else:
-                reasons = [f"legal from {state}: {list(allowed)}"]
-        message = f"{self._who()} cannot {operation} from {state}: " + "; ".join(dict.fromkeys(reasons))
-        self._emit(
-            "warning",
-            Event.REFUSED,
-            {"operation": operation, "state": state, "reason": message, "targets": list(targets)},
-        )
-        return IllegalTransitionError(message, state=state, operation=operation, allowed=allowed)
-
-    def _invalid_weights(
-        self, operation: str, state: State, invalid: Mapping[str, Contents]
-    ) -> InvalidWeightsError:
-        why = {
-            Contents.DISCARDED: "discarded (released without a backup: a wake maps fresh, meaningless memory)",
-            Contents.UNKNOWN: "unknown (a hook or a sync touching it failed part-way)",
-        }
-        described = "; ".join(f"tag {t!r} holds {why[c]}" for t, c in invalid.items())
-        message = (
-            f"{self._who()} cannot {operation} from {state}: {described}. The engine would serve "
-            f"meaningless weights (vllm #29341). Sync first: wake_up({list(self._view.sync_requires) or None}) "
-            f"if released, then update_weights(...) with the trainer's current version; {operation} is "
-            "allowed once its final round is loaded."
-        )
-        return self._weights_refusal(
-            operation, state, message, {t: c.value for t, c in invalid.items()}, None
-        )
-
-    def _stale(self, operation: str, state: State, required: int) -> InvalidWeightsError:
-        loaded = "an unknown version" if self._weight_version is None else f"version {self._weight_version}"
-        message = (
-            f"{self._who()} cannot {operation} from {state}: it holds {loaded} of the weights and the caller "
-            f"requires at least version {required} (a restarted or replaced engine serves its original "
-            f"checkpoint, miles #1724). Sync version {required} or later first (update_weights)."
-        )
-        return self._weights_refusal(operation, state, message, {}, required)
-
-    def _weights_refusal(
-        self, operation: str, state: State, message: str, tags: dict[str, str], required: int | None
-    ) -> InvalidWeightsError:
-        self._emit("warning", Event.REFUSED, {"operation": operation, "state": state, "reason": message})
-        return InvalidWeightsError(
-            message,
-            state=state,
-            operation=operation,
-            allowed=allowed_operations(state),
-            tags=tags,
-            weight_version=self._weight_version,
-            required_version=required,
-            fix="sync",  # both are fixed by a sync of a current version
-        )
+    def _refused(self, fields: dict[str, Any]) -> None:
+        self._emit("warning", Event.REFUSED, fields)
 
     def _targets(self, tags: Iterable[str] | None) -> tuple[str, ...]:
         if tags is None:
@@ -873,15 +750,6 @@ class Lifecycle:
         return (
             f"<Lifecycle {self._who()} {self.state} residency={self._residency_view()} groups={self._groups}>"
         )
-
-
-_GUARD_ADVICE: dict[When, str] = {
-    When.AUTO_WAKE: "the policy has auto_wake=False; call wake_up() first",
-    When.AUTO_WAKE_OFFLOAD: "the policy has auto_wake=False; call wake_up() first",
-    When.AUTO_WAKE_NO_OFFLOAD: "the policy has auto_wake=False; call wake_up() first",
-    When.TARGET_AWAKE: "recover needs target=State.AWAKE or State.PAUSED",
-    When.TARGET_PAUSED: "recover needs target=State.AWAKE or State.PAUSED",
-}
 
 
 def _backend_descriptions(hooks: Hooks) -> dict[str, Any]:
