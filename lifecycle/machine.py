@@ -1,12 +1,13 @@
 """`Lifecycle`: the per-actor machine, built on `transitions` and driven by `lifecycle.table`.
 
-Its parts are in `lifecycle._machine`: the hook runner, refusals, failures and recovery, and the
-`transitions` machine itself.
+Its parts are in `lifecycle._machine`: the hook runner, the held scope, refusals, failures and
+recovery, and the `transitions` machine itself.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -14,6 +15,7 @@ from typing import Any, TypeVar
 
 from lifecycle import events
 from lifecycle._machine.failures import Failure, resolve_unknown
+from lifecycle._machine.held import HeldScope
 from lifecycle._machine.hook_runner import HookRecord, HookRunner, Stages, bind_hook, hook_dicts
 from lifecycle._machine.refusals import failed_error, refusal, stale_weights
 from lifecycle._machine.state_machine import StateMachine
@@ -37,13 +39,11 @@ from lifecycle.table import (
     State,
     apply_call,
     body_ready,
-    deferred_tags,
     initial_contents,
     invalid_weights,
     mark_unknown,
     row_edges,
     select_row,
-    unheld_residency,
     update_contents,
 )
 
@@ -55,7 +55,6 @@ T = TypeVar("T")
 _INFO = events.LEVELS["info"]
 _MEMORY_HOOKS = frozenset({Hook.MEMORY_PAUSE, Hook.MEMORY_RESUME})
 _RESOURCE_HOOKS = _MEMORY_HOOKS | {Hook.PROCESS_GROUPS_DESTROY, Hook.PROCESS_GROUPS_RELOAD}
-_WARNING = events.LEVELS["warning"]
 
 
 class Lifecycle:
@@ -128,10 +127,7 @@ class Lifecycle:
         self._owner: int | None = None  # thread running an operation
         self._running: str | None = None  # that operation
         self._in_body = False
-        # Held scopes: holds taken (any thread), and the residency the calls made since the first
-        # hold would have left without a scope (None: no scope, or a failure dropped what it deferred).
-        self._holds = 0
-        self._unheld: dict[str, Residency] | None = None
+        self._scope = HeldScope(self._view, functools.partial(self._emit, "info"))
         self._context: dict[str, Any] = {"rank": rank, "role": role}
         self.step: int | None = None
 
@@ -189,12 +185,12 @@ class Lifecycle:
     @property
     def holds(self) -> int:
         """How many holds are taken (0: no held scope)."""
-        return self._holds
+        return self._scope.holds
 
     @property
     def deferred(self) -> tuple[str, ...]:
         """The tags whose sleep the held scope deferred: the release of the last hold sleeps them."""
-        return deferred_tags(self._residency, self._unheld)
+        return self._scope.deferred(self._residency)
 
     @property
     def context(self) -> dict[str, Any]:
@@ -213,7 +209,7 @@ class Lifecycle:
             "contents": self._contents_view(),
             "weight_version": self._weight_version,
             "weights_valid": not invalid_weights(self._view, self._contents),
-            "holds": self._holds,
+            "holds": self._scope.holds,
             "deferred": list(self.deferred),
             "rank": self._context.get("rank"),
             "role": self._context.get("role"),
@@ -244,10 +240,10 @@ class Lifecycle:
         if self._owner == threading.get_ident():
             return self._in_body and operation in LIFECYCLE_CALLS
         if state is State.FAILED:
-            return operation == "recover" or (operation == "release" and self._holds > 0)
+            return operation == "recover" or (operation == "release" and self._scope.holds > 0)
         targets = self.deferred if operation == "release" else self._targets(tags)
         row = select_row(
-            operation, state, self._view, self._residency, targets, None, self._contents, self._holds
+            operation, state, self._view, self._residency, targets, None, self._contents, self._scope.holds
         )
         return row is not None
 
@@ -409,7 +405,7 @@ class Lifecycle:
                 targets,
                 recover_target,
                 self._contents,
-                self._holds,
+                self._scope.holds,
             )
             if row is None:
                 raise refusal(
@@ -420,7 +416,7 @@ class Lifecycle:
                     view=self._view,
                     residency=self._residency,
                     contents=self._contents,
-                    holds=self._holds,
+                    holds=self._scope.holds,
                     weight_version=self._weight_version,
                     refused=self._refused,
                 )
@@ -431,10 +427,10 @@ class Lifecycle:
                     self._who(), operation, state, self._weight_version, min_weight_version, self._refused
                 )
             if operation == "hold":
-                self._take_hold()
+                self._scope.take(self.state, self._residency)
                 return None
             if operation == "release" and row.noop:
-                self._give_back(targets)
+                self._scope.give_back(self.state, targets)
                 return None
             if row.noop:
                 self._emit(
@@ -447,7 +443,7 @@ class Lifecycle:
                         "targets": list(targets),
                     },
                 )
-                self._track_unheld(operation, targets, self.deferred)
+                self._scope.track(operation, targets, self.state, self._residency, self.deferred)
                 return None
             deferred = self.deferred
             self._owner, self._running = me, operation
@@ -456,45 +452,11 @@ class Lifecycle:
             finally:
                 self._owner = self._running = None
                 if operation == "release":
-                    self._give_back(targets)  # also when its sleep failed: the hold is given back
+                    self._scope.give_back(
+                        self.state, targets
+                    )  # also when its sleep failed: the hold is given back
                 else:
-                    self._track_unheld(operation, targets, deferred)
-
-    def _take_hold(self) -> None:
-        self._holds += 1
-        if self._holds == 1:
-            self._unheld = dict(self._residency)
-        self._emit("info", Event.HOLD, {"state": self.state, "holds": self._holds})
-
-    def _give_back(self, deferred: tuple[str, ...]) -> None:
-        self._holds -= 1
-        if self._holds == 0:
-            self._unheld = None
-        self._emit(
-            "info", Event.RELEASE, {"state": self.state, "holds": self._holds, "deferred": list(deferred)}
-        )
-
-    def _track_unheld(self, operation: str, targets: tuple[str, ...], before: tuple[str, ...]) -> None:
-        """Inside a held scope, replay a finished operation on the rows outside one (no hooks);
-        `before`: the deferred tags when it started."""
-        if not self._holds or self.state is State.FAILED:
-            return
-        if operation == "recover" or self._unheld is None:
-            self._unheld = dict(self._residency)  # after a failure the scope defers from here on
-        else:
-            self._unheld = unheld_residency(operation, targets, self._view, self._unheld)
-        after = self.deferred
-        if after != before:
-            self._emit(
-                "info",
-                Event.DEFERRED,
-                {
-                    "operation": operation,
-                    "state": self.state,
-                    "targets": list(targets),
-                    "deferred": list(after),
-                },
-            )
+                    self._scope.track(operation, targets, self.state, self._residency, deferred)
 
     def _execute(
         self,
@@ -634,7 +596,7 @@ class Lifecycle:
             contents=dict(self._contents),
         )
         self._in_body = False
-        self._unheld = None  # a held scope's deferred sleep is dropped: recover decides where to go
+        self._scope.drop()  # a held scope's deferred sleep is dropped: recover decides where to go
         self._states.fail()
         self._emit(
             "error",
