@@ -1,7 +1,7 @@
 """`Lifecycle`: the per-actor machine, built on `transitions` and driven by `lifecycle.table`.
 
 Its parts are in `lifecycle._machine`: the hook runner, the held scope, refusals, failures and
-recovery, and the `transitions` machine itself.
+recovery, the backends' descriptions and the `transitions` machine itself.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 from lifecycle import events
+from lifecycle._machine.backends import describe_backends
 from lifecycle._machine.failures import Failure, resolve_unknown
 from lifecycle._machine.held import HeldScope
 from lifecycle._machine.hook_runner import HookRecord, HookRunner, Stages, bind_hook, hook_dicts
@@ -50,7 +51,6 @@ from lifecycle.table import (
 __all__ = ["Failure", "Lifecycle"]
 
 T = TypeVar("T")
-
 
 _INFO = events.LEVELS["info"]
 _MEMORY_HOOKS = frozenset({Hook.MEMORY_PAUSE, Hook.MEMORY_RESUME})
@@ -145,8 +145,7 @@ class Lifecycle:
                 "groups": self._groups,
                 "contents": self._contents_view(),
                 "weight_version": weight_version,
-                **_backend_descriptions(hooks),
-                **self._communicators_view(),
+                **describe_backends(hooks, self._communicators),
             },
         )
 
@@ -493,38 +492,29 @@ class Lifecycle:
             with context:
                 result = body(*args, **kwargs)
         except BaseException as exc:
-            self._in_body = False
-            self._emit(
-                "error",
-                Event.BODY,
-                {
-                    "operation": row.operation,
-                    "state": row.body_state,
-                    "t": t0,
-                    "duration_ms": round((time.perf_counter() - p0) * 1e3, 4),
-                    "ok": False,
-                    "error": repr(exc),
-                },
-            )
+            self._body_done(row, t0, p0, exc)
             if exit_ is not None:
                 # Leave SAVING/SYNCING (and re-pause) even when the body failed.
                 self._fire(exit_, self._tags)
             raise
-        self._in_body = False
-        self._emit(
-            "info",
-            Event.BODY,
-            {
-                "operation": row.operation,
-                "state": row.body_state,
-                "t": t0,
-                "duration_ms": round((time.perf_counter() - p0) * 1e3, 4),
-                "ok": True,
-            },
-        )
+        self._body_done(row, t0, p0, None)
         if exit_ is not None:
             self._fire(exit_, self._tags)
         return result
+
+    def _body_done(self, row: Row, t0: float, p0: float, error: BaseException | None) -> None:
+        """The body returned (`error` None) or raised `error`: log it."""
+        self._in_body = False
+        fields: dict[str, Any] = {
+            "operation": row.operation,
+            "state": row.body_state,
+            "t": t0,
+            "duration_ms": round((time.perf_counter() - p0) * 1e3, 4),
+            "ok": error is None,
+        }
+        if error is not None:
+            fields["error"] = repr(error)
+        self._emit("info" if error is None else "error", Event.BODY, fields)
 
     def _fire(self, edge: Edge, targets: tuple[str, ...]) -> None:
         """Run the edge's plan stage by stage, then let `transitions` move the state."""
@@ -694,16 +684,6 @@ class Lifecycle:
     def _contents_view(self) -> dict[str, str]:
         return {tag: c.value for tag, c in self._contents.items()}
 
-    def _communicators_view(self) -> dict[str, Any]:
-        """The process-group backend's declared way, and what kept communicators hold on the GPU."""
-        if self.hooks.process_groups is None:
-            return {}
-        view: dict[str, Any] = {"communicators": self._communicators.value}
-        held = getattr(self.hooks.process_groups, "held_bytes", None)
-        if self._communicators is Communicators.KEEP and callable(held):
-            view["communicators_held_bytes"] = held()  # stays on the GPU while asleep
-        return view
-
     def _emit(self, level: str, event: str, fields: dict[str, Any]) -> None:
         if events.enabled(events.LEVELS[level]):
             events.emit(level, event, {**self._context, "step": self.step, **fields})
@@ -712,24 +692,6 @@ class Lifecycle:
         return (
             f"<Lifecycle {self._who()} {self.state} residency={self._residency_view()} groups={self._groups}>"
         )
-
-
-def _backend_descriptions(hooks: Hooks) -> dict[str, Any]:
-    """What the backends say of themselves (`describe()`, `notes`), for the configured event.
-
-    The choices a backend made from the environment (a retained CPU backup, the hook mode) are read
-    from the log of the run that made them, not from the code.
-    """
-    described: dict[str, Any] = {}
-    for slot in ("memory", "process_groups"):
-        backend = getattr(hooks, slot)
-        describe = getattr(backend, "describe", None)
-        if callable(describe):
-            described[slot] = str(describe())
-        notes = getattr(backend, "notes", None)
-        if isinstance(notes, list) and notes:
-            described[f"{slot}_notes"] = [str(note) for note in notes]
-    return described
 
 
 def _check_operation(operation: str) -> None:
