@@ -53,7 +53,7 @@ def failed_error(
         f"{operation} is refused until recover(target=State.AWAKE) or recover(target=State.PAUSED) succeeds"
     )
     refused({"operation": operation, "state": State.FAILED, "reason": advice})
-    shown = {tag: r.value for tag, r in residency.items()}
+    shown = {t: r.value for t, r in residency.items()}
     return LifecycleFailedError(
         f"{what}; residency {shown}, groups {groups and groups.value}. {advice}.",
         hook=hook,
