@@ -1,33 +1,34 @@
-"""`Lifecycle`: the per-actor machine, built on `transitions` and driven by `lifecycle.table`."""
+"""`Lifecycle`: the per-actor machine, built on `transitions` and driven by `lifecycle.table`.
+
+Its parts are in `lifecycle._machine`: the hook runner, the held scope, refusals, failures and
+recovery, the backends' descriptions and the `transitions` machine itself.
+"""
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import functools
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple, TypeVar
-
-from transitions import Machine
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
 
 from lifecycle import events
-from lifecycle.errors import IllegalTransitionError, InvalidWeightsError, LifecycleFailedError
+from lifecycle._machine.backends import describe_backends
+from lifecycle._machine.failures import Failure, resolve_unknown
+from lifecycle._machine.held import HeldScope
+from lifecycle._machine.hook_runner import HookRecord, HookRunner, Stages, bind_hook, hook_dicts
+from lifecycle._machine.refusals import failed_error, refusal, stale_weights
+from lifecycle._machine.state_machine import StateMachine
+from lifecycle.errors import IllegalTransitionError, LifecycleFailedError
 from lifecycle.hooks import Hooks
 from lifecycle.logs import Event
 from lifecycle.policy import LifecyclePolicy
 from lifecycle.table import (
-    ALL_TAGS,
     ASLEEP,
     BODY_OPERATIONS,
-    EDGES,
-    FAIL_SOURCES,
-    FAIL_TRIGGER,
     LIFECYCLE_CALLS,
     OPERATIONS,
-    PLANS,
     Call,
     Communicators,
     Contents,
@@ -37,54 +38,23 @@ from lifecycle.table import (
     Residency,
     Row,
     State,
-    When,
-    allowed_operations,
     apply_call,
     body_ready,
-    deferred_tags,
     initial_contents,
     invalid_weights,
     mark_unknown,
-    plan_calls,
-    plan_stages,
-    resolve_contents,
     row_edges,
-    rows_for,
     select_row,
-    unheld_residency,
     update_contents,
 )
 
+__all__ = ["Failure", "Lifecycle"]
+
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class Failure:
-    """What the machine recorded when a hook raised."""
-
-    operation: str
-    state: State  # the state the failing edge left from
-    phase: str  # "move", "enter" (before the body) or "exit" (the body had run)
-    hook: str
-    tag: str | None
-    error: str
-    hooks: tuple[dict[str, Any], ...]  # the calls of the failing edge, in order, with ok flags
-    residency: Mapping[str, Residency]
-    groups: Groups | None
-    contents: Mapping[str, Contents] = field(default_factory=dict)
-    time: float = field(default_factory=time.time)
-
-
-class _Model:
-    """The object `transitions` drives; kept apart so its trigger methods don't crowd `Lifecycle`."""
-
-    state: State
-
 
 _INFO = events.LEVELS["info"]
 _MEMORY_HOOKS = frozenset({Hook.MEMORY_PAUSE, Hook.MEMORY_RESUME})
 _RESOURCE_HOOKS = _MEMORY_HOOKS | {Hook.PROCESS_GROUPS_DESTROY, Hook.PROCESS_GROUPS_RELOAD}
-_WARNING = events.LEVELS["warning"]
 
 
 class Lifecycle:
@@ -149,40 +119,20 @@ class Lifecycle:
         # Hooks a plan declares independent run together only where the memory backend says its
         # pause/resume may overlap a process-group teardown/rebuild (not TMS preload mode, where
         # NCCL's own buffers are saver memory).
-        self._overlap = policy.overlap_hooks and bool(
-            getattr(hooks.memory, "may_overlap_process_groups", False)
-        )
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
-        self._hook_threads: set[int] = set()
+        overlap = policy.overlap_hooks and bool(getattr(hooks.memory, "may_overlap_process_groups", False))
+        self._callables: dict[Call, Callable[[], Any]] = {}
+        self._runner = HookRunner(self._callable, overlap=overlap)
 
         self._lock = threading.RLock()
         self._owner: int | None = None  # thread running an operation
         self._running: str | None = None  # that operation
         self._in_body = False
-        # Held scopes: holds taken (any thread), and the residency the calls made since the first
-        # hold would have left without a scope (None: no scope, or a failure dropped what it deferred).
-        self._holds = 0
-        self._unheld: dict[str, Residency] | None = None
+        self._scope = HeldScope(self._view, functools.partial(self._emit, "info"))
         self._context: dict[str, Any] = {"rank": rank, "role": role}
         self.step: int | None = None
 
-        self._model = _Model()
-        machine = Machine(
-            model=self._model,
-            states=State,
-            initial=initial,
-            auto_transitions=False,
-        )
-        for edge in EDGES:
-            machine.add_transition(edge.trigger, edge.source, edge.dest)
-        for source in FAIL_SOURCES:
-            machine.add_transition(FAIL_TRIGGER, source, State.FAILED)
-        self._machine = machine
-        self._fire_event = {edge: machine.events[edge.trigger].trigger for edge in EDGES}
-        self._fail_event = machine.events[FAIL_TRIGGER].trigger
+        self._states = StateMachine(initial)
         self._edges: dict[Row, tuple[Edge, ...]] = {}
-        self._plans: dict[tuple[Any, ...], tuple[tuple[tuple[Call, ...], ...], ...]] = {}
-        self._callables: dict[Call, Callable[[], Any]] = {}
 
         self._emit(
             "info",
@@ -195,8 +145,7 @@ class Lifecycle:
                 "groups": self._groups,
                 "contents": self._contents_view(),
                 "weight_version": weight_version,
-                **_backend_descriptions(hooks),
-                **self._communicators_view(),
+                **describe_backends(hooks, self._communicators),
             },
         )
 
@@ -205,7 +154,7 @@ class Lifecycle:
     @property
     def state(self) -> State:
         """The state the machine is in: AWAKE, PAUSED, SAVING, SYNCING or FAILED."""
-        return self._model.state
+        return self._states.state
 
     @property
     def residency(self) -> dict[str, Residency]:
@@ -235,12 +184,12 @@ class Lifecycle:
     @property
     def holds(self) -> int:
         """How many holds are taken (0: no held scope)."""
-        return self._holds
+        return self._scope.holds
 
     @property
     def deferred(self) -> tuple[str, ...]:
         """The tags whose sleep the held scope deferred: the release of the last hold sleeps them."""
-        return deferred_tags(self._residency, self._unheld)
+        return self._scope.deferred(self._residency)
 
     @property
     def context(self) -> dict[str, Any]:
@@ -259,7 +208,7 @@ class Lifecycle:
             "contents": self._contents_view(),
             "weight_version": self._weight_version,
             "weights_valid": not invalid_weights(self._view, self._contents),
-            "holds": self._holds,
+            "holds": self._scope.holds,
             "deferred": list(self.deferred),
             "rank": self._context.get("rank"),
             "role": self._context.get("role"),
@@ -290,10 +239,10 @@ class Lifecycle:
         if self._owner == threading.get_ident():
             return self._in_body and operation in LIFECYCLE_CALLS
         if state is State.FAILED:
-            return operation == "recover" or (operation == "release" and self._holds > 0)
+            return operation == "recover" or (operation == "release" and self._scope.holds > 0)
         targets = self.deferred if operation == "release" else self._targets(tags)
         row = select_row(
-            operation, state, self._view, self._residency, targets, None, self._contents, self._holds
+            operation, state, self._view, self._residency, targets, None, self._contents, self._scope.holds
         )
         return row is not None
 
@@ -435,7 +384,7 @@ class Lifecycle:
     ) -> Any:
         targets = self._targets(tags)
         me = threading.get_ident()
-        if me in self._hook_threads:
+        if me in self._runner.threads:
             return self._nested(operation)
         with self._lock:
             if self._owner == me:
@@ -455,19 +404,32 @@ class Lifecycle:
                 targets,
                 recover_target,
                 self._contents,
-                self._holds,
+                self._scope.holds,
             )
             if row is None:
-                raise self._refusal(operation, state, targets, recover_target)
+                raise refusal(
+                    self._who(),
+                    operation,
+                    state,
+                    targets,
+                    view=self._view,
+                    residency=self._residency,
+                    contents=self._contents,
+                    holds=self._scope.holds,
+                    weight_version=self._weight_version,
+                    refused=self._refused,
+                )
             if min_weight_version is not None and (
                 self._weight_version is None or self._weight_version < min_weight_version
             ):
-                raise self._stale(operation, state, min_weight_version)
+                raise stale_weights(
+                    self._who(), operation, state, self._weight_version, min_weight_version, self._refused
+                )
             if operation == "hold":
-                self._take_hold()
+                self._scope.take(self.state, self._residency)
                 return None
             if operation == "release" and row.noop:
-                self._give_back(targets)
+                self._scope.give_back(self.state, targets)
                 return None
             if row.noop:
                 self._emit(
@@ -480,7 +442,7 @@ class Lifecycle:
                         "targets": list(targets),
                     },
                 )
-                self._track_unheld(operation, targets, self.deferred)
+                self._scope.track(operation, targets, self.state, self._residency, self.deferred)
                 return None
             deferred = self.deferred
             self._owner, self._running = me, operation
@@ -489,45 +451,11 @@ class Lifecycle:
             finally:
                 self._owner = self._running = None
                 if operation == "release":
-                    self._give_back(targets)  # also when its sleep failed: the hold is given back
+                    self._scope.give_back(
+                        self.state, targets
+                    )  # also when its sleep failed: the hold is given back
                 else:
-                    self._track_unheld(operation, targets, deferred)
-
-    def _take_hold(self) -> None:
-        self._holds += 1
-        if self._holds == 1:
-            self._unheld = dict(self._residency)
-        self._emit("info", Event.HOLD, {"state": self.state, "holds": self._holds})
-
-    def _give_back(self, deferred: tuple[str, ...]) -> None:
-        self._holds -= 1
-        if self._holds == 0:
-            self._unheld = None
-        self._emit(
-            "info", Event.RELEASE, {"state": self.state, "holds": self._holds, "deferred": list(deferred)}
-        )
-
-    def _track_unheld(self, operation: str, targets: tuple[str, ...], before: tuple[str, ...]) -> None:
-        """Inside a held scope, replay a finished operation on the rows outside one (no hooks);
-        `before`: the deferred tags when it started."""
-        if not self._holds or self.state is State.FAILED:
-            return
-        if operation == "recover" or self._unheld is None:
-            self._unheld = dict(self._residency)  # after a failure the scope defers from here on
-        else:
-            self._unheld = unheld_residency(operation, targets, self._view, self._unheld)
-        after = self.deferred
-        if after != before:
-            self._emit(
-                "info",
-                Event.DEFERRED,
-                {
-                    "operation": operation,
-                    "state": self.state,
-                    "targets": list(targets),
-                    "deferred": list(after),
-                },
-            )
+                    self._scope.track(operation, targets, self.state, self._residency, deferred)
 
     def _execute(
         self,
@@ -564,83 +492,44 @@ class Lifecycle:
             with context:
                 result = body(*args, **kwargs)
         except BaseException as exc:
-            self._in_body = False
-            self._emit(
-                "error",
-                Event.BODY,
-                {
-                    "operation": row.operation,
-                    "state": row.body_state,
-                    "t": t0,
-                    "duration_ms": round((time.perf_counter() - p0) * 1e3, 4),
-                    "ok": False,
-                    "error": repr(exc),
-                },
-            )
+            self._body_done(row, t0, p0, exc)
             if exit_ is not None:
                 # Leave SAVING/SYNCING (and re-pause) even when the body failed.
                 self._fire(exit_, self._tags)
             raise
-        self._in_body = False
-        self._emit(
-            "info",
-            Event.BODY,
-            {
-                "operation": row.operation,
-                "state": row.body_state,
-                "t": t0,
-                "duration_ms": round((time.perf_counter() - p0) * 1e3, 4),
-                "ok": True,
-            },
-        )
+        self._body_done(row, t0, p0, None)
         if exit_ is not None:
             self._fire(exit_, self._tags)
         return result
 
+    def _body_done(self, row: Row, t0: float, p0: float, error: BaseException | None) -> None:
+        """The body returned (`error` None) or raised `error`: log it."""
+        self._in_body = False
+        fields: dict[str, Any] = {
+            "operation": row.operation,
+            "state": row.body_state,
+            "t": t0,
+            "duration_ms": round((time.perf_counter() - p0) * 1e3, 4),
+            "ok": error is None,
+        }
+        if error is not None:
+            fields["error"] = repr(error)
+        self._emit("info" if error is None else "error", Event.BODY, fields)
+
     def _fire(self, edge: Edge, targets: tuple[str, ...]) -> None:
         """Run the edge's plan stage by stage, then let `transitions` move the state."""
-        stages: tuple[tuple[tuple[Call, ...], ...], ...] = ()
+        stages: Stages = ()
         if edge.plan is not None:
-            key = (edge.plan, targets, tuple(self._residency.values()), self._groups)
-            cached = self._plans.get(key)
-            if cached is None:
-                calls = plan_calls(
-                    edge.plan, self._view, self._residency, self._groups, targets, self._present
-                )
-                cached = self._plans[key] = tuple(
-                    tuple(tuple(branch) for branch in stage) for stage in plan_stages(edge.plan, calls)
-                )
-            stages = cached
-        records: list[_Record] = []
+            stages = self._runner.stages(
+                edge.plan, self._view, self._residency, self._groups, targets, self._present
+            )
         t0 = time.time()
         p0 = time.perf_counter()
-        for stage in stages:
-            if len(stage) > 1 and self._overlap:
-                outcomes = self._run_together(stage, p0)
-            else:
-                outcomes = []
-                for branch in stage:
-                    outcomes.append(self._run_branch(branch, p0))
-                    if outcomes[-1][1] is not None:
-                        break  # run one after another, nothing runs after a failure
-            failed: tuple[Call, BaseException] | None = None
-            for branch_records, error in outcomes:  # in plan order, whatever finished first
-                records += branch_records
-                for record in branch_records:
-                    if record.call.hook in _MEMORY_HOOKS:
-                        update_contents(record.call, record.ok, self._view, self._contents)
-                    if not record.ok:
-                        self._groups = mark_unknown(record.call, self._residency, self._groups)
-                    elif record.call.hook in _RESOURCE_HOOKS:
-                        self._groups = apply_call(
-                            record.call, self._residency, self._groups, self._communicators
-                        )
-                if error is not None and failed is None:
-                    failed = (branch_records[-1].call, error)
-            if failed is not None:
-                self._enter_failed(edge, failed[0], records, failed[1], targets)
-                raise failed[1]
-        self._fire_event[edge](self._model)
+        records, failed = self._runner.run(stages, p0, self._record)
+        if failed is not None:
+            self._enter_failed(edge, failed[0], records, failed[1], targets)
+            raise failed[1]
+        self._states.move(edge)
         if events.enabled(_INFO):
             self._emit(
                 "info",
@@ -653,91 +542,34 @@ class Lifecycle:
                     "targets": list(targets),
                     "t": t0,
                     "duration_ms": round((time.perf_counter() - p0) * 1e3, 4),
-                    "hooks": _hook_dicts(records),
+                    "hooks": hook_dicts(records),
                     "residency": self._residency_view(),
                     "groups": self._groups,
                     "contents": self._contents_view(),
                 },
             )
 
-    def _run_branch(self, branch: tuple[Call, ...], p0: float) -> tuple[list[_Record], BaseException | None]:
-        """Run one branch's calls in order; stop at the first that raises and return its error."""
-        records: list[_Record] = []
-        for call in branch:
-            fn = self._callables.get(call) or self._bind(call)
-            start = time.perf_counter()
-            try:
-                fn()
-            except BaseException as exc:
-                records.append(_Record(call, start - p0, time.perf_counter() - start, False))
-                return records, exc
-            records.append(_Record(call, start - p0, time.perf_counter() - start, True))
-        return records, None
+    def _record(self, record: HookRecord) -> None:
+        """A hook call's effect on contents and process groups (the table's rules)."""
+        if record.call.hook in _MEMORY_HOOKS:
+            update_contents(record.call, record.ok, self._view, self._contents)
+        if not record.ok:
+            self._groups = mark_unknown(record.call, self._residency, self._groups)
+        elif record.call.hook in _RESOURCE_HOOKS:
+            self._groups = apply_call(record.call, self._residency, self._groups, self._communicators)
 
-    def _run_together(
-        self, stage: tuple[tuple[Call, ...], ...], p0: float
-    ) -> list[tuple[list[_Record], BaseException | None]]:
-        """Run a stage's branches at once: the first on this thread, the others on the hook pool.
-
-        Every branch finishes (or fails) before this returns, so a failure never leaves a hook running.
-        """
-        if self._pool is None:
-            self._pool = concurrent.futures.ThreadPoolExecutor(
-                max_workers=max(len(s) for p in PLANS for s in p.stages) - 1,
-                thread_name_prefix="lifecycle-hooks",
-            )
-        futures = [self._pool.submit(self._run_pooled, branch, p0) for branch in stage[1:]]
-        first = self._run_branch(stage[0], p0)
-        return [first, *(future.result() for future in futures)]
-
-    def _run_pooled(self, branch: tuple[Call, ...], p0: float) -> tuple[list[_Record], BaseException | None]:
-        me = threading.get_ident()
-        self._hook_threads.add(me)  # a hook calling back into the machine is refused, not deadlocked
-        try:
-            return self._run_branch(branch, p0)
-        finally:
-            self._hook_threads.discard(me)
-
-    def _bind(self, call: Call) -> Callable[[], Any]:
+    def _callable(self, call: Call) -> Callable[[], Any]:
         """The zero-argument callable for one hook call, built on first use."""
-        hook = call.hook
-        tag = None if call.tag == ALL_TAGS else call.tag
-        fn: Callable[[], Any]
-        if hook is Hook.MEMORY_PAUSE:
-            fn = functools.partial(self.hooks.memory.pause, tag=tag)
-        elif hook is Hook.MEMORY_RESUME:
-            fn = functools.partial(self.hooks.memory.resume, tag=tag)
-        elif hook is Hook.PROCESS_GROUPS_DESTROY:
-            assert self.hooks.process_groups is not None
-            fn = self.hooks.process_groups.destroy
-        elif hook is Hook.PROCESS_GROUPS_RELOAD:
-            assert self.hooks.process_groups is not None
-            fn = self.hooks.process_groups.reload
-        elif hook is Hook.CLEAR_MEMORY:
-            assert self.hooks.clear_memory is not None
-            fn = self.hooks.clear_memory
-        elif hook is Hook.ROUTING_REPLAY_CLEAR:
-            assert self.hooks.routing_replay is not None
-            fn = self.hooks.routing_replay
-        elif hook is Hook.SWITCH_MODEL:
-            assert self.hooks.switch_model is not None and self.policy.model_tag is not None
-            fn = functools.partial(self.hooks.switch_model, self.policy.model_tag)
-        elif hook is Hook.GENERATION_PAUSE:
-            assert self.hooks.generation is not None
-            fn = self.hooks.generation.pause
-        elif hook is Hook.GENERATION_RESUME:
-            assert self.hooks.generation is not None
-            fn = self.hooks.generation.resume
-        else:  # pragma: no cover - the enum is closed
-            raise AssertionError(f"unhandled hook {hook}")
-        self._callables[call] = fn
+        fn = self._callables.get(call)
+        if fn is None:
+            fn = self._callables[call] = bind_hook(call, self.hooks, self.policy.model_tag)
         return fn
 
     def _enter_failed(
         self,
         edge: Edge,
         call: Call,
-        records: list[_Record],
+        records: list[HookRecord],
         exc: BaseException,
         targets: tuple[str, ...],
     ) -> None:
@@ -748,14 +580,14 @@ class Lifecycle:
             hook=call.hook.value,
             tag=call.tag,
             error=repr(exc),
-            hooks=tuple(_hook_dicts(records)),
+            hooks=tuple(hook_dicts(records)),
             residency=dict(self._residency),
             groups=self._groups,
             contents=dict(self._contents),
         )
         self._in_body = False
-        self._unheld = None  # a held scope's deferred sleep is dropped: recover decides where to go
-        self._fail_event(self._model)
+        self._scope.drop()  # a held scope's deferred sleep is dropped: recover decides where to go
+        self._states.fail()
         self._emit(
             "error",
             Event.FAILED,
@@ -777,33 +609,16 @@ class Lifecycle:
         )
 
     def _resolve_unknown(self) -> None:
-        """Ask the backends what a failed hook left behind; never guess (vLLM's rule)."""
-        resolved: dict[str, Any] = {}
-        for tag, residency in self._residency.items():
-            if residency is not Residency.UNKNOWN:
-                continue
-            query = getattr(self.hooks.memory, "is_paused", None)
-            if query is None:
-                raise self._failed_error(
-                    "recover",
-                    f"the residency of tag {tag!r} is unknown (its hook raised) and the memory backend has no "
-                    "is_paused(tag) to ask; resuming a resident tag or pausing a released one kills the "
-                    "process under torch_memory_saver, so restart this actor instead",
-                )
-            paused = query(None if tag == ALL_TAGS else tag)
-            self._residency[tag] = Residency.RELEASED if paused else Residency.RESIDENT
-            resolve_contents(tag, self._residency[tag], self._view, self._contents)
-            resolved[tag] = self._residency[tag]
-        if self._groups is Groups.UNKNOWN:
-            query = getattr(self.hooks.process_groups, "is_alive", None)
-            if query is None:
-                raise self._failed_error(
-                    "recover",
-                    "the process groups' state is unknown (their hook raised) and the process-group backend "
-                    "has no is_alive() to ask; restart this actor instead",
-                )
-            self._groups = Groups.ALIVE if query() else ASLEEP[self._communicators]
-            resolved["process_groups"] = self._groups
+        """Ask the backends what a failed hook left behind (`_machine.failures`), and log it."""
+        self._groups, resolved = resolve_unknown(
+            self.hooks,
+            self._view,
+            self._residency,
+            self._contents,
+            self._groups,
+            self._communicators,
+            lambda reason: self._failed_error("recover", reason),
+        )
         if resolved:
             self._emit("info", Event.RESOLVED, {"resolved": resolved, "contents": self._contents_view()})
 
@@ -831,113 +646,12 @@ class Lifecycle:
     # ------------------------------------------------------------------ errors
 
     def _failed_error(self, operation: str, reason: str | None = None) -> LifecycleFailedError:
-        failure = self._failure
-        hook = failure.hook if failure else "unknown"
-        tag = f"[{failure.tag}]" if failure and failure.tag else ""
-        error = failure.error if failure else ""
-        what = (
-            f"{self._who()} is FAILED since hook {hook}{tag} raised {error} during {failure.operation} "
-            f"from {failure.state}"
-            if failure
-            else f"{self._who()} is FAILED"
-        )
-        advice = reason or (
-            f"{operation} is refused until recover(target=State.AWAKE) or recover(target=State.PAUSED) "
-            "succeeds"
-        )
-        self._emit(
-            "warning", Event.REFUSED, {"operation": operation, "state": State.FAILED, "reason": advice}
-        )
-        return LifecycleFailedError(
-            f"{what}; residency {self._residency_view()}, groups {self._groups and self._groups.value}. {advice}.",
-            hook=hook,
-            operation=operation,
-            residency=self._residency,
-            groups=self._groups,
-            error=error,
+        return failed_error(
+            self._who(), operation, self._failure, reason, self._residency, self._groups, self._refused
         )
 
-    def _refusal(
-        self, operation: str, state: State, targets: tuple[str, ...], recover_target: State | None
-    ) -> IllegalTransitionError:
-        allowed = allowed_operations(state)
-        if operation == "release" and self._holds == 0:
-            message = (
-                f"{self._who()} cannot release in {state}: no hold is taken (holds 0). Every release() gives "
-                "back one hold() (`with lifecycle.held():` pairs them); remove this release, or take the hold first."
-            )
-            self._emit("warning", Event.REFUSED, {"operation": operation, "state": state, "reason": message})
-            return IllegalTransitionError(message, state=state, operation=operation, allowed=allowed)
-        invalid = invalid_weights(self._view, self._contents)
-        if invalid and any(row.when is When.WEIGHTS_VALID for row in rows_for(operation, state)):
-            return self._invalid_weights(operation, state, invalid)
-        reasons = [
-            _GUARD_ADVICE.get(row.when, f"needs {row.when.value}") for row in rows_for(operation, state)
-        ]
-        if operation == "sync" and When.SYNC_TAGS_RESIDENT in [r.when for r in rows_for(operation, state)]:
-            released = [t for t in self._view.sync_requires if self._residency[t] is not Residency.RESIDENT]
-            reasons = [
-                f"the sync body writes into {released}, which are released; "
-                f"call wake_up(tags={released}) first"
-            ]
-        if not reasons:
-            if operation == "recover":
-                reasons = [
-                    f"recover is only legal from FAILED and the machine is {state}; nothing to recover"
-                ]
-            elif state is State.PAUSED:
-                reasons = ["call wake_up() first"]
-            else:
-                reasons = [f"legal from {state}: {list(allowed)}"]
-        message = f"{self._who()} cannot {operation} from {state}: " + "; ".join(dict.fromkeys(reasons))
-        self._emit(
-            "warning",
-            Event.REFUSED,
-            {"operation": operation, "state": state, "reason": message, "targets": list(targets)},
-        )
-        return IllegalTransitionError(message, state=state, operation=operation, allowed=allowed)
-
-    def _invalid_weights(
-        self, operation: str, state: State, invalid: Mapping[str, Contents]
-    ) -> InvalidWeightsError:
-        why = {
-            Contents.DISCARDED: "discarded (released without a backup: a wake maps fresh, meaningless memory)",
-            Contents.UNKNOWN: "unknown (a hook or a sync touching it failed part-way)",
-        }
-        described = "; ".join(f"tag {t!r} holds {why[c]}" for t, c in invalid.items())
-        message = (
-            f"{self._who()} cannot {operation} from {state}: {described}. The engine would serve "
-            f"meaningless weights (vllm #29341). Sync first: wake_up({list(self._view.sync_requires) or None}) "
-            f"if released, then update_weights(...) with the trainer's current version; {operation} is "
-            "allowed once its final round is loaded."
-        )
-        return self._weights_refusal(
-            operation, state, message, {t: c.value for t, c in invalid.items()}, None
-        )
-
-    def _stale(self, operation: str, state: State, required: int) -> InvalidWeightsError:
-        loaded = "an unknown version" if self._weight_version is None else f"version {self._weight_version}"
-        message = (
-            f"{self._who()} cannot {operation} from {state}: it holds {loaded} of the weights and the caller "
-            f"requires at least version {required} (a restarted or replaced engine serves its original "
-            f"checkpoint, miles #1724). Sync version {required} or later first (update_weights)."
-        )
-        return self._weights_refusal(operation, state, message, {}, required)
-
-    def _weights_refusal(
-        self, operation: str, state: State, message: str, tags: dict[str, str], required: int | None
-    ) -> InvalidWeightsError:
-        self._emit("warning", Event.REFUSED, {"operation": operation, "state": state, "reason": message})
-        return InvalidWeightsError(
-            message,
-            state=state,
-            operation=operation,
-            allowed=allowed_operations(state),
-            tags=tags,
-            weight_version=self._weight_version,
-            required_version=required,
-            fix="sync",  # both are fixed by a sync of a current version
-        )
+    def _refused(self, fields: dict[str, Any]) -> None:
+        self._emit("warning", Event.REFUSED, fields)
 
     def _targets(self, tags: Iterable[str] | None) -> tuple[str, ...]:
         if tags is None:
@@ -970,16 +684,6 @@ class Lifecycle:
     def _contents_view(self) -> dict[str, str]:
         return {tag: c.value for tag, c in self._contents.items()}
 
-    def _communicators_view(self) -> dict[str, Any]:
-        """The process-group backend's declared way, and what kept communicators hold on the GPU."""
-        if self.hooks.process_groups is None:
-            return {}
-        view: dict[str, Any] = {"communicators": self._communicators.value}
-        held = getattr(self.hooks.process_groups, "held_bytes", None)
-        if self._communicators is Communicators.KEEP and callable(held):
-            view["communicators_held_bytes"] = held()  # stays on the GPU while asleep
-        return view
-
     def _emit(self, level: str, event: str, fields: dict[str, Any]) -> None:
         if events.enabled(events.LEVELS[level]):
             events.emit(level, event, {**self._context, "step": self.step, **fields})
@@ -988,57 +692,6 @@ class Lifecycle:
         return (
             f"<Lifecycle {self._who()} {self.state} residency={self._residency_view()} groups={self._groups}>"
         )
-
-
-_GUARD_ADVICE: dict[When, str] = {
-    When.AUTO_WAKE: "the policy has auto_wake=False; call wake_up() first",
-    When.AUTO_WAKE_OFFLOAD: "the policy has auto_wake=False; call wake_up() first",
-    When.AUTO_WAKE_NO_OFFLOAD: "the policy has auto_wake=False; call wake_up() first",
-    When.TARGET_AWAKE: "recover needs target=State.AWAKE or State.PAUSED",
-    When.TARGET_PAUSED: "recover needs target=State.AWAKE or State.PAUSED",
-}
-
-
-class _Record(NamedTuple):
-    """One hook call of a transition: when it started (s after the edge began), how long, whether it returned."""
-
-    call: Call
-    at: float
-    seconds: float
-    ok: bool
-
-
-def _hook_dicts(records: list[_Record]) -> list[dict[str, Any]]:
-    out = []
-    for call, at, seconds, ok in records:
-        entry: dict[str, Any] = {
-            "name": call.hook.value,
-            "ms": round(seconds * 1e3, 4),
-            "at_ms": round(at * 1e3, 4),
-            "ok": ok,
-        }
-        if call.tag is not None:
-            entry["tag"] = call.tag
-        out.append(entry)
-    return out
-
-
-def _backend_descriptions(hooks: Hooks) -> dict[str, Any]:
-    """What the backends say of themselves (`describe()`, `notes`), for the configured event.
-
-    The choices a backend made from the environment (a retained CPU backup, the hook mode) are read
-    from the log of the run that made them, not from the code.
-    """
-    described: dict[str, Any] = {}
-    for slot in ("memory", "process_groups"):
-        backend = getattr(hooks, slot)
-        describe = getattr(backend, "describe", None)
-        if callable(describe):
-            described[slot] = str(describe())
-        notes = getattr(backend, "notes", None)
-        if isinstance(notes, list) and notes:
-            described[f"{slot}_notes"] = [str(note) for note in notes]
-    return described
 
 
 def _check_operation(operation: str) -> None:

@@ -13,19 +13,17 @@ gives no finding about the ranks it shares a slot with.
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from lifecycle import logs
+from lifecycle._replay.state import Key, Report
 from lifecycle.errors import LogFieldError
 from lifecycle.logs import Event
 from lifecycle.table import State
 
 __all__ = ["WeightSyncChecks"]
-
-Key = tuple[str, "int | None", "str | None"]  # (file, rank, role): one machine
-Report = Callable[[str, int, "int | None", "str | None", str], None]  # (path, line, rank, role, message)
 
 
 @dataclass(frozen=True)
