@@ -334,19 +334,30 @@ class Estimates:
         self.freed[item] = max(0, int(freed_bytes))
         self.audited.add(item)
 
-    def observe_sleep(self, released: Sequence[str], freed_bytes: int) -> None:
-        """A sleep that released `released` raised the free memory by `freed_bytes`: what the audit
-        did not measure is split over the other items, in proportion to their estimates (evenly
-        where there are none)."""
+    def observe_sleep(self, released: Sequence[str], freed_bytes: int, prior: Mapping[str, int]) -> None:
+        """A sleep that released `released` raised the free memory by `freed_bytes`. What the audit
+        did not measure goes first to the items with an estimate (`prior`: what the plan assumed),
+        the rest evenly to the items without one; less than the estimates scales them down."""
         audited = sum(self.freed.get(i, 0) for i in released if i in self.audited)
         rest = [i for i in released if i not in self.audited]
-        left = max(0, int(freed_bytes) - audited)
         if not rest:
             return
-        weights = [self.freed.get(i, 0) for i in rest]
-        total = sum(weights)
-        for i, w in zip(rest, weights, strict=True):
-            self.freed[i] = left * w // total if total else left // len(rest)
+        left = max(0, int(freed_bytes) - audited)
+        known = {i: prior.get(i, 0) for i in rest if prior.get(i, 0) > 0}
+        unknown = [i for i in rest if i not in known]
+        total = sum(known.values())
+        if unknown and left >= total:
+            self.freed.update(known)
+            for i in unknown:
+                self.freed[i] = (left - total) // len(unknown)
+        elif total:
+            for i, w in known.items():
+                self.freed[i] = left * w // total
+            for i in unknown:
+                self.freed[i] = 0
+        else:
+            for i in rest:
+                self.freed[i] = left // len(rest)
 
     def cost(self, item: str, frees_bytes: int) -> float:
         if item in self.release_s and item in self.restore_s:

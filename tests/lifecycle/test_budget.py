@@ -139,6 +139,14 @@ class TestNarrow:
 
 
 class TestEstimates:
+    def test_a_sleep_unaudited_credits_the_estimates_first(self) -> None:
+        """12 GiB freed by two tags estimated at 2 and 6 GiB and unmeasured groups: the groups get 4."""
+        est = Estimates(MemoryBudget())
+        est.observe_sleep(["a", "b", COMMUNICATORS], 12 * GIB, {"a": 2 * GIB, "b": 6 * GIB, COMMUNICATORS: 0})
+        assert est.freed == {"a": 2 * GIB, "b": 6 * GIB, COMMUNICATORS: 4 * GIB}
+        est.observe_sleep(["a", "b"], 4 * GIB, {"a": 2 * GIB, "b": 6 * GIB})  # less than estimated
+        assert est.freed["a"] == 1 * GIB and est.freed["b"] == 3 * GIB
+
     def test_unmeasured_items_free_what_is_declared_or_nothing(self) -> None:
         """Before a measurement a tag frees its declared size at the stated bandwidth; groups free nothing."""
         est = Estimates(MemoryBudget(bandwidth=1e9, communicators_s=2.0))
@@ -153,7 +161,9 @@ class TestEstimates:
         est.observe_freed("w", 3 * GIB)
         est.observe_hook(Hook.MEMORY_PAUSE, "w", 0.05)
         est.observe_hook(Hook.MEMORY_RESUME, "w", 0.07)
-        est.observe_sleep(["w", COMMUNICATORS], 11 * GIB)  # what the audit did not count: the groups
+        est.observe_sleep(
+            ["w", COMMUNICATORS], 11 * GIB, {"w": 3 * GIB}
+        )  # what the audit did not count: the groups
         est.observe_hook(Hook.PROCESS_GROUPS_DESTROY, None, 0.6)
         est.observe_hook(Hook.PROCESS_GROUPS_RELOAD, None, 0.4)
         w, c = est.items(["w"], {}, "destroy")
