@@ -80,8 +80,6 @@ _MARKS: Mapping[str, tuple[str, str, float, str]] = {
     "groups_destroyed": ("P", "#78909c", 30.0, "groups destroyed"),
     "groups_suspended": ("H", "#5e35b1", 30.0, "groups suspended"),
     "groups_kept": ("p", "#00897b", 34.0, "groups kept"),
-    "budget": ("<", "#00acc1", 30.0, "memory budget: the sleep's plan"),
-    "budget_short": ("<", "#b71c1c", 50.0, "memory budget: need not free"),
 }
 _HELD_COLOR = "#7e57c2"
 
@@ -377,13 +375,14 @@ def _add_event(lane: Lane, name: str, d: dict[str, Any], when: float, where: str
         elif event is Event.BUDGET:
             released = d.get("released")
             what = "keeps all" if released == [] else f"releases {', '.join(map(str, released or ['all']))}"
-            lane.marks.append(Mark("budget", f"budget: {what}", when, _fields(d)))
+            lane.marks.append(Mark("event", f"budget: {what}", when, _fields(d)))
         elif event is Event.BUDGET_CHECKED:
             met = d.get("met") is not False
             label = (
                 "budget: need free" if met else f"budget: {int(d.get('short_bytes') or 0) >> 20} MiB short"
             )
-            lane.marks.append(Mark("budget" if met else "budget_short", label, when, _fields(d)))
+            # A need not free is a release that freed too little: drawn as one.
+            lane.marks.append(Mark("event" if met else "release_short", label, when, _fields(d)))
         elif event in (Event.MEMORY_RELEASED, Event.MEMORY_TAKEN):
             short = event is Event.MEMORY_RELEASED and bool(d.get("short"))
             lane.marks.append(Mark("release_short" if short else "memory", name, when, _fields(d)))

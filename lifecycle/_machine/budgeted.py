@@ -59,16 +59,9 @@ class BudgetedSleep:
         communicators: str,
     ) -> tuple[PolicyView, tuple[str, ...], frozenset[Hook]]:
         """The sleep's plan inputs under the budget (unchanged where it cannot plan: no need declared,
-        free memory unknown)."""
+        free memory unknown on some rank)."""
         self._plan = self._free_before = None
-        if self.need_bytes is None:
-            return view, targets, present
-        local = self.probe.free_bytes()
-        if local is None:
-            self._emit(
-                "warning", Event.BUDGET, {"need_bytes": self.need_bytes, "reason": "free memory unknown"}
-            )
-            return view, targets, present
+        local = _free(self.probe)
         resident = [t for t in targets if residency[t] is Residency.RESIDENT]
         way = (
             communicators
@@ -78,13 +71,19 @@ class BudgetedSleep:
             else None
         )
         declared = {t: self._declared(t) for t in resident}
-        inputs = BudgetInputs(
-            self.need_bytes, local, self.budget.margin_bytes, self.estimates.items(resident, declared, way)
-        )
+        items = self.estimates.items(resident, declared, way)
+        if self.need_bytes is None:
+            # No need declared: the full sleep, which still teaches the estimates what each item frees.
+            full = BudgetPlan(tuple((i.name, i.full) for i in items), False, 0, 0.0, 0)
+            self._remember(BudgetInputs(0, local, 0, items), full, local)
+            return view, targets, present
+        inputs = BudgetInputs(self.need_bytes, local, self.budget.margin_bytes, items)
         agreed = self._agree(inputs)
+        if agreed.free_bytes < 0:  # some rank cannot tell: every rank sleeps fully, none plans
+            self._emit("info", Event.BUDGET, {"need_bytes": self.need_bytes, "reason": "free memory unknown"})
+            return view, targets, present
         plan = plan_releases(agreed)
-        self._plan, self._free_before = plan, local
-        self._prior = {i.name: i.way(plan.way(i.name)).frees_bytes for i in inputs.items}
+        self._remember(inputs, plan, local)
         self._emit(
             "info",
             Event.BUDGET,
@@ -97,19 +96,23 @@ class BudgetedSleep:
         )
         return narrow(plan, view, targets, present)
 
+    def _remember(self, inputs: BudgetInputs, plan: BudgetPlan, local: int) -> None:
+        self._plan, self._free_before = plan, local
+        self._prior = {i.name: i.way(i.full).frees_bytes for i in inputs.items}
+
     def check(self, residency: Mapping[str, Residency], groups: Groups | None) -> None:
         """After the sleep's releases: the need is free on every rank, or `MemoryBudgetShortError`."""
         plan, before = self._plan, self._free_before
         self._plan = self._free_before = None
+        local = _free(self.probe)
+        if plan is not None and before is not None and before >= 0 and local >= 0:
+            self.estimates.observe_sleep(plan.released, local - before, self._prior)
         if self.need_bytes is None:
             return
-        local = self.probe.free_bytes()
-        if local is None:
-            return
-        if plan is not None and before is not None:
-            self.estimates.observe_sleep(plan.released, local - before, self._prior)
         agreed = self._agree(BudgetInputs(self.need_bytes, local, 0, ()))
         need, free = agreed.need_bytes, agreed.free_bytes
+        if free < 0:  # some rank cannot tell: nothing to judge
+            return
         resident = tuple(t for t, r in residency.items() if r is Residency.RESIDENT)
         short = max(0, need - free)
         fields: dict[str, Any] = {
@@ -156,6 +159,13 @@ class BudgetedSleep:
             return None
         value = expected(None if tag == ALL_TAGS else tag)
         return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _free(probe: MemoryProbe) -> int:
+    """The probe's free bytes; -1 where it cannot tell, so the ranks' least free says "unknown" to all
+    of them (each rank still takes part in every agreement: a rank skipping one would hang the rest)."""
+    free = probe.free_bytes()
+    return -1 if free is None else free
 
 
 def _reasons(inputs: BudgetInputs, plan: BudgetPlan) -> dict[str, str]:

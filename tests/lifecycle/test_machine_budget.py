@@ -115,6 +115,19 @@ class TestBudgetedSleep:
         assert "memory.pause[weights]" not in log.names()
         assert findings(events) == []
 
+    def test_a_full_sleep_before_any_need_teaches_the_estimates(self) -> None:
+        """The init's sleep (no need yet) measures the groups: the first planned sleep is not full."""
+        lc, _device, log = trainer(total=20 * GIB, groups_bytes=4 * GIB)
+        lc.sleep()
+        lc.wake_up()
+        lc.expect(17 * GIB)
+        log.clear()
+        with capture_events() as events:
+            lc.sleep()
+        plan = budget_event(events)
+        assert plan["feasible"] and plan["released"] == ["optimizer", COMMUNICATORS]
+        assert "memory.pause[weights]" not in log.names()
+
 
 class TestShortfall:
     def test_memory_taken_meanwhile_is_a_typed_error_before_the_wake(self) -> None:
