@@ -53,9 +53,11 @@ class DeviceMemoryProbe:
         self._round = 0
 
     def free_bytes(self) -> int | None:
+        """Free bytes on this rank's device now (None: CUDA not initialised in this process)."""
         return self._free()
 
     def expected_bytes(self, tag: str | None) -> int | None:
+        """What `tag` holds while resident, as the memory backend declares it (None: not known)."""
         return None if self._expected is None else self._expected(tag)
 
     def agree(self, inputs: BudgetInputs) -> BudgetInputs:
