@@ -10,7 +10,8 @@ neither torch nor Ray; each is imported from its module on first use:
 - device memory: `TorchMemorySaverBackend`, `NoopMemory`, `select_memory_backend`,
   `MemorySaverConfigError`, `MemoryStateError` (`actor_integration.backends.memory_saver`),
   `validate_environment` (`actor_integration.backends.tms_env`), `AuditedMemory`
-  (`actor_integration.backends.release_audit`), `ClearMemory` (`actor_integration.backends.clear_memory`)
+  (`actor_integration.backends.release_audit`), `ClearMemory` (`actor_integration.backends.clear_memory`),
+  `DeviceMemoryProbe` (`actor_integration.backends.memory_budget`)
 - hooks: `CpuWeightBackup`, `ModelTagSwitch` (`actor_integration.backends.model_tag`),
   `RoutingReplayCache`, `RoutingReplayClear` (`actor_integration.backends.routing_replay`)
 - process groups: `ReloadableProcessGroups`, `GroupHandle`, `RendezvousMismatchError`,
@@ -41,6 +42,7 @@ _EXPORTS = {
     "InconsistentGroupError": "actor_integration.actors.ray_group",
     "ClearMemory": "actor_integration.backends.clear_memory",
     "AuditedMemory": "actor_integration.backends.release_audit",
+    "DeviceMemoryProbe": "actor_integration.backends.memory_budget",
     "MemorySaverConfigError": "actor_integration.backends.memory_saver",
     "MemoryStateError": "actor_integration.backends.memory_saver",
     "NoopMemory": "actor_integration.backends.memory_saver",

@@ -16,6 +16,7 @@ and `lifecycle timeline` run), `lifecycle.testing` (fakes for users' tests), `li
 from importlib import metadata as _metadata
 from typing import Any as _Any
 
+from lifecycle.budget import MemoryBudget
 from lifecycle.errors import (
     IllegalTransitionError,
     InjectedFault,
@@ -24,11 +25,19 @@ from lifecycle.errors import (
     LifecycleFailedError,
     LifecycleNotConfiguredError,
     LogFieldError,
+    MemoryBudgetShortError,
     ProtocolViolation,
 )
 from lifecycle.errors import moved_error as _moved_error
 from lifecycle.events import capture_events, configure_logging, configure_rank_log, flush_logs
-from lifecycle.hooks import EventSink, GenerationBackend, Hooks, MemoryBackend, ProcessGroupsBackend
+from lifecycle.hooks import (
+    EventSink,
+    GenerationBackend,
+    Hooks,
+    MemoryBackend,
+    MemoryProbe,
+    ProcessGroupsBackend,
+)
 from lifecycle.machine import Failure, Lifecycle
 from lifecycle.policy import LifecyclePolicy
 from lifecycle.table import ALL_TAGS, Communicators, Contents, Groups, Hook, Residency, State
@@ -58,6 +67,9 @@ __all__ = [
     "LifecyclePolicy",
     "LogFieldError",
     "MemoryBackend",
+    "MemoryBudget",
+    "MemoryBudgetShortError",
+    "MemoryProbe",
     "ProcessGroupsBackend",
     "ProtocolViolation",
     "Residency",

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lifecycle._replay import bodies, edges, failures, holds, noops
+from lifecycle._replay import bodies, budget, edges, failures, holds, noops
 from lifecycle._replay.configured import configured
 from lifecycle._replay.state import Key, Replay, ReplayedMachine, Rule, follow
 from lifecycle.errors import LogFieldError
@@ -106,6 +106,8 @@ _RULES: dict[Event, Rule] = {
     Event.HOLD: holds.hold,
     Event.RELEASE: holds.release,
     Event.DEFERRED: holds.deferred,
+    Event.BUDGET: budget.budget,
+    Event.BUDGET_CHECKED: budget.budget_checked,
 }
 
 

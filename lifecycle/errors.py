@@ -26,6 +26,7 @@ __all__ = [
     "LifecycleFailedError",
     "LifecycleNotConfiguredError",
     "LogFieldError",
+    "MemoryBudgetShortError",
     "ProtocolViolation",
 ]
 
@@ -125,6 +126,39 @@ class LifecycleFailedError(LifecycleError, RuntimeError):
     ) -> None:
         super().__init__(
             message, hook=hook, operation=operation, residency=dict(residency), groups=groups, error=error
+        )
+
+
+class MemoryBudgetShortError(LifecycleError, RuntimeError):
+    """After a sleep under a memory budget, less is free than the next phase declared it needs.
+
+    Raised before the other phase's wake (which would otherwise run out of memory inside the
+    engine): the machine is FAILED, `recover(State.PAUSED)` releases what is still resident.
+    """
+
+    short_bytes: int
+    need_bytes: int
+    free_bytes: int
+    resident: tuple[str, ...]
+    groups: Groups | None
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        short_bytes: int,
+        need_bytes: int,
+        free_bytes: int,
+        resident: tuple[str, ...],
+        groups: Groups | None,
+    ) -> None:
+        super().__init__(
+            message,
+            short_bytes=short_bytes,
+            need_bytes=need_bytes,
+            free_bytes=free_bytes,
+            resident=tuple(resident),
+            groups=groups,
         )
 
 

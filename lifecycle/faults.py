@@ -133,6 +133,8 @@ def with_faults(faults: FaultInjector, hooks: Hooks) -> Hooks:
             wrapped[name] = FaultyProcessGroups(hook, faults)
         elif name == "generation":
             wrapped[name] = FaultyGeneration(hook, faults)
+        elif name == "budget":
+            wrapped[name] = hook  # a probe the machine reads; faults go to the hooks it plans
         else:
             wrapped[name] = faulty_hook(_HOOK_OF_SLOT.get(name, name), hook, faults)
     return Hooks(**wrapped)

@@ -21,6 +21,7 @@ __all__ = [
     "Hooks",
     "MemoryBackend",
     "MemoryDisable",
+    "MemoryProbe",
     "ProcessGroupsBackend",
 ]
 
@@ -76,6 +77,20 @@ class GenerationBackend(Protocol):
         ...
 
 
+@runtime_checkable
+class MemoryProbe(Protocol):
+    """What a memory budget reads (`lifecycle.budget`): the device's free bytes (None: cannot tell).
+
+    It may also offer `agree(inputs) -> inputs`, the `BudgetInputs` reduced over the ranks of the
+    group (`lifecycle.budget.agree` over every rank's; absent: one rank), and `expected_bytes(tag)`,
+    what a tag holds while resident (the estimate before the release audit measured it).
+    """
+
+    def free_bytes(self) -> int | None:
+        """Free bytes on this rank's device now."""
+        ...
+
+
 class EventSink(Protocol):
     """What `Lifecycle.event` offers: layers above the machine log through it with the actor's context."""
 
@@ -88,6 +103,7 @@ _METHODS: dict[str, tuple[tuple[str, ...], str]] = {
     "memory": (("pause", "resume", "disable"), "torch_memory_saver's pause/resume/disable"),
     "process_groups": (("destroy", "reload"), "destroy()/reload()"),
     "generation": (("pause", "resume"), "pause()/resume()"),
+    "budget": (("free_bytes",), "free_bytes()"),
 }
 
 
@@ -101,6 +117,7 @@ class Hooks:
     clear_memory: drops garbage and cached blocks around the memory calls.
     switch_model: called with the policy's `model_tag` after a wake (slime's `_switch_model`).
     generation: pauses and resumes an engine's generation (rollout).
+    budget: the free memory a `LifecyclePolicy(memory_budget=...)` plans from (`MemoryProbe`).
     """
 
     memory: MemoryBackend
@@ -109,6 +126,7 @@ class Hooks:
     clear_memory: Callable[[], Any] | None = None
     switch_model: Callable[[str], Any] | None = None
     generation: GenerationBackend | None = None
+    budget: MemoryProbe | None = None
 
     def __post_init__(self) -> None:
         for slot in dataclasses.fields(self):
@@ -146,6 +164,8 @@ class Hooks:
             present |= {Hook.PROCESS_GROUPS_DESTROY, Hook.PROCESS_GROUPS_RELOAD}
         if self.generation is not None:
             present |= {Hook.GENERATION_PAUSE, Hook.GENERATION_RESUME}
+        if self.budget is not None:
+            present.add(Hook.BUDGET_CHECK)
         for hook, given in (
             (Hook.ROUTING_REPLAY_CLEAR, self.routing_replay),
             (Hook.CLEAR_MEMORY, self.clear_memory),

@@ -50,6 +50,8 @@ class Event(str, enum.Enum):
     SYNC_LOADED = "weight_sync.loaded"  # a rollout engine loaded one version
     MEMORY_RELEASED = "memory.released"  # device memory one pause freed (warning: much less than its tags)
     MEMORY_TAKEN = "memory.taken"  # device memory one resume took
+    BUDGET = "lifecycle.budget"  # a sleep's memory-budget plan: what it releases and keeps, and why
+    BUDGET_CHECKED = "lifecycle.budget_checked"  # after that sleep: the need free, or how short
 
     def __str__(self) -> str:
         return self.value

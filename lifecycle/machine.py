@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 from lifecycle import events
 from lifecycle._machine.backends import describe_backends
+from lifecycle._machine.budgeted import BudgetedSleep
 from lifecycle._machine.failures import Failure, resolve_unknown
 from lifecycle._machine.held import HeldScope
 from lifecycle._machine.hook_runner import HookRecord, HookRunner, Stages, bind_hook, hook_dicts
@@ -29,6 +30,7 @@ from lifecycle.table import (
     BODY_OPERATIONS,
     LIFECYCLE_CALLS,
     OPERATIONS,
+    SLEEP,
     Call,
     Communicators,
     Contents,
@@ -122,6 +124,19 @@ class Lifecycle:
         overlap = policy.overlap_hooks and bool(getattr(hooks.memory, "may_overlap_process_groups", False))
         self._callables: dict[Call, Callable[[], Any]] = {}
         self._runner = HookRunner(self._callable, overlap=overlap)
+        self._budget: BudgetedSleep | None = None
+        if (policy.memory_budget is None) != (hooks.budget is None):
+            raise ValueError(
+                "Lifecycle: a memory budget needs both LifecyclePolicy(memory_budget=MemoryBudget(...)) and "
+                "Hooks(budget=<a MemoryProbe>, ...); "
+                + (
+                    "the hooks have no budget probe"
+                    if hooks.budget is None
+                    else "the policy has no memory_budget"
+                )
+            )
+        if policy.memory_budget is not None and hooks.budget is not None:
+            self._budget = BudgetedSleep(policy.memory_budget, hooks.budget, self._emit)
 
         self._lock = threading.RLock()
         self._owner: int | None = None  # thread running an operation
@@ -230,7 +245,29 @@ class Lifecycle:
 
     def event(self, name: str, level: str = "info", **fields: Any) -> None:
         """Log an event of a layer above the machine (weight sync, demo) with this actor's context."""
+        if self._budget is not None:
+            self._budget.observe_event(name, fields)  # the release audit's bytes, for the next plan
         self._emit(level, name, fields)
+
+    def expect(self, need_bytes: int | None) -> None:
+        """Declare what the next phase's wake needs free on this device (bytes; None: not known).
+
+        Under `LifecyclePolicy(memory_budget=...)` every later sleep releases only what leaves that
+        free (`lifecycle.budget`), and checks it is free after; without a need, a sleep releases
+        everything. Every rank of a group declares the same need (their sleeps agree collectively).
+        """
+        if self._budget is None:
+            raise ValueError(
+                f"{self._who()}: expect() needs a memory budget: LifecyclePolicy(memory_budget=MemoryBudget()) "
+                "and Hooks(budget=...)"
+            )
+        with self._lock:
+            self._budget.expect(need_bytes)
+
+    @property
+    def need_bytes(self) -> int | None:
+        """The need declared with `expect` (None: none, or no budget)."""
+        return None if self._budget is None else self._budget.need_bytes
 
     def may(self, operation: str, *, tags: Iterable[str] | None = None) -> bool:
         """Whether `operation` would be accepted now (it may still fail in a hook)."""
@@ -520,9 +557,13 @@ class Lifecycle:
         """Run the edge's plan stage by stage, then let `transitions` move the state."""
         stages: Stages = ()
         if edge.plan is not None:
-            stages = self._runner.stages(
-                edge.plan, self._view, self._residency, self._groups, targets, self._present
-            )
+            view, planned, present = self._view, targets, self._present
+            if self._budget is not None and edge.plan is SLEEP and edge.operation != "recover":
+                # recover releases the rest: never narrowed.
+                view, planned, present = self._budget.narrowed(
+                    view, targets, present, self._residency, self._groups, self._communicators.value
+                )
+            stages = self._runner.stages(edge.plan, view, self._residency, self._groups, planned, present)
         t0 = time.time()
         p0 = time.perf_counter()
         records, failed = self._runner.run(stages, p0, self._record)
@@ -553,6 +594,8 @@ class Lifecycle:
         """A hook call's effect on contents and process groups (the table's rules)."""
         if record.call.hook in _MEMORY_HOOKS:
             update_contents(record.call, record.ok, self._view, self._contents)
+        if self._budget is not None and record.ok:
+            self._budget.observe_hook(record.call.hook, record.call.tag, record.seconds)
         if not record.ok:
             self._groups = mark_unknown(record.call, self._residency, self._groups)
         elif record.call.hook in _RESOURCE_HOOKS:
@@ -561,6 +604,10 @@ class Lifecycle:
     def _callable(self, call: Call) -> Callable[[], Any]:
         """The zero-argument callable for one hook call, built on first use."""
         fn = self._callables.get(call)
+        if fn is None and call.hook is Hook.BUDGET_CHECK:
+            budget = self._budget
+            assert budget is not None  # the hook is present only with a budget
+            fn = self._callables[call] = lambda: budget.check(self._residency, self._groups)
         if fn is None:
             fn = self._callables[call] = bind_hook(call, self.hooks, self.policy.model_tag)
         return fn

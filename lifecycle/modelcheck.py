@@ -56,7 +56,14 @@ ROLLOUT = LifecyclePolicy(
     model_tag=None,
     destroy_process_groups=False,
 )
-_TRAINER_HOOKS = frozenset(Hook) - {Hook.GENERATION_PAUSE, Hook.GENERATION_RESUME, Hook.ROUTING_REPLAY_CLEAR}
+# No memory budget here: its check is one more hook that may fail at a sleep's end, like the pause
+# before it; left out to keep the explored state space (and CI time) as it was.
+_TRAINER_HOOKS = frozenset(Hook) - {
+    Hook.GENERATION_PAUSE,
+    Hook.GENERATION_RESUME,
+    Hook.ROUTING_REPLAY_CLEAR,
+    Hook.BUDGET_CHECK,
+}
 _ROLLOUT_HOOKS = frozenset(
     {Hook.MEMORY_PAUSE, Hook.MEMORY_RESUME, Hook.GENERATION_PAUSE, Hook.GENERATION_RESUME}
 )

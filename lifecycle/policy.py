@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from lifecycle.budget import COMMUNICATORS, MemoryBudget
 from lifecycle.table import ALL_TAGS, PolicyView
 
 # Fields older logs may carry: `colocate` (read nowhere; a transport concern, see configure_sender).
@@ -33,6 +34,9 @@ class LifecyclePolicy:
     overlap_hooks: run the hooks a plan declares independent together (process-group teardown
         with the memory pause, their rebuild with the memory resume), where the memory backend
         allows it (`may_overlap_process_groups`); off: one after another, in plan order.
+    memory_budget: a sleep releases only the tags (and the communicators) the next phase's declared
+        need requires (`Lifecycle.expect`, `lifecycle.budget`), and checks after it that the need is
+        free; needs `Hooks(budget=...)`. None (default): every sleep releases everything, as set above.
     """
 
     offload_train: bool = False
@@ -44,8 +48,17 @@ class LifecyclePolicy:
     sync_requires: tuple[str, ...] = ()
     discard_on_release: tuple[str, ...] = ()
     overlap_hooks: bool = True
+    memory_budget: MemoryBudget | None = None
 
     def __post_init__(self) -> None:
+        if self.memory_budget is not None and not isinstance(self.memory_budget, MemoryBudget):
+            raise ValueError(
+                f"LifecyclePolicy.memory_budget must be a lifecycle.MemoryBudget or None, got {self.memory_budget!r}"
+            )
+        if self.memory_budget is not None and COMMUNICATORS in (self.memory_tags or ()):
+            raise ValueError(
+                f"LifecyclePolicy.memory_tags: {COMMUNICATORS!r} names the communicators in a budget"
+            )
         for name in (
             "offload_train",
             "use_routing_replay",
@@ -149,6 +162,8 @@ class LifecyclePolicy:
         for name in ("memory_tags", "sync_requires", "discard_on_release"):
             if isinstance(fields.get(name), list):
                 fields[name] = tuple(fields[name])
+        if isinstance(fields.get("memory_budget"), Mapping):
+            fields["memory_budget"] = MemoryBudget.from_dict(fields["memory_budget"])
         return cls(**fields)
 
     @classmethod

@@ -101,6 +101,7 @@ class Hook(str, enum.Enum):
     PROCESS_GROUPS_RELOAD = "process_groups.reload"
     SWITCH_MODEL = "switch_model"
     GENERATION_RESUME = "generation.resume"
+    BUDGET_CHECK = "memory.budget_check"
 
     def __str__(self) -> str:
         return self.value
@@ -121,6 +122,10 @@ HOOK_RULES: Mapping[Hook, str] = {
     Hook.PROCESS_GROUPS_RELOAD: "if the groups are asleep (destroyed, suspended or kept)",
     Hook.SWITCH_MODEL: "if `model_tag` is set and a switch-model hook is given",
     Hook.GENERATION_RESUME: "if a generation hook is given (rollout: continue generation)",
+    Hook.BUDGET_CHECK: (
+        "if a memory budget is configured (`lifecycle.budget`): the next phase's need is free, else "
+        "`MemoryBudgetShortError` (FAILED; `recover` releases the rest)"
+    ),
 }
 
 
@@ -163,6 +168,9 @@ SLEEP = Plan(
         # host: independent work, the slowest of a sleep when serial, so it runs together
         # (docs/measurements.md#serial-process-group-teardown-2026-12-01).
         (Hook.PROCESS_GROUPS_DESTROY, Hook.MEMORY_PAUSE),
+        # Under a memory budget: the need is free before the other phase wakes, or a typed error
+        # here, where recover can still release the rest (not an OOM inside the engine).
+        (Hook.BUDGET_CHECK,),
     ),
     "release memory: stop generation, clear caches, destroy process groups and pause tags together",
 )

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from lifecycle.budget import BudgetInputs, agree
 from lifecycle.errors import InjectedFault, ProtocolViolation
 from lifecycle.events import capture_events
 from lifecycle.faults import FaultInjector
@@ -26,6 +27,8 @@ from lifecycle.table import ASLEEP, Communicators, Hook, State
 
 __all__ = [
     "CallLog",
+    "FakeAgreement",
+    "FakeDevice",
     "FakeGeneration",
     "FakeMemorySaver",
     "FakeProcessGroups",
@@ -261,6 +264,73 @@ class FakeProcessGroups:
     def use(self) -> None:
         if not self.alive:
             raise ProtocolViolation(f"collective on {self.state} process groups")
+
+
+class FakeDevice:
+    """A `MemoryProbe` over a device of `total_bytes`: what is free follows the fakes' residency.
+
+    Each tag of `memory` holds `tag_bytes[tag]` while resident, live `groups` hold `groups_bytes`,
+    and `taken_bytes` is what another process allocated (set it to take memory meanwhile).
+    `declared` says whether `expected_bytes(tag)` answers the tags' sizes (the release audit's
+    estimate before it measured) or None. `agreement` reduces the inputs over fake ranks.
+    """
+
+    def __init__(
+        self,
+        total_bytes: int,
+        memory: FakeMemorySaver,
+        tag_bytes: dict[str, int],
+        *,
+        groups: FakeProcessGroups | None = None,
+        groups_bytes: int = 0,
+        taken_bytes: int = 0,
+        declared: bool = True,
+        agreement: FakeAgreement | None = None,
+    ) -> None:
+        self.total_bytes = total_bytes
+        self.memory = memory
+        self.tag_bytes = dict(tag_bytes)
+        self.groups = groups
+        self.groups_bytes = groups_bytes
+        self.taken_bytes = taken_bytes
+        self.declared = declared
+        self.agreement = agreement
+
+    def free_bytes(self) -> int | None:
+        used = sum(b for t, b in self.tag_bytes.items() if not self.memory.paused.get(t, False))
+        if self.groups is not None and self.groups.alive:
+            used += self.groups_bytes
+        return self.total_bytes - used - self.taken_bytes
+
+    def expected_bytes(self, tag: str | None) -> int | None:
+        if not self.declared:
+            return None
+        return sum(self.tag_bytes.values()) if tag is None else self.tag_bytes.get(tag)
+
+    def agree(self, inputs: BudgetInputs) -> BudgetInputs:
+        return inputs if self.agreement is None else self.agreement.agree(inputs)
+
+
+class FakeAgreement:
+    """What a group's reduction does, for ranks running as threads: each rank's inputs in, the
+    reduced inputs (`lifecycle.budget.agree`) out to all, once every rank gave its own."""
+
+    def __init__(self, world_size: int, *, timeout: float = 10.0) -> None:
+        self.world_size = world_size
+        self._barrier = threading.Barrier(world_size, timeout=timeout)
+        self._lock = threading.Lock()
+        self._round: list[BudgetInputs] = []
+        self._result: BudgetInputs | None = None
+
+    def agree(self, inputs: BudgetInputs) -> BudgetInputs:
+        with self._lock:
+            self._round.append(inputs)
+        if self._barrier.wait() == 0:
+            self._result = agree(sorted(self._round, key=lambda i: i.free_bytes))
+            self._round = []
+        self._barrier.wait()
+        assert self._result is not None
+        return self._result
 
 
 class RecordingHook:

@@ -372,6 +372,17 @@ def _add_event(lane: Lane, name: str, d: dict[str, Any], when: float, where: str
             lane.note_contents(d, when)
             resolved = d.get("resolved")
             lane.note_groups(resolved.get("process_groups") if isinstance(resolved, dict) else None, when)
+        elif event is Event.BUDGET:
+            released = d.get("released")
+            what = "keeps all" if released == [] else f"releases {', '.join(map(str, released or ['all']))}"
+            lane.marks.append(Mark("event", f"budget: {what}", when, _fields(d)))
+        elif event is Event.BUDGET_CHECKED:
+            met = d.get("met") is not False
+            label = (
+                "budget: need free" if met else f"budget: {int(d.get('short_bytes') or 0) >> 20} MiB short"
+            )
+            # A need not free is a release that freed too little: drawn as one.
+            lane.marks.append(Mark("event" if met else "release_short", label, when, _fields(d)))
         elif event in (Event.MEMORY_RELEASED, Event.MEMORY_TAKEN):
             short = event is Event.MEMORY_RELEASED and bool(d.get("short"))
             lane.marks.append(Mark("release_short" if short else "memory", name, when, _fields(d)))

@@ -136,6 +136,12 @@ class LifecycleMixin:
         self.lifecycle.recover(State(target))
         return self.lifecycle.snapshot()
 
+    def lifecycle_expect(self, need_bytes: int | None) -> dict[str, Any]:
+        """Declare the next phase's need (bytes) for this actor's memory budget (`Lifecycle.expect`);
+        a driver calls it on every rank with the rollout's `wake_need_bytes()`. Returns the snapshot."""
+        self.lifecycle.expect(need_bytes)
+        return self.lifecycle.snapshot()
+
     def lifecycle_hold(self) -> dict[str, Any]:
         """Take a hold: sleeps wait for the release of the last hold (`Lifecycle.hold`). A Ray driver
         cannot hold `lifecycle.held()` open inside an actor, so it calls this and `lifecycle_release`

@@ -304,6 +304,14 @@ class RolloutActor:
 
     # ------------------------------------------------------------------ inspection
 
+    def wake_need_bytes(self) -> int | None:
+        """What this rollout's wake takes on its GPU (every tag: weights, KV cache pools, CUDA graphs),
+        as the engine says (`memory_bytes`: SGLang's start-up memory usage, the reference engine's
+        tensors); None where it cannot say. The trainer's memory budget plans from it."""
+        memory_bytes = getattr(self.engine, "memory_bytes", None)
+        value = None if memory_bytes is None else memory_bytes(None)
+        return value if isinstance(value, int) else None
+
     def weights_checksum(self) -> str:
         """The engine's checksum of the weights it serves."""
         return self.engine.weights_checksum()

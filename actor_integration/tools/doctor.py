@@ -351,6 +351,38 @@ def check_ray(address: str | None, env: Mapping[str, str]) -> Check:
     return Check("Ray", "ok", f"ray {version}: no running cluster here; `lifecycle demo` starts a local one")
 
 
+def check_memory_budget(need_bytes: int | None = None) -> tuple[Check, str]:
+    """What a `MemoryBudget` (default margin) would decide on this device now, for a rollout whose wake
+    needs `need_bytes` (None: say up to what need the trainer keeps everything)."""
+    from lifecycle.budget import MemoryBudget
+
+    margin = MemoryBudget().margin_bytes
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return Check("memory budget", "skip", "no CUDA device: nothing to plan"), "no GPU"
+        free, total = torch.cuda.mem_get_info()
+    except Exception as exc:  # a broken CUDA install is reported by the torch check
+        return Check("memory budget", "skip", f"free memory unreadable: {exc!r}"), "unknown"
+    gib = 1 << 30
+    fits = max(0, free - margin)
+    if need_bytes is None:
+        decision = (
+            f"a rollout needing up to {fits / gib:.1f} GiB wakes with the trainer's memory and communicators "
+            f"kept (sleep releases nothing); beyond, the cheapest tags go first, the communicators last"
+        )
+    elif need_bytes + margin <= free:
+        decision = f"a {need_bytes / gib:.1f} GiB need fits: sleep releases nothing"
+    else:
+        decision = (
+            f"a {need_bytes / gib:.1f} GiB need leaves {(need_bytes + margin - free) / gib:.1f} GiB to free: "
+            "the cheapest tags that free it, then the communicators; all when not enough"
+        )
+    detail = f"{free / gib:.1f} of {total / gib:.1f} GiB free, margin {margin / gib:.0f} GiB: {decision}"
+    return Check("memory budget", "ok", detail), decision
+
+
 def run_checks(
     environ: Mapping[str, str] | None = None,
     *,
@@ -370,6 +402,8 @@ def run_checks(
     communicators_check, communicators, communicators_why = check_communicators()
     checks.append(communicators_check)
     checks.append(check_ray(ray_address, env))
+    budget_check, budget_decision = check_memory_budget()
+    checks.append(budget_check)
     if ipc_ok:
         transport, why = "cuda_ipc", "CUDA IPC export works for buffers outside torch_memory_saver regions"
     elif ipc_ok is False:
@@ -384,6 +418,7 @@ def run_checks(
         "transport_reason": why,
         "communicators": communicators,
         "communicators_reason": communicators_why,
+        "memory_budget": budget_decision,
         "ok": not any(c.verdict == "fail" for c in checks),
     }
 
@@ -408,3 +443,7 @@ def render(report: Mapping[str, Any]) -> None:
     console.print(
         f"recommended communicators on sleep: [bold]{report['communicators']}[/] ({report['communicators_reason']})"
     )
+    if "memory_budget" in report:
+        console.print(
+            f"memory budget (LifecyclePolicy(memory_budget=MemoryBudget())): {report['memory_budget']}"
+        )

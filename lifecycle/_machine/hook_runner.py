@@ -61,7 +61,7 @@ class HookRunner:
         present: frozenset[Hook],
     ) -> Stages:
         """The plan's calls for this residency, grouped in stages of branches (cached)."""
-        key = (plan, targets, tuple(residency.values()), groups)
+        key = (plan, view, present, targets, tuple(residency.values()), groups)
         cached = self._stages.get(key)
         if cached is None:
             calls = plan_calls(plan, view, residency, groups, targets, present)

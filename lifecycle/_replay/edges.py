@@ -88,6 +88,7 @@ def transition(replay: Replay, key: Key, m: ReplayedMachine, line: int, d: dict[
                 "from the backend first (no lifecycle.resolved before it)",
             )
     expected = plan(m, edge, targets)
+    m.budget = None  # a budget plan is for one sleep
     calls = [c for c, _ in logged]
     if calls != expected:
         replay.at(key, line, hooks_message(edge, expected, calls, m.residency))

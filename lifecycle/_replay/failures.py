@@ -68,6 +68,7 @@ def failed(replay: Replay, key: Key, m: ReplayedMachine, line: int, d: dict[str,
         )
     candidates = _failed_rows(replay, key, m, line, op, phase, targets)
     plans = [(row, edge, plan(m, edge, targets)) for row, edge in candidates]
+    m.budget = None  # a budget plan is for one sleep
     matching = [row for row, edge, plan in plans if edge.plan and failed_run(edge.plan, plan, logged)]
     if matching:
         replay.rows_seen[matching[0]] += 1

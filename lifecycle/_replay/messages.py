@@ -19,6 +19,7 @@ _DID_NOT = {
     Hook.PROCESS_GROUPS_RELOAD: "reload the process groups",
     Hook.SWITCH_MODEL: "restore the model tag",
     Hook.GENERATION_RESUME: "resume generation",
+    Hook.BUDGET_CHECK: "check the memory budget's need",
 }
 
 

@@ -10,9 +10,11 @@ from typing import Any
 
 from lifecycle import logs
 from lifecycle._replay.messages import fmt_res
+from lifecycle.budget import BudgetPlan, narrow
 from lifecycle.errors import LogFieldError
 from lifecycle.logs import Event
 from lifecycle.table import (
+    SLEEP,
     Call,
     Communicators,
     Contents,
@@ -65,6 +67,7 @@ class ReplayedMachine:
     held_line: int | None = None  # where the first hold of the open scope was taken
     releasing: bool = False  # a release ran its sleep (or failed in it); its lifecycle.release follows
     communicators: Communicators = Communicators.DESTROY  # what a process_groups.destroy leaves
+    budget: BudgetPlan | None = None  # the memory budget's plan for the next sleep (lifecycle.budget)
 
     @property
     def deferred(self) -> tuple[str, ...]:
@@ -163,7 +166,10 @@ def plan(m: ReplayedMachine, edge: Edge, targets: tuple[str, ...]) -> list[Call]
     """The hook calls the table plans for a logged edge, from the replayed residency and groups."""
     if edge.plan is None:
         return []
-    return plan_calls(edge.plan, m.policy, m.residency, m.groups, targets, m.present)
+    view, present = m.policy, m.present
+    if m.budget is not None and edge.plan is SLEEP and edge.operation != "recover":
+        view, targets, present = narrow(m.budget, view, targets, present)
+    return plan_calls(edge.plan, view, m.residency, m.groups, targets, present)
 
 
 def read_targets(m: ReplayedMachine, d: Mapping[str, Any]) -> tuple[str, ...]:

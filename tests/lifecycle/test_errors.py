@@ -20,6 +20,9 @@ ROOT = Path(__file__).resolve().parents[2]
 BUILT_IN = (RuntimeError, ValueError, TimeoutError, KeyError, AssertionError)
 
 EXAMPLES: list[LifecycleError] = [
+    errors.MemoryBudgetShortError(
+        "short", short_bytes=1, need_bytes=3, free_bytes=2, resident=("weights",), groups=Groups.ALIVE
+    ),
     errors.IllegalTransitionError("no", state=State.PAUSED, operation="generate", allowed=("wake_up",)),
     errors.LifecycleFailedError(
         "failed",

@@ -125,7 +125,8 @@ class TestPlanCalls:
     everything = frozenset(Hook)
 
     def test_sleep_order(self):
-        """sleep: generation pause, routing replay clear, clear memory, groups destroy, pause per tag in order."""
+        """sleep: generation pause, routing replay clear, clear memory, groups destroy, pause per tag in
+        order, then the memory budget's check."""
         sleep = next(p for p in PLANS if p.name == "sleep")
         calls = plan_calls(
             sleep, self.view, {"weights": R, "kv_cache": R}, Groups.ALIVE, TARGETS[0], self.everything
@@ -137,6 +138,7 @@ class TestPlanCalls:
             Call(Hook.PROCESS_GROUPS_DESTROY),
             Call(Hook.MEMORY_PAUSE, "weights"),
             Call(Hook.MEMORY_PAUSE, "kv_cache"),
+            Call(Hook.BUDGET_CHECK),
         ]
 
     def test_wake_order_skips_resident_tags(self):

@@ -161,6 +161,12 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --engine sglang: kill SGLang's scheduler at the start of STEP; the demo shows the typed "
         "error (EngineDiedError) and ends",
     )
+    parser.add_argument(
+        "--no-memory-budget",
+        action="store_true",
+        help="the trainer's every sleep releases everything (default: a memory budget releases only what "
+        "the rollout's declared wake need requires, docs/memory-budget.md)",
+    )
     parser.add_argument("--bucket-mb", type=_positive, default=64, help="weight-sync bucket size in MiB")
     parser.add_argument("--hidden", type=_positive, default=256, help="model width (default 256)")
     parser.add_argument("--layers", type=_positive, default=4, help="model depth (default 4)")

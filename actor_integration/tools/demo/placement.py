@@ -182,6 +182,7 @@ def place(ray: Any, args: argparse.Namespace, device: str, out: Path, console: C
                 rollouts=rollouts,
                 transport=args.transport,
                 bucket_mb=args.bucket_mb,
+                memory_budget=not getattr(args, "no_memory_budget", False),
                 out=str(out),
                 timeout_s=args.timeout_s,
             )

@@ -58,7 +58,13 @@ class StepDriver:
         self._last_samples: dict[int, Any] | None = None
 
     def prepare(self) -> None:
-        """Before step 1: a real engine starts with dummy weights, so the trainer's are synced first."""
+        """Before step 1: the trainer learns the rollout's wake need (its memory budget plans from it);
+        a real engine starts with dummy weights, so the trainer's are synced first."""
+        if not getattr(self.args, "no_memory_budget", False):
+            needs = [n for n in self.placed.rollout_group.call("wake_need_bytes").values() if n is not None]
+            if needs:
+                self.placed.trainer_group.call("lifecycle_expect", max(needs))
+                self.log.note(f"memory budget: the rollout's wake needs {max(needs) / 2**20:.0f} MiB")
         if not self._sglang:
             return
         rollouts = self.placed.rollout_group

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from actor_integration.actors.mixin import LifecycleMixin
 from actor_integration.backends.clear_memory import ClearMemory
+from actor_integration.backends.memory_budget import DeviceMemoryProbe
 from actor_integration.backends.memory_saver import select_memory_backend
 from actor_integration.backends.model_tag import CpuWeightBackup, ModelTagSwitch
 from actor_integration.backends.process_groups import ReloadableProcessGroups
@@ -30,7 +31,7 @@ from actor_integration.models.tiny import TinyLM, TinyLMConfig, weights_checksum
 from actor_integration.tools.demo.options import TRAINER_POLICY
 from actor_integration.weight_sync import SlotTopology, WeightSender, configure_sender
 from actor_integration.weight_sync.buckets import WSUM64, WSUM64_DEVICE
-from lifecycle import Hooks, configure_logging, flush_logs
+from lifecycle import Hooks, MemoryBudget, configure_logging, flush_logs
 from lifecycle.faults import FaultInjector, with_faults
 
 
@@ -127,6 +128,7 @@ class DemoTrainer(LifecycleMixin, TinyTrainer):
         bucket_mb: int,
         out: str,
         timeout_s: float,
+        memory_budget: bool = False,
     ) -> dict[str, Any]:
         self.rank, self.world_size, self.out = rank, world_size, Path(out)
         configure_logging(json_path=self.out / "logs" / f"trainer-rank{rank}.jsonl")
@@ -177,8 +179,21 @@ class DemoTrainer(LifecycleMixin, TinyTrainer):
             bucket_bytes=bucket_mb << 20,
             deadline_s=timeout_s,
         )
+        # The budget agrees its inputs on the groups' rendezvous store (kept across WORLD rebuilds).
+        probe = (
+            DeviceMemoryProbe(
+                expected_bytes=getattr(self.memory, "expected_bytes", None),
+                store=torch.distributed.distributed_c10d._get_default_store() if world_size > 1 else None,
+                rank=rank,
+                world_size=world_size,
+            )
+            if memory_budget
+            else None
+        )
         lifecycle = self.configure_lifecycle(
-            TRAINER_POLICY,
+            dataclasses.replace(TRAINER_POLICY, memory_budget=MemoryBudget())
+            if memory_budget
+            else TRAINER_POLICY,
             with_faults(
                 self.faults,
                 Hooks(
@@ -186,6 +201,7 @@ class DemoTrainer(LifecycleMixin, TinyTrainer):
                     process_groups=self.groups,
                     clear_memory=ClearMemory(host=True),
                     switch_model=ModelTagSwitch(self.backup, lambda: self.model),
+                    budget=probe,
                 ),
             ),
             rank=rank,

@@ -195,3 +195,12 @@ class TestNcclAndCommunicators:
             )
         else:
             assert "pip install 'nvidia-nccl-cu13>=2.29.7'" in check.detail and "LD_PRELOAD" in check.detail
+
+
+class TestMemoryBudgetCheck:
+    def test_it_says_what_the_budget_would_decide_or_why_not(self) -> None:
+        """The report carries the budget's decision on this host (skipped with the reason without CUDA)."""
+        from actor_integration.tools.doctor import check_memory_budget
+
+        check, decision = check_memory_budget()
+        assert check.name == "memory budget" and check.verdict in ("ok", "skip") and decision
