@@ -18,6 +18,7 @@ from datetime import timedelta
 from typing import Any
 
 from actor_integration.backends.release_audit import cuda_free_bytes
+from actor_integration.errors import RendezvousTimeoutError
 from lifecycle.budget import BudgetInputs, agree
 
 __all__ = ["DeviceMemoryProbe"]
@@ -68,7 +69,19 @@ class DeviceMemoryProbe:
         self._round += 1
         self.store.set(self._key(r, self.rank), json.dumps(inputs.to_dict()))
         keys = [self._key(r, k) for k in range(self.world_size)]
-        self.store.wait(keys, self.timeout)
+        try:
+            self.store.wait(keys, self.timeout)
+        except RuntimeError as exc:  # torch's DistStoreError: the store's own timeout
+            missing = [k for k, key in enumerate(keys) if not self.store.check([key])]
+            raise RendezvousTimeoutError(
+                f"memory budget: rank {self.rank} waited {self.timeout.total_seconds():.0f} s in agreement "
+                f"round {r} for ranks {missing}, which never posted their inputs ({exc}). Every rank of the "
+                "group must sleep under the same budget (a rank without a declared need takes part too); "
+                "look for the missing ranks' last lifecycle event in their logs",
+                what=f"memory budget round {r}",
+                missing=missing,
+                waited_s=self.timeout.total_seconds(),
+            ) from exc
         views = [BudgetInputs.from_dict(json.loads(self.store.get(k))) for k in keys]
         if r >= 2:  # every rank has posted round r-1, so all finished reading r-2
             self.store.delete_key(self._key(r - 2, self.rank))

@@ -74,13 +74,23 @@ class BudgetedSleep:
         items = self.estimates.items(resident, declared, way)
         if self.need_bytes is None:
             # No need declared: the full sleep, which still teaches the estimates what each item frees.
+            # The rank still takes part in the agreement, as one that cannot plan (free -1), so that
+            # ranks which declared a need do not wait for it and sleep fully too.
+            self._agree(BudgetInputs(0, -1, 0, items))
             full = BudgetPlan(tuple((i.name, i.full) for i in items), False, 0, 0.0, 0)
             self._remember(BudgetInputs(0, local, 0, items), full, local)
             return view, targets, present
         inputs = BudgetInputs(self.need_bytes, local, self.budget.margin_bytes, items)
         agreed = self._agree(inputs)
-        if agreed.free_bytes < 0:  # some rank cannot tell: every rank sleeps fully, none plans
-            self._emit("info", Event.BUDGET, {"need_bytes": self.need_bytes, "reason": "free memory unknown"})
+        if agreed.free_bytes < 0:  # some rank cannot plan: every rank sleeps fully, none plans
+            self._emit(
+                "info",
+                Event.BUDGET,
+                {
+                    "need_bytes": self.need_bytes,
+                    "reason": "a rank cannot plan (its free memory is unknown, or it declared no need)",
+                },
+            )
             return view, targets, present
         plan = plan_releases(agreed)
         self._remember(inputs, plan, local)
@@ -108,6 +118,7 @@ class BudgetedSleep:
         if plan is not None and before is not None and before >= 0 and local >= 0:
             self.estimates.observe_sleep(plan.released, local - before, self._prior)
         if self.need_bytes is None:
+            self._agree(BudgetInputs(0, -1, 0, ()))  # as in `narrowed`: take part, as one that cannot judge
             return
         agreed = self._agree(BudgetInputs(self.need_bytes, local, 0, ()))
         need, free = agreed.need_bytes, agreed.free_bytes

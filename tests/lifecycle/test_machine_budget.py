@@ -193,6 +193,33 @@ class TestRanks:
         assert [lc.residency["optimizer"] for lc, _, _ in machines] == [Residency.RESIDENT] * 2
         assert [lc.groups for lc, _, _ in machines] == [Groups.ALIVE] * 2
 
+    def test_a_rank_without_a_declared_need_does_not_stall_the_others(self) -> None:
+        """Rank 1 declared no need: it still takes part in both agreements, as a rank that cannot
+        plan, so rank 0 does not wait for it; both sleep fully, as neither can plan for the group."""
+        agreement = FakeAgreement(2, timeout=3.0)
+        machines = [trainer(agreement=agreement, rank=r) for r in (0, 1)]
+        machines[0][0].expect(1 * GIB)
+        errors: list[BaseException] = []
+
+        def sleep(lc: Lifecycle) -> None:
+            try:
+                lc.sleep()
+            except BaseException as exc:  # surfaced below
+                errors.append(exc)
+
+        with capture_events() as events:
+            threads = [threading.Thread(target=sleep, args=(lc,)) for lc, _, _ in machines]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(10)
+        assert errors == []
+        for lc, _, _ in machines:
+            assert lc.state is State.PAUSED
+            assert set(lc.residency.values()) == {Residency.RELEASED}
+        (planned,) = [e for e in events if e["event"] == "lifecycle.budget" and e.get("rank") == 0]
+        assert "cannot plan" in planned["reason"]
+
 
 class TestConfiguration:
     def test_the_budget_round_trips_through_the_logged_policy(self) -> None:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import threading
+from datetime import timedelta
 
 import pytest
 from torch.distributed import HashStore
 
 from actor_integration.backends.memory_budget import DeviceMemoryProbe
+from actor_integration.errors import RendezvousTimeoutError
 from lifecycle.budget import BudgetInputs, Releasable, plan_releases
 
 GIB = 1 << 30
@@ -50,3 +52,10 @@ class TestDeviceMemoryProbe:
         """Ranks that cannot agree could tear down communicators the others keep."""
         with pytest.raises(ValueError, match="needs a store"):
             DeviceMemoryProbe(world_size=2)
+
+    def test_a_rank_that_never_posts_is_named_in_a_typed_timeout(self) -> None:
+        """Rank 1 never reaches the agreement: rank 0 gives up at its deadline naming rank 1."""
+        probe = DeviceMemoryProbe(store=HashStore(), rank=0, world_size=2, timeout=timedelta(seconds=0.5))
+        with pytest.raises(RendezvousTimeoutError, match=r"for ranks \[1\]") as caught:
+            probe.agree(inputs(GIB))
+        assert caught.value.missing == (1,) and caught.value.what == "memory budget round 0"
