@@ -52,7 +52,7 @@ from lifecycle import Hooks, LifecyclePolicy, State
 from lifecycle.errors import IllegalTransitionError
 from lifecycle.hooks import MemoryBackend, ProcessGroupsBackend
 from lifecycle.logs import Event
-from lifecycle.table import Residency, allowed_operations
+from lifecycle.table import Communicators, Residency, allowed_operations
 
 __all__ = [
     "ALL_MEMORY",
@@ -201,15 +201,22 @@ class MilesProcessGroups(RegistryProcessGroups):
     subgroup; miles leaves WORLD and its gloo group alone), all at once on every rank between two
     meetings instead of one after another; the wake is miles' own `reload_process_groups()`, so the
     wrappers Megatron cached stay valid and the group count stays plain miles'. `module` is miles'
-    `miles.utils.reloadable_process_group` (imported when not given).
+    `miles.utils.reloadable_process_group` (imported when not given). `communicators`: "suspend"
+    or "keep" leave the wrapped groups in place instead (`RegistryProcessGroups`).
     """
 
     framework = "miles"
 
-    def __init__(self, module: ModuleType | None = None, *, timeout: timedelta | None = None) -> None:
+    def __init__(
+        self,
+        module: ModuleType | None = None,
+        *,
+        timeout: timedelta | None = None,
+        communicators: Communicators | str = Communicators.DESTROY,
+    ) -> None:
         self.module = module if module is not None else importlib.import_module(GROUPS_MODULE)
         require(self.module, _MILES_GROUP_NAMES, "MilesProcessGroups", f"miles {MILES_COMMIT}")
-        super().__init__(timeout=timeout)
+        super().__init__(timeout=timeout, communicators=communicators)
 
     def wrappers(self) -> list[Any]:
         """miles' registry of wrapped subgroups in this process (`ReloadableProcessGroup.GROUPS`)."""
@@ -226,9 +233,13 @@ class MilesLifecycleMixin(LifecycleMixin):
     """`LifecycleMixin` configured from a miles actor's own state; put it first in the bases.
 
     The lifecycle is built by the `self.sleep()` that ends miles' `init` (or the first wrapped
-    call when `--offload-train` is off). Override `lifecycle_memory()`, `lifecycle_process_groups()`,
-    `lifecycle_hooks()` or `lifecycle_policy()` to change one piece.
+    call when `--offload-train` is off). `lifecycle_communicators` says what sleep does to the
+    NCCL communicators ("destroy", "suspend" or "keep"; set it on your class). Override
+    `lifecycle_memory()`, `lifecycle_process_groups()`, `lifecycle_hooks()` or `lifecycle_policy()`
+    to change one piece.
     """
+
+    lifecycle_communicators: Communicators | str = Communicators.DESTROY
 
     # Set by miles' TrainRayActor.init / defined by MegatronTrainRayActor.
     args: Any
@@ -299,8 +310,13 @@ class MilesLifecycleMixin(LifecycleMixin):
         return miles_memory_backend(layout)
 
     def lifecycle_process_groups(self) -> ProcessGroupsBackend:
+        """miles' own groups (`MilesProcessGroups`) with miles' timeout, their communicators treated as
+        `lifecycle_communicators` says."""
         minutes = getattr(self.args, "distributed_timeout_minutes", None)
-        return MilesProcessGroups(timeout=timedelta(minutes=minutes) if minutes else None)
+        return MilesProcessGroups(
+            timeout=timedelta(minutes=minutes) if minutes else None,
+            communicators=self.lifecycle_communicators,
+        )
 
     def lifecycle_hooks(self) -> Hooks:
         early = self.__dict__.pop("_lifecycle_memory", None)

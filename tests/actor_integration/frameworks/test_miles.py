@@ -438,3 +438,32 @@ class TestMilesProcessGroups:
         assert dist.distributed_c10d._get_default_group() is world
         groups.reload()
         assert groups.is_alive() and len(dist.distributed_c10d._world.pg_map) == 4
+
+    def test_the_mixin_hands_its_way_to_miles_groups(self, monkeypatch, one_rank_world):
+        """`lifecycle_communicators` on the class reaches MilesProcessGroups: "keep" hands every wrapper
+        its own group back; an unknown way is refused when the hooks are built."""
+        import sys
+
+        from actor_integration.frameworks.miles import MilesLifecycleMixin
+        from lifecycle import Groups, Hooks, Lifecycle, LifecyclePolicy
+
+        module = self._module()
+        monkeypatch.setitem(sys.modules, "miles.utils.reloadable_process_group", module)
+        wrappers = [module.ReloadableProcessGroup([0]) for _ in range(2)]
+        actor = LifecycleMilesActor()
+        actor.build(miles_like.miles_args(), "actor")
+        actor.lifecycle_communicators = "keep"
+        groups = MilesLifecycleMixin.lifecycle_process_groups(actor)
+        assert isinstance(groups, MilesProcessGroups) and groups.communicators == "keep"
+        before = [w.group for w in wrappers]
+        machine = Lifecycle(LifecyclePolicy(), Hooks(memory=FakeMemorySaver(), process_groups=groups))
+        machine.sleep()
+        assert machine.groups is Groups.KEPT and not groups.is_alive()
+        assert [w.group for w in wrappers] == [None, None]
+        machine.wake_up()
+        assert [w.group for w in wrappers] == before and len(dist.distributed_c10d._world.pg_map) == 3
+        actor.lifecycle_communicators = "pause"
+        with pytest.raises(
+            ValueError, match=r"communicators must be one of \['destroy', 'suspend', 'keep'\]"
+        ):
+            MilesLifecycleMixin.lifecycle_process_groups(actor)
