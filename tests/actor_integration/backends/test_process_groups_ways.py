@@ -191,6 +191,7 @@ class TestSuspend:
         assert _sum(groups.side_channel) == 1.0  # gloo, never suspended
         (logged,) = [e for e in events if e["event"] == "process_groups.destroyed"]
         assert logged["way"] == "suspend" and logged["communicator_count"] == 4
+        assert "communicators" not in logged  # a way's name, in lifecycle.configured; here the way is `way`
         assert logged["bytes"] == 4 * fake_nccl.SUSPENDABLE and logged["measured_by"] == "ncclCommMemStats"
         assert "communicators='suspend' (opt-in): fake NCCL" in logged["why"]
         groups.reload()
