@@ -1,4 +1,4 @@
-"""The adapters' errors: memory, process groups, the actor group, weight sync and rollout engines.
+"""The adapters' errors: memory, process groups, the actor group, weight sync, rollout engines, frameworks.
 
 They live here, beside the adapters that raise them, and not in the pure core; all derive from
 `lifecycle.LifecycleError` and pickle the same way (Ray ships exceptions by pickling). Each keeps
@@ -174,7 +174,19 @@ class SGLangServerTimeout(LifecycleError, TimeoutError):
     `missing` (the server's URL: who did not answer, as in every timeout of this library)."""
 
 
-# Every class above; `lifecycle.errors.MOVED_TO_ADAPTERS` names the same ones (a test holds them equal).
+# -------------------------------------------------------------------------------- frameworks (miles)
+
+
+class OffloadTrainRequiredError(LifecycleError, ValueError):
+    """`sleep()` or `wake_up()` of a miles actor without `--offload-train` (miles asserts it). Field: `method`."""
+
+
+class MilesVersionError(LifecycleError, TypeError):
+    """miles' actor module lacks a name the adapter calls: a miles other than the one it is written
+    against (`MILES_COMMIT`). Fields: `module`, `missing`."""
+
+
+# Every class above; `lifecycle.errors.MOVED_TO_ADAPTERS` names those 0.1 defined in the core.
 __all__ = sorted(
     name
     for name, value in dict(globals()).items()

@@ -1,12 +1,12 @@
 """The core's errors: the root `LifecycleError`, the machine's refusals and failures, the checker's.
 
-Every error of the library derives from `LifecycleError`, the adapters' included (those live
-beside the adapters, in `actor_integration.errors`). All of them, and each keeps the built-in base callers already catch
-(`RuntimeError`, `ValueError`, `TimeoutError`, `KeyError`, `AssertionError`). Structured fields
-are keyword arguments, kept as attributes and in `.fields`; one pickling scheme carries them
-across processes (Ray and torch.multiprocessing ship exceptions by pickling). Wherever ranks or
-parties did not answer in time, the field is `missing`. Each message says what happened, in which
-state, and what to do next.
+Every error of the library derives from `LifecycleError`, the adapters' too (those live beside the
+adapters, in `actor_integration.errors`), and each keeps the built-in base callers already catch
+(`RuntimeError`, `ValueError`, `TimeoutError`, `KeyError`, `AssertionError`, `TypeError`).
+Structured fields are keyword arguments, kept as attributes and in `.fields`; one pickling scheme
+carries them across processes (Ray and torch.multiprocessing ship exceptions by pickling). Wherever
+ranks or parties did not answer in time, the field is `missing`. Each message says what happened,
+in which state, and what to do next.
 """
 
 from __future__ import annotations

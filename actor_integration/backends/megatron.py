@@ -27,6 +27,7 @@ from torch.distributed import ProcessGroup
 
 from actor_integration.backends.process_groups import ReloadableProcessGroups, each_at_once
 from actor_integration.errors import MemorySaverConfigError
+from lifecycle.table import ASLEEP, ASLEEP_GROUPS, Communicators, Groups
 
 __all__ = ["MegatronParallelState"]
 
@@ -117,13 +118,13 @@ class MegatronParallelState:
         # Megatron's groups stay registered in torch until the groups' teardown takes them all down
         # together; destroy_model_parallel() first, so that it releases what it holds on them
         # (megatron-core 0.19's NCCL EP context) while they still work.
-        survive = self.groups.communicators in ("suspend", "keep")
+        survive = ASLEEP[Communicators(self.groups.communicators)] is not Groups.DESTROYED
         if self._ps.model_parallel_is_initialized() and not survive:
             self._stale = _megatron_groups(self._ps)
             self._ps.destroy_model_parallel()
-        if self.groups.state not in ("destroyed", "suspended", "kept"):
+        if self.groups.state not in ASLEEP_GROUPS:
             self.groups.destroy()
-        if survive and self.groups.state == "destroyed" and self._ps.model_parallel_is_initialized():
+        if survive and self.groups.state == Groups.DESTROYED and self._ps.model_parallel_is_initialized():
             # NCCL could not suspend WORLD, so this sleep tore everything down: forget the dead groups
             # (destroy_model_parallel destroys only the gloo groups still registered).
             self._stale = _megatron_groups(self._ps)

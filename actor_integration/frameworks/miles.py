@@ -13,8 +13,17 @@ Who owns each resource (read from miles 31f1ca96, `miles/backends/megatron_utils
   per tag of the layout (below); a resume per released tag → miles' `reload_process_groups()` →
   miles' `_switch_model("actor")`. miles' `_asleep` flag becomes a view of the machine (some tag
   not resident), so the bodies that read it take the branch the machine's state calls for.
-- `train()` wakes the actor first (miles' own `self.wake_up()` inside it is absorbed) and stays
-  awake, as miles' train does: miles' driver sleeps it (`offload()`) after the save.
+- miles' own `@with_logs @timer` on `sleep` / `wake_up` keep running: the adapter's `sleep()` and
+  `wake_up()` run under the decorators of miles' actor module, so miles' structured start/end
+  lines and its `Timer` entries "sleep" and "wake_up" (its perf metrics) are there as in plain
+  miles, and a sleep that released memory logs miles' `perf/cpu_memory_after_offload_train_gb`
+  (its `log_cpu_memory(..., "after_offload_train")`, on the rank and from the step miles logs it).
+- `train()` wakes the actor first through `wake_up()` when asleep, as miles' train calls it (so
+  the wake is timed as miles times it), and stays awake, as miles' train does: miles' driver
+  sleeps it (`offload()`) after the save.
+- `save_model()` from PAUSED in the rematerialize layout wakes, saves and releases again exactly
+  the tags that were released before it: `param_buffer` stays resident when it was (no push since
+  the sleep) and is released again when a push had released it.
 - `update_weights(info)` runs as the sync operation with `info` passed through. Its in-body
   `reload_process_groups()`, `torch_memory_saver.disable()`, `pause(tag="param_buffer")` and
   `destroy_process_groups()` are the plans' while it runs (`stand_ins`): the groups are up,
@@ -45,6 +54,7 @@ from actor_integration.actors.mixin import LifecycleMixin
 from actor_integration.backends.clear_memory import ClearMemory
 from actor_integration.backends.memory_saver import NoopMemory, TorchMemorySaverBackend
 from actor_integration.backends.tms_env import is_true
+from actor_integration.errors import MilesVersionError, OffloadTrainRequiredError
 from actor_integration.frameworks.registry_groups import RegistryProcessGroups, registry, require
 from actor_integration.frameworks.slime import RETAIN_VARIABLE
 from actor_integration.frameworks.stand_ins import body_owner, plan_owned_globals, stand_in_calls
@@ -52,7 +62,7 @@ from lifecycle import Hooks, LifecyclePolicy, State
 from lifecycle.errors import IllegalTransitionError
 from lifecycle.hooks import MemoryBackend, ProcessGroupsBackend
 from lifecycle.logs import Event
-from lifecycle.table import Residency, allowed_operations
+from lifecycle.table import Communicators, Residency, allowed_operations
 
 __all__ = [
     "ALL_MEMORY",
@@ -62,6 +72,8 @@ __all__ = [
     "MilesLifecycleMixin",
     "MilesProcessGroups",
     "MilesTagLayout",
+    "MilesVersionError",
+    "OffloadTrainRequiredError",
     "check_miles_backup_fits",
     "miles_memory_backend",
     "miles_tag_layout",
@@ -69,6 +81,8 @@ __all__ = [
 
 MILES_COMMIT = "31f1ca96"  # the miles this adapter is read from and tested against
 GROUPS_MODULE = "miles.utils.reloadable_process_group"
+# What miles' sleep logs after offloading (its `log_cpu_memory` label: perf/cpu_memory_<label>_gb).
+CPU_MEMORY_LABEL = "after_offload_train"
 
 
 @dataclass(frozen=True)
@@ -201,15 +215,22 @@ class MilesProcessGroups(RegistryProcessGroups):
     subgroup; miles leaves WORLD and its gloo group alone), all at once on every rank between two
     meetings instead of one after another; the wake is miles' own `reload_process_groups()`, so the
     wrappers Megatron cached stay valid and the group count stays plain miles'. `module` is miles'
-    `miles.utils.reloadable_process_group` (imported when not given).
+    `miles.utils.reloadable_process_group` (imported when not given). `communicators`: "suspend"
+    or "keep" leave the wrapped groups in place instead (`RegistryProcessGroups`).
     """
 
     framework = "miles"
 
-    def __init__(self, module: ModuleType | None = None, *, timeout: timedelta | None = None) -> None:
+    def __init__(
+        self,
+        module: ModuleType | None = None,
+        *,
+        timeout: timedelta | None = None,
+        communicators: Communicators | str = Communicators.DESTROY,
+    ) -> None:
         self.module = module if module is not None else importlib.import_module(GROUPS_MODULE)
         require(self.module, _MILES_GROUP_NAMES, "MilesProcessGroups", f"miles {MILES_COMMIT}")
-        super().__init__(timeout=timeout)
+        super().__init__(timeout=timeout, communicators=communicators)
 
     def wrappers(self) -> list[Any]:
         """miles' registry of wrapped subgroups in this process (`ReloadableProcessGroup.GROUPS`)."""
@@ -226,14 +247,19 @@ class MilesLifecycleMixin(LifecycleMixin):
     """`LifecycleMixin` configured from a miles actor's own state; put it first in the bases.
 
     The lifecycle is built by the `self.sleep()` that ends miles' `init` (or the first wrapped
-    call when `--offload-train` is off). Override `lifecycle_memory()`, `lifecycle_process_groups()`,
-    `lifecycle_hooks()` or `lifecycle_policy()` to change one piece.
+    call when `--offload-train` is off). `lifecycle_communicators` says what sleep does to the
+    NCCL communicators ("destroy", "suspend" or "keep"; set it on your class). Override
+    `lifecycle_memory()`, `lifecycle_process_groups()`, `lifecycle_hooks()` or `lifecycle_policy()`
+    to change one piece.
     """
+
+    lifecycle_communicators: Communicators | str = Communicators.DESTROY
 
     # Set by miles' TrainRayActor.init / defined by MegatronTrainRayActor.
     args: Any
     role: str
     _switch_model: Callable[[str], None]
+    _last_rollout_id: int  # set by miles' train: its sleep logs the CPU memory from then on
 
     # ------------------------------------------------------------------ configuration
 
@@ -264,13 +290,9 @@ class MilesLifecycleMixin(LifecycleMixin):
         cached = self.__dict__.get("_lifecycle_layout")
         if isinstance(cached, MilesTagLayout):
             return cached
-        owner = body_owner(self)
-        lora_rollout_enabled = getattr(sys.modules[owner.__module__], "lora_rollout_enabled", None)
-        if lora_rollout_enabled is None:
-            raise TypeError(
-                f"{owner.__name__}'s module {owner.__module__} has no lora_rollout_enabled, which miles' sleep "
-                f"reads to pick its tags; MilesLifecycleMixin is written against miles {MILES_COMMIT}"
-            )
+        (lora_rollout_enabled,) = self._miles_names(
+            "lora_rollout_enabled", why="which miles' sleep reads to pick its tags"
+        )
         layout = miles_tag_layout(self.args, self.role, lora_rollout=bool(lora_rollout_enabled(self.args)))
         self.__dict__["_lifecycle_layout"] = layout
         return layout
@@ -299,8 +321,13 @@ class MilesLifecycleMixin(LifecycleMixin):
         return miles_memory_backend(layout)
 
     def lifecycle_process_groups(self) -> ProcessGroupsBackend:
+        """miles' own groups (`MilesProcessGroups`) with miles' timeout, their communicators treated as
+        `lifecycle_communicators` says."""
         minutes = getattr(self.args, "distributed_timeout_minutes", None)
-        return MilesProcessGroups(timeout=timedelta(minutes=minutes) if minutes else None)
+        return MilesProcessGroups(
+            timeout=timedelta(minutes=minutes) if minutes else None,
+            communicators=self.lifecycle_communicators,
+        )
 
     def lifecycle_hooks(self) -> Hooks:
         early = self.__dict__.pop("_lifecycle_memory", None)
@@ -334,24 +361,39 @@ class MilesLifecycleMixin(LifecycleMixin):
         self.__dict__["_miles_asleep"] = bool(value)  # miles' init sets False before any lifecycle
 
     def sleep(self, tags: Iterable[str] | None = None) -> None:
-        """miles' sleep: the layout's sleep tags (with rematerialized params, not `param_buffer`)."""
+        """miles' sleep: the layout's sleep tags (with rematerialized params, not `param_buffer`),
+        under miles' own `@with_logs @timer`, and miles' CPU-memory metric after a sleep that released."""
         self._require_offload("sleep")
-        self.lifecycle.sleep(self.lifecycle_layout().sleep_tags if tags is None else tags)
+        self._as_miles("sleep", self._sleep, self.lifecycle_layout().sleep_tags if tags is None else tags)
 
     def wake_up(self, tags: Iterable[str] | None = None) -> None:
+        """The wake plan for `tags` (default: every released tag), under miles' own `@with_logs @timer`."""
         self._require_offload("wake_up")
-        self.lifecycle.wake_up(tags)
+        self._as_miles("wake_up", self.lifecycle.wake_up, tags)
+
+    def train(self, *args: Any, **kwargs: Any) -> Any:
+        """The operation train; asleep, through `wake_up()` first, where miles' train calls it (so miles'
+        timer and log lines cover that wake)."""
+        if self.args.offload_train and self.lifecycle.state is State.PAUSED:
+            self.wake_up()
+        return super().train(*args, **kwargs)
 
     def save_model(self, *args: Any, **kwargs: Any) -> Any:
+        """The operation save; from PAUSED in the rematerialize layout, a wake, the save, and the release
+        of exactly the tags that were released before it."""
         lifecycle, layout = self.lifecycle, self.lifecycle_layout()
         if layout.kept_for_sync and lifecycle.state is State.PAUSED:
-            # The table's save from PAUSED re-pauses every tag on leaving; miles' sleep keeps the
-            # params for the next update_weights, so this one wakes, saves and sleeps as miles' sleep.
+            # The table's save from PAUSED pauses every tag on leaving, but miles' sleep keeps the
+            # params resident for the next update_weights (which releases them after its push): the
+            # save leaves each tag as it found it. These are the adapter's own wake and sleep, not
+            # miles' (plain miles' save_model calls neither): not timed as miles'.
+            released = tuple(tag for tag, r in lifecycle.residency.items() if r is not Residency.RESIDENT)
             lifecycle.wake_up()
             try:
                 return super().save_model(*args, **kwargs)
             finally:
-                self.sleep()
+                if lifecycle.failure is None:  # a failed save leaves FAILED: recover() decides
+                    lifecycle.sleep(released)
         return super().save_model(*args, **kwargs)
 
     def update_weights(self, *args: Any, **kwargs: Any) -> Any:
@@ -393,13 +435,59 @@ class MilesLifecycleMixin(LifecycleMixin):
         """(operation, name) of every resource call a body made that the plans owned, oldest first."""
         return stand_in_calls(self)
 
+    # ------------------------------------------------------------------ miles' own decorators and metric
+
+    def _sleep(self, tags: Iterable[str] | None) -> None:
+        log_cpu_memory, is_first_replica_megatron_main_rank = self._miles_names(
+            "log_cpu_memory", "is_first_replica_megatron_main_rank", why="which miles' sleep calls"
+        )
+        # As miles' sleep: decided before the groups go down (the rank test reads Megatron's groups),
+        # and only by a sleep that has something to release; logged once it released something.
+        should_log = (
+            not self._asleep and is_first_replica_megatron_main_rank() and hasattr(self, "_last_rollout_id")
+        )
+        self.lifecycle.sleep(tags)
+        if should_log and self._asleep:  # not when a held scope deferred it
+            log_cpu_memory(self._last_rollout_id, self.args, CPU_MEMORY_LABEL)
+
+    def _as_miles(
+        self, method: str, run: Callable[[Iterable[str] | None], None], tags: Iterable[str] | None
+    ) -> None:
+        """`run(tags)` under the decorators miles puts on its `method` (`@with_logs @timer`), from miles'
+        actor module: its structured start/end lines on that module's logger and its Timer entry `method`."""
+        with_logs, timer = self._miles_names("with_logs", "timer", why=f"which decorate miles' {method}")
+        owner = body_owner(self)
+
+        def body(actor: Any, tags: Iterable[str] | None) -> None:
+            run(tags)
+
+        body.__name__, body.__qualname__ = method, f"{owner.__name__}.{method}"
+        body.__module__ = owner.__module__  # with_logs logs on the logger of the module it decorates in
+        with_logs(timer(body))(self, tags)
+
+    def _miles_names(self, *names: str, why: str) -> list[Any]:
+        """Globals of miles' actor module the adapter calls as miles does; refused when this miles lacks them."""
+        owner = body_owner(self)
+        namespace = vars(sys.modules[owner.__module__])
+        missing = [name for name in names if name not in namespace]
+        if missing:
+            raise MilesVersionError(
+                f"{owner.__name__}'s module {owner.__module__} has no {', '.join(missing)}, {why}; "
+                f"MilesLifecycleMixin is written against miles {MILES_COMMIT}: update the adapter for this miles",
+                module=owner.__module__,
+                missing=missing,
+            )
+        return [namespace[name] for name in names]
+
     # ------------------------------------------------------------------ refusals
 
     def _require_offload(self, method: str) -> None:
         if not self.args.offload_train:
-            raise ValueError(
+            raise OffloadTrainRequiredError(
                 f"{type(self).__name__}.{method}() needs --offload-train (miles asserts it): without it miles' "
-                "launcher does not preload torch_memory_saver, so nothing would be released or restored"
+                "launcher does not preload torch_memory_saver, so nothing would be released or restored. "
+                f"Launch with --offload-train to release the trainer's memory, or do not call {method}()",
+                method=method,
             )
 
     def _refuse_released_params(self, layout: MilesTagLayout) -> None:

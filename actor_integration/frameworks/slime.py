@@ -54,7 +54,8 @@ from actor_integration.frameworks.stand_ins import (
     stand_in_calls,
 )
 from lifecycle import Hooks, LifecyclePolicy
-from lifecycle.hooks import MemoryBackend
+from lifecycle.hooks import MemoryBackend, ProcessGroupsBackend
+from lifecycle.table import Communicators
 
 __all__ = [
     "SLIME_COMMIT",
@@ -120,12 +121,19 @@ class SlimeProcessGroups(RegistryProcessGroups):
     every rank between two meetings instead of torch's one-after-another shutdown (see
     `registry_groups`); the wake is slime's own `reload_process_groups()`, so the wrappers Megatron
     cached stay valid and the group count stays plain slime's. `module` is slime's
-    `slime.utils.reloadable_process_group` (imported when not given).
+    `slime.utils.reloadable_process_group` (imported when not given). `communicators`: "suspend"
+    or "keep" leave WORLD and every group in place instead (`RegistryProcessGroups`).
     """
 
     framework = "slime"
 
-    def __init__(self, module: ModuleType | None = None, *, timeout: timedelta | None = None) -> None:
+    def __init__(
+        self,
+        module: ModuleType | None = None,
+        *,
+        timeout: timedelta | None = None,
+        communicators: Communicators | str = Communicators.DESTROY,
+    ) -> None:
         self.module = module if module is not None else importlib.import_module(GROUPS_MODULE)
         require(self.module, _SLIME_GROUP_NAMES, "SlimeProcessGroups", f"slime {SLIME_COMMIT}")
         state = self._world_state()
@@ -134,6 +142,8 @@ class SlimeProcessGroups(RegistryProcessGroups):
             rank=None if state is None else state.rank,
             world_size=None if state is None else state.world_size,
             timeout=timeout or (None if state is None else state.timeout),
+            communicators=communicators,
+            backend=None if state is None else str(state.backend),
         )
 
     def wrappers(self) -> list[Any]:
@@ -198,9 +208,12 @@ class SlimeLifecycleMixin(LifecycleMixin):
     """`LifecycleMixin` configured from a slime actor's own state; put it first in the bases.
 
     The lifecycle is built by the `self.sleep()` that ends slime's `init` (or the first wrapped
-    call when `--offload-train` is off). Override `lifecycle_memory()` or `lifecycle_hooks()` to
-    change one piece.
+    call when `--offload-train` is off). `lifecycle_communicators` says what sleep does to the
+    NCCL communicators ("destroy", "suspend" or "keep"; set it on your class). Override
+    `lifecycle_memory()`, `lifecycle_process_groups()` or `lifecycle_hooks()` to change one piece.
     """
+
+    lifecycle_communicators: Communicators | str = Communicators.DESTROY
 
     # Set by slime's TrainRayActor.init / defined by MegatronTrainRayActor.
     args: Any
@@ -226,12 +239,16 @@ class SlimeLifecycleMixin(LifecycleMixin):
         memory.check_retained_backup(ranks_per_node=_ranks_per_node(self.args))
         return memory
 
+    def lifecycle_process_groups(self) -> ProcessGroupsBackend:
+        """slime's own groups (`SlimeProcessGroups`), their communicators treated as `lifecycle_communicators` says."""
+        return SlimeProcessGroups(communicators=self.lifecycle_communicators)
+
     def lifecycle_hooks(self) -> Hooks:
         actor_module = sys.modules[body_owner(self).__module__]
         replay = getattr(actor_module, "RoutingReplay", None) if self.args.use_routing_replay else None
         return Hooks(
             memory=self.lifecycle_memory(),
-            process_groups=SlimeProcessGroups(),
+            process_groups=self.lifecycle_process_groups(),
             routing_replay=RoutingReplayClear(replay) if replay is not None else None,
             clear_memory=ClearMemory(host=True),  # slime's sleep: clear_memory(clear_host_memory=True)
             switch_model=self._switch_model if self.role == "actor" else None,

@@ -117,7 +117,9 @@ def run(workdir: Path, cycles: int) -> dict[str, Any]:
         paths = [e for e in events if e.get("event") == Event.GROUPS_DESTROYED]
         result: dict[str, Any] = {
             "prepared": trainer.prepared,
-            "teardown": {k: paths[0].get(k) for k in ("way", "why", "communicators", "bytes", "measured_by")}
+            "teardown": {
+                k: paths[0].get(k) for k in ("way", "why", "communicator_count", "bytes", "measured_by")
+            }
             if paths
             else None,
             "free_gib_asleep": free_gib(),

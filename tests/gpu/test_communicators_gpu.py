@@ -258,7 +258,7 @@ def test_megatron_gpt_trains_across_suspended_sleeps(store: Store) -> None:
         "losses": [round(v, 4) for v in losses],
         "freed_mib": round((awake - asleep) / MIB, 1),
         "event_bytes_mib": None if destroyed.get("bytes") is None else round(destroyed["bytes"] / MIB, 1),
-        "communicators": destroyed.get("communicators"),
+        "communicator_count": destroyed.get("communicator_count"),
         "fell_back": destroyed.get("fell_back"),
         "sleep_s": round(sleep_s, 3),
         "wake_s": round(wake_s, 3),

@@ -4,7 +4,8 @@
 in colocate + offload_train mode, in one of its tag layouts (`CONFIGS`), and reaches its resources
 the way miles does: through this module's globals `torch_memory_saver`, `reload_process_groups()`,
 `destroy_process_groups()` and `lora_rollout_enabled()` (process-wide, one actor per process as in a
-Ray worker; `build()` installs the actor's fakes). Its memory is `MilesMemory`: torch_memory_saver's
+Ray worker; `build()` installs the actor's fakes). Its `sleep`/`wake_up` carry miles' decorators
+`@with_logs @timer` and its sleep logs the CPU memory (`log_cpu_memory`), recorded in `MILES_LOGS`. Its memory is `MilesMemory`: torch_memory_saver's
 tags `default` (CPU-backed) and Megatron's `grad_buffer` and `param_buffer`, which have no backup
 under --offload-train, so a pause discards what they hold. No torch: the params are an int (None:
 discarded), the optimizer's master weights an int in `default`, the CPU weight backup a dict.
@@ -17,7 +18,7 @@ import contextlib
 import dataclasses
 import functools
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from actor_integration.frameworks.miles import MilesLifecycleMixin, miles_memory_backend
@@ -108,6 +109,51 @@ class MilesMemory(FakeMemorySaver):
 
 torch_memory_saver = MilesMemory(log=CallLog())
 
+# What miles' own decorators and metric recorded: Timer entries ended ("timed"), with_logs lines
+# ((class, method, phase)), log_cpu_memory calls ((rollout_id, label)).
+MILES_LOGS: dict[str, list[Any]] = {"timed": [], "logged": [], "cpu_memory": []}
+
+
+def with_logs(func: Callable[..., Any]) -> Callable[..., Any]:
+    """miles' structured start/end lines around a method (`structured_log.with_logs`), recorded."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        cls = type(args[0]).__name__
+        MILES_LOGS["logged"].append((cls, func.__name__, "start"))
+        result = func(*args, **kwargs)
+        MILES_LOGS["logged"].append((cls, func.__name__, "end"))
+        return result
+
+    return wrapper
+
+
+@contextlib.contextmanager
+def _timed(name: str) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        MILES_LOGS["timed"].append(name)
+
+
+def timer(func: Callable[..., Any]) -> Callable[..., Any]:
+    """miles' `@timer`: a Timer entry named after the method, recorded when it ends."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with _timed(func.__name__):
+            return func(*args, **kwargs)
+
+    return wrapper
+
+
+def log_cpu_memory(rollout_id: int, args: argparse.Namespace, label: str) -> None:
+    MILES_LOGS["cpu_memory"].append((rollout_id, label))  # miles: perf/cpu_memory_<label>_gb
+
+
+def is_first_replica_megatron_main_rank() -> bool:
+    return True  # one rank
+
 
 def reload_process_groups() -> None:
     """miles': rebuild the wrapped groups that are destroyed; live ones are left alone."""
@@ -152,6 +198,8 @@ class MilesLikeActor:
         # torch_memory_saver is a process-wide singleton that exists before the actor's init.
         self.calls = CallLog()
         self.tms = torch_memory_saver = MilesMemory(log=self.calls)
+        for records in MILES_LOGS.values():
+            records.clear()
         self.tms.hook_mode = "torch"  # what importing megatron.core leaves pending (its dynamic_context)
 
     def init(self, args: argparse.Namespace, role: str) -> int:
@@ -190,10 +238,13 @@ class MilesLikeActor:
             self.params = None
 
     # miles' own sleep / wake_up (replaced by the plans under the adapter)
+    @with_logs
+    @timer
     def sleep(self) -> None:
         if self._asleep:
             return
         self.clear_memory()
+        should_log_cpu_memory = is_first_replica_megatron_main_rank() and hasattr(self, "_last_rollout_id")
         destroy_process_groups()
         if self.rematerialize:
             torch_memory_saver.pause(tag="grad_buffer")
@@ -201,7 +252,11 @@ class MilesLikeActor:
         else:
             torch_memory_saver.pause(tag="default" if lora_rollout_enabled(self.args) else None)
         self._asleep = True
+        if should_log_cpu_memory:
+            log_cpu_memory(self._last_rollout_id, self.args, "after_offload_train")
 
+    @with_logs
+    @timer
     def wake_up(self) -> None:
         if not self._asleep:
             reload_process_groups()
@@ -222,6 +277,7 @@ class MilesLikeActor:
             self.params = self.backups[target_tag]
 
     def train(self, rollout_id: int) -> dict[str, Any]:
+        self._last_rollout_id = rollout_id
         if self.args.offload_train and self._asleep:
             self.wake_up()
         self._switch_model("actor")  # train_actor restores the actor's params before its forward passes

@@ -108,7 +108,14 @@ class MilesSource(FrameworkSource):
 
 # ---------------------------------------------------------------------------------------------- records
 
-RECORD: dict[str, list[Any]] = {"trained": [], "saved": [], "engine": [], "connected": [], "ray_actors": []}
+RECORD: dict[str, list[Any]] = {
+    "trained": [],
+    "saved": [],
+    "engine": [],
+    "connected": [],
+    "ray_actors": [],
+    "cpu_memory": [],  # (rollout_id, label) of each `log_cpu_memory` call: miles logs perf/cpu_memory_<label>_gb
+}
 CALLS = CallLog()
 SAVER = MilesMemory(log=CALLS)  # miles' launcher: preload, TMS_INIT_ENABLE=1, default CPU-backed
 _STATE: dict[str, Any] = {"params_tag": "param_buffer"}
@@ -382,7 +389,11 @@ def _megatron_stand_ins() -> None:
         get_num_rollouts=lambda args, data, n: 1,
         get_rollout_data=lambda args, ref, witness_info=None: (dict(ref.inner), contextlib.nullcontext()),
     )
-    _module(f"{training}.log_utils", log_cpu_memory=noop, log_perf_data=noop, log_rollout_data=noop)
+
+    def log_cpu_memory(rollout_id: int, args: Any, label: str) -> None:
+        RECORD["cpu_memory"].append((rollout_id, label))
+
+    _module(f"{training}.log_utils", log_cpu_memory=log_cpu_memory, log_perf_data=noop, log_rollout_data=noop)
     _module(
         f"{training}.loss",
         compute_advantages_and_returns=noop,

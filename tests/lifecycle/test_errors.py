@@ -17,7 +17,7 @@ from lifecycle.errors import LifecycleError
 from lifecycle.table import Groups, Residency, State
 
 ROOT = Path(__file__).resolve().parents[2]
-BUILT_IN = (RuntimeError, ValueError, TimeoutError, KeyError, AssertionError)
+BUILT_IN = (RuntimeError, ValueError, TimeoutError, KeyError, AssertionError, TypeError)
 
 EXAMPLES: list[LifecycleError] = [
     errors.MemoryBudgetShortError(
@@ -121,8 +121,8 @@ class TestMovedNames:
                 old = getattr(module, name)
             assert old is getattr(adapter_errors, name)
 
-    def test_the_moved_names_are_exactly_the_adapters_errors(self) -> None:
-        assert set(adapter_errors.__all__) == errors.MOVED_TO_ADAPTERS
+    def test_the_moved_names_are_adapters_errors(self) -> None:
+        assert set(adapter_errors.__all__) >= errors.MOVED_TO_ADAPTERS  # and the adapters' own since
         assert not errors.MOVED_TO_ADAPTERS & set(lifecycle.__all__)
 
     def test_from_import_of_an_old_name_works(self) -> None:

@@ -7,23 +7,18 @@ event say how much, and `lifecycle doctor` recommends this way only where it fit
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from torch.distributed import ProcessGroup
 
-from actor_integration.backends.process_groups import _teardown
-from actor_integration.backends.process_groups._way import Outcome, nccl_bytes
-from lifecycle.table import Communicators
-
-if TYPE_CHECKING:
-    from actor_integration.backends.process_groups._reloadable import ReloadableProcessGroups
+from actor_integration.backends.process_groups._way import Outcome, WayHost, nccl_bytes
+from lifecycle.table import ASLEEP, Communicators
 
 
 class KeepCommunicators:
     """The groups stay; their handles refuse collectives until reload (the other phase owns the GPU)."""
 
     name = Communicators.KEEP
-    asleep = "kept"
+    asleep = ASLEEP[name]
+    lost: tuple[str, ...] = ()  # nothing is torn down
 
     def __init__(self) -> None:
         self._hidden: dict[str, ProcessGroup | None] = {}
@@ -31,16 +26,15 @@ class KeepCommunicators:
     def check(self, backend: str) -> None:
         return None  # nothing to refuse: the cost is the memory held, which the events report
 
-    def release(self, groups: ReloadableProcessGroups) -> Outcome:
-        self._hidden.update(groups._hide_handles(self.asleep))
-        held = nccl_bytes(_teardown.registered_groups(), "total")
-        count = len(_teardown.registered_groups())
-        return Outcome(self.name.value, count, 0, None, held_bytes=held)
+    def release(self, host: WayHost) -> Outcome:
+        self._hidden.update(host.hide_handles(self.asleep))
+        kept = host.groups()
+        return Outcome(self.name, len(kept), 0, None, held_bytes=nccl_bytes(kept, "total"))
 
-    def restore(self, groups: ReloadableProcessGroups) -> Outcome:
-        groups._show_handles(self._hidden)
+    def restore(self, host: WayHost) -> Outcome:
+        host.show_handles(self._hidden)
         self._hidden = {}
-        return Outcome(self.name.value, len(_teardown.registered_groups()), 0, None)
+        return Outcome(self.name, len(host.groups()), 0, None)
 
-    def close(self, groups: ReloadableProcessGroups) -> None:
+    def close(self, host: WayHost) -> None:
         self._hidden = {}

@@ -6,7 +6,8 @@ to torch, or one put first with `LD_PRELOAD`, replaces it at run time and keeps 
 `ncclCommSuspend(comm, NCCL_SUSPEND_MEM)` / `ncclCommResume(comm)` / `ncclCommMemStats` exist
 from NCCL 2.29.7 on (nccl.h). A communicator is reached through torch's `Backend.suspend()` /
 `resume()` where torch has them, else through the loaded library with the pointer torch's
-`ProcessGroupNCCL._comm_ptr()` returns (torch 2.11: how the H200 measurement in FACTS.md ran).
+`ProcessGroupNCCL._comm_ptr()` returns (torch 2.11: how the H200 measurement ran,
+docs/measurements.md#ncclcommsuspend-on-nccl-2307-2026-12-02).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ them. The design, without monkey-patching torch.distributed:
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any, cast
 
@@ -31,9 +31,8 @@ from torch.distributed import ProcessGroup
 from torch.distributed.distributed_c10d import PrefixStore, Store
 from torch.distributed.rendezvous import rendezvous
 
-from actor_integration.backends.process_groups import _nccl, _teardown
-from actor_integration.backends.process_groups._destroy import DestroyCommunicators
-from actor_integration.backends.process_groups._keep import KeepCommunicators
+from actor_integration.backends.process_groups import _teardown
+from actor_integration.backends.process_groups._choice import choose_way, why_this_way
 from actor_integration.backends.process_groups._rendezvous import (
     BARRIER_CAUSE,
     LIFECYCLE_CAUSE,
@@ -41,24 +40,24 @@ from actor_integration.backends.process_groups._rendezvous import (
     NEW_GROUP_CAUSE,
     Meeting,
 )
-from actor_integration.backends.process_groups._suspend import SuspendCommunicators
 from actor_integration.backends.process_groups._way import CommunicatorWay, Outcome, nccl_bytes
 from actor_integration.errors import ProcessGroupsAsleepError
 from lifecycle import events
 from lifecycle.logs import Event
-from lifecycle.table import Communicators
+from lifecycle.table import ASLEEP, Communicators, Groups
 
 _ALIVE, _BROKEN, _CLOSED = "alive", "broken", "closed"
-_ASLEEP = ("destroyed", "suspended", "kept")  # the ways' `asleep` states
+_ASLEEP = tuple(groups.value for groups in ASLEEP.values())  # the table's states after a sleep
+_DESTROYED = ASLEEP[Communicators.DESTROY].value
 _REMOVED = object()  # `suspend=` was replaced by `communicators=`
 # How a handle's group sleeps, in its error message.
-_WHY = {
-    "destroyed": "was destroyed by sleep()",
-    "suspended": (
+_WHY: Mapping[str, str] = {
+    Groups.DESTROYED: "was destroyed by sleep()",
+    Groups.SUSPENDED: (
         "is suspended by sleep() (its NCCL communicator's memory is released: a collective would read "
         "unmapped memory)"
     ),
-    "kept": "is asleep (communicators='keep': its memory is held, but the other phase owns the GPU)",
+    Groups.KEPT: "is asleep (communicators='keep': its memory is held, but the other phase owns the GPU)",
 }
 
 
@@ -73,7 +72,7 @@ class GroupHandle:
         self.backend = backend
         self.generation = -1
         self._group: ProcessGroup | None = None
-        self._asleep = "destroyed"  # how the group sleeps while `_group` is None
+        self._asleep = _DESTROYED  # how the group sleeps while `_group` is None
 
     @property
     def group(self) -> ProcessGroup:
@@ -117,12 +116,14 @@ class ReloadableProcessGroups:
         communicators: Communicators | str = Communicators.DESTROY,
         eager_connect: bool = False,
         suspend: object = _REMOVED,
+        _way: CommunicatorWay | None = None,
     ) -> None:
         # Use init() or adopt(); this constructor expects WORLD to be initialised on `store` already.
+        # `_way`: the unit init() chose and checked before WORLD existed (its check probes NCCL once).
         _refuse_suspend_argument(suspend)
         if not isinstance(eager_connect, bool):
             raise ValueError(f"eager_connect must be a bool, got {eager_connect!r}")
-        self._way = _way_for(communicators, backend)
+        self._way = _way if _way is not None else choose_way(communicators, backend)
         self.communicators = self._way.name.value  # read by the lifecycle machine (which state sleep leaves)
         self.eager_connect = eager_connect
         self._announced = False  # the first destroy says at info which way ran and why
@@ -138,6 +139,7 @@ class ReloadableProcessGroups:
         self._device_id = device_id
         self._worlds = 1  # WORLDs built on this store so far; each gets its own key namespace
         self._side: ProcessGroup | None = self._new_side_channel()
+        self._host = _Host(self)
 
     # ------------------------------------------------------------------ construction
 
@@ -169,7 +171,7 @@ class ReloadableProcessGroups:
         """
         _refuse_suspend_argument(suspend)
         _check_backend(backend)
-        _way_for(communicators, backend)  # refused before WORLD exists, so the call can be retried
+        way = choose_way(communicators, backend)  # refused before WORLD exists, so the call can be retried
         if not isinstance(world_size, int) or world_size < 1:
             raise ValueError(f"world_size must be a positive int, got {world_size!r}")
         if not isinstance(rank, int) or not 0 <= rank < world_size:
@@ -199,6 +201,7 @@ class ReloadableProcessGroups:
             device_id=device_id,
             communicators=communicators,
             eager_connect=eager_connect,
+            _way=way,
         )
 
     @classmethod
@@ -324,7 +327,7 @@ class ReloadableProcessGroups:
     def lost_groups(self) -> tuple[str, ...]:
         """Groups of others (Megatron's) the last sleep tore down because NCCL could not suspend
         them (communicators="suspend"): their owner must rebuild them on wake."""
-        return self._way.lost if isinstance(self._way, SuspendCommunicators) else ()
+        return self._way.lost
 
     def held_bytes(self) -> int | None:
         """GPU memory the NCCL communicators hold now (ncclCommMemStats), None where NCCL cannot say.
@@ -351,11 +354,11 @@ class ReloadableProcessGroups:
         _teardown.quiesce(self.backend, self._device_id)
         self._meeting.meet(f"destroy(generation {self.generation})", self.timeout, LIFECYCLE_CAUSE)
         self._state = _BROKEN  # until the way is done
-        outcome = self._way.release(self)
+        outcome = self._way.release(self._host)
         # Leave only once every rank is done: a rank that moved on (or exited) while a peer was
         # still in connectFullMesh (the gloo stand-in) made that peer fail with "closed by peer".
         self._meeting.meet(f"destroyed(generation {self.generation})", self.timeout, LIFECYCLE_CAUSE)
-        self._state = _asleep_state(outcome)
+        self._state = ASLEEP[outcome.way].value
         self._log(Event.GROUPS_DESTROYED, t0, outcome)
 
     def reload(self) -> None:
@@ -365,7 +368,7 @@ class ReloadableProcessGroups:
         self._meeting.meet(f"reload(generation {self.generation})", self.timeout, LIFECYCLE_CAUSE)
         self._state = _BROKEN  # until every group is back
         self.generation += 1
-        outcome = self._way.restore(self)
+        outcome = self._way.restore(self._host)
         self._meeting.meet(f"reloaded(generation {self.generation})", self.timeout, LIFECYCLE_CAUSE)
         self._state = _ALIVE
         self._log(Event.GROUPS_RELOADED, t0, outcome)
@@ -399,11 +402,11 @@ class ReloadableProcessGroups:
         which waits on their peers: close on every rank)."""
         if self._state == _CLOSED:
             return
-        self._way.close(self)
+        self._way.close(self._host)
         self._drop_groups()
         self._state = _CLOSED
 
-    # ------------------------------------------------------------------ for the ways (_destroy, _suspend, _keep)
+    # ------------------------------------------------------------------ for the ways, through _Host
 
     def _hide_handles(self, asleep: str) -> dict[str, ProcessGroup | None]:
         """Take every handle's group away until `_show_handles`; returns them by handle name."""
@@ -414,7 +417,7 @@ class ReloadableProcessGroups:
             handle._group, handle._asleep = None, asleep
         return hidden
 
-    def _show_handles(self, hidden: dict[str, ProcessGroup | None]) -> None:
+    def _show_handles(self, hidden: Mapping[str, ProcessGroup | None]) -> None:
         for handle in self._handles:
             if handle.name in hidden:
                 handle._group = hidden[handle.name]
@@ -437,7 +440,7 @@ class ReloadableProcessGroups:
         if self.eager_connect:
             self.connect()
 
-    def _recreate(self, names: list[str]) -> None:
+    def _recreate(self, names: Sequence[str]) -> None:
         """New groups for the handles named, in registration order (collective: the same list on every rank)."""
         for handle in self._handles:
             if handle.name in names:
@@ -467,7 +470,7 @@ class ReloadableProcessGroups:
 
     def _drop_groups(self) -> int:
         """Destroy every registered group: subgroups at once, then WORLD. Returns how many went down."""
-        self._hide_handles("destroyed")
+        self._hide_handles(_DESTROYED)
         self._side = None
         return _teardown.destroy_registered_groups()
 
@@ -506,23 +509,11 @@ class ReloadableProcessGroups:
                 **outcome.fields(),
             }
             if first:
-                fields["why"] = self._why()
+                fields["why"] = why_this_way(self._way, self.backend)
             if self.lost_groups:
                 fields["lost_groups"] = list(self.lost_groups)
             events.emit(level, event, fields)
         self._announced = self._announced or first
-
-    def _why(self) -> str:
-        if isinstance(self._way, SuspendCommunicators) and self._way.support is not None:
-            return f"communicators='suspend' (opt-in): {self._way.support.reason}"
-        if isinstance(self._way, KeepCommunicators):
-            return "communicators='keep' (opt-in): nothing is freed; the communicators' memory stays held"
-        if "nccl" not in self.backend:
-            return "no NCCL groups"
-        return (
-            "communicators='destroy' (default): the fastest measured way that frees the memory "
-            f"(suspend is opt-in; here: {_nccl.nccl_suspend_support(self.backend).reason})"
-        )
 
     def __repr__(self) -> str:
         return (
@@ -532,24 +523,42 @@ class ReloadableProcessGroups:
         )
 
 
-def _way_for(communicators: Communicators | str, backend: str) -> CommunicatorWay:
-    """The unit for the chosen way, after it checked it can work with `backend` here."""
-    try:
-        chosen = Communicators(communicators)
-    except ValueError:
-        raise ValueError(
-            f"communicators must be one of {[c.value for c in Communicators]} (what sleep does to the NCCL "
-            f"communicators), got {communicators!r}"
-        ) from None
-    way: CommunicatorWay
-    if chosen is Communicators.SUSPEND:
-        way = SuspendCommunicators()
-    elif chosen is Communicators.KEEP:
-        way = KeepCommunicators()
-    else:
-        way = DestroyCommunicators()
-    way.check(backend)
-    return way
+class _Host:
+    """What the way of one `ReloadableProcessGroups` may do to it (`WayHost`): its only door in."""
+
+    def __init__(self, groups: ReloadableProcessGroups) -> None:
+        self._groups = groups
+
+    @property
+    def device(self) -> torch.device | None:
+        return self._groups.device
+
+    def groups(self) -> list[ProcessGroup]:
+        return _teardown.registered_groups()  # ours, the side channel and others' (Megatron's)
+
+    def handle_names(self) -> tuple[str, ...]:
+        return tuple(handle.name for handle in self._groups.handles)
+
+    def hide_handles(self, asleep: Groups) -> dict[str, ProcessGroup | None]:
+        return self._groups._hide_handles(asleep.value)
+
+    def show_handles(self, hidden: Mapping[str, ProcessGroup | None]) -> None:
+        self._groups._show_handles(hidden)
+
+    def stand_in(self) -> int:
+        return self._groups._stand_in()
+
+    def rebuild(self) -> None:
+        self._groups._rebuild()
+
+    def recreate(self, names: Sequence[str]) -> None:
+        self._groups._recreate(names)
+
+    def gather(self, what: str, value: str) -> list[str]:
+        groups = self._groups
+        return groups._meeting.gather(
+            f"{what}(generation {groups.generation})", value, groups.timeout, LIFECYCLE_CAUSE
+        )
 
 
 def _refuse_suspend_argument(suspend: object) -> None:
@@ -562,10 +571,6 @@ def _refuse_suspend_argument(suspend: object) -> None:
         "The default, communicators='destroy', is what suspend='never' did; pass communicators='suspend' "
         "to opt in (lifecycle doctor says whether this machine can)."
     )
-
-
-def _asleep_state(outcome: Outcome) -> str:
-    return {"destroy": "destroyed", "suspend": "suspended", "keep": "kept"}[outcome.way]
 
 
 def _init_world(

@@ -1,9 +1,8 @@
 """Suspend the NCCL communicators on sleep (ncclCommSuspend, NCCL 2.29.7+), resume them on wake.
 
-Opt-in: on one H200 rank, WORLD + 16 warmed subgroups, NCCL 2.30.7 frees 6518 of 6596 MiB but
-takes 3.7-6.3 s to suspend and 1.3-1.8 s to resume, because it copies the buffers' contents to
-pinned host memory (their allocation kind, `ncclMemOffload`, decides that; no flag or variable
-skips it), against 0.73-0.80 s + 0.22-0.68 s for the teardown and rebuild (FACTS.md).
+Opt-in: it frees what the teardown frees but takes several times as long, because NCCL copies the
+buffers' contents to pinned host memory (their allocation kind, `ncclMemOffload`, decides that; no
+flag or variable skips it): docs/measurements.md#ncclcommsuspend-on-nccl-2307-2026-12-02.
 
 ncclCommSuspend and ncclCommResume wait on the communicator's peers (a bootstrap barrier), so
 every member rank must suspend the same communicators:
@@ -21,19 +20,14 @@ every member rank must suspend the same communicators:
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
 from actor_integration.backends.process_groups import _nccl, _teardown
 from actor_integration.backends.process_groups._destroy import DestroyCommunicators
-from actor_integration.backends.process_groups._rendezvous import LIFECYCLE_CAUSE
-from actor_integration.backends.process_groups._way import DeviceMemory, Outcome, measured
-from lifecycle.table import Communicators
-
-if TYPE_CHECKING:
-    from actor_integration.backends.process_groups._reloadable import ReloadableProcessGroups
+from actor_integration.backends.process_groups._way import DeviceMemory, Outcome, WayHost, measured
+from lifecycle.table import ASLEEP, Communicators
 
 WORLD = "WORLD"  # how the default group is named in the fallback reports
 
@@ -42,7 +36,7 @@ class SuspendCommunicators:
     """ncclCommSuspend on sleep, ncclCommResume on wake; a group that cannot be suspended is torn down."""
 
     name = Communicators.SUSPEND
-    asleep = "suspended"
+    asleep = ASLEEP[name]
 
     def __init__(self) -> None:
         self.support: _nccl.NcclSuspendSupport | None = None
@@ -64,18 +58,14 @@ class SuspendCommunicators:
 
     # ------------------------------------------------------------------ sleep
 
-    def release(self, groups: ReloadableProcessGroups) -> Outcome:
+    def release(self, host: WayHost) -> Outcome:
         self.lost = ()
-        self._hidden.update(groups._hide_handles(self.asleep))
-        device = DeviceMemory(groups.device)
+        self._hidden.update(host.hide_handles(self.asleep))
+        device = DeviceMemory(host.device)
         world = dist.distributed_c10d._get_default_group()
-        nccl = [
-            (pg, c) for pg in _teardown.registered_groups() if (c := _nccl.communicator_of(pg)) is not None
-        ]
+        nccl = [(pg, c) for pg in host.groups() if (c := _nccl.communicator_of(pg)) is not None]
         have = sorted(_name(pg, world) for pg, c in nccl if c.created())
-        posted = groups._meeting.gather(
-            f"suspend plan(generation {groups.generation})", json.dumps(have), groups.timeout, LIFECYCLE_CAUSE
-        )
+        posted = host.gather("suspend plan", json.dumps(have))
         created = [set(json.loads(p)) for p in posted]
         fell_back: dict[str, str] = {}
         plan: list[tuple[ProcessGroup, _nccl.Communicator]] = []
@@ -93,20 +83,18 @@ class SuspendCommunicators:
         world_error = fell_back.get(WORLD, "")
         if plan and plan[0][0] is world:
             world_error = self._suspend_one(world, plan.pop(0)[1], fell_back) or ""
-        verdicts = groups._meeting.gather(
-            f"suspend WORLD(generation {groups.generation})", world_error, groups.timeout, LIFECYCLE_CAUSE
-        )
+        verdicts = host.gather("suspend WORLD", world_error)
         failed = {rank: why for rank, why in enumerate(verdicts) if why}
         if failed:
-            return self._destroy_instead(groups, failed)
+            return self._destroy_instead(host, failed)
 
         for pg, communicator in plan:
             self._suspend_one(pg, communicator, fell_back)
-        self._tear_down_fallbacks(groups, world, fell_back)
+        self._tear_down_fallbacks(host, world, fell_back)
         freed, by = measured(self._nccl_bytes(), device)
         labels = {_name(pg, world): _label(pg, world) for pg, _ in nccl}
         shown = {labels.get(name, name): why for name, why in fell_back.items()}
-        return Outcome(self.name.value, len(self._suspended), freed, by, fell_back=shown)
+        return Outcome(self.name, len(self._suspended), freed, by, fell_back=shown)
 
     def _suspend_one(
         self, pg: ProcessGroup, communicator: _nccl.Communicator, fell_back: dict[str, str]
@@ -122,19 +110,17 @@ class SuspendCommunicators:
         self._suspended.append((pg, communicator, None if stats is None else stats.suspendable))
         return None
 
-    def _destroy_instead(self, groups: ReloadableProcessGroups, failed: dict[int, str]) -> Outcome:
+    def _destroy_instead(self, host: WayHost, failed: dict[int, str]) -> Outcome:
         """WORLD could not be suspended somewhere: this whole sleep tears down, on every rank."""
         self._suspended = []
-        groups._show_handles(self._hidden)  # the teardown hides them again, as destroyed
+        host.show_handles(self._hidden)  # the teardown hides them again, as destroyed
         self._hidden = {}
         self._whole = DestroyCommunicators()
-        outcome = self._whole.release(groups)
+        outcome = self._whole.release(host)
         outcome.fell_back = {WORLD: "; ".join(f"rank {r}: {why}" for r, why in failed.items())}
         return outcome
 
-    def _tear_down_fallbacks(
-        self, groups: ReloadableProcessGroups, world: ProcessGroup, fell_back: dict[str, str]
-    ) -> None:
+    def _tear_down_fallbacks(self, host: WayHost, world: ProcessGroup, fell_back: dict[str, str]) -> None:
         """Every rank posts its failures; each group any member could not suspend goes down on all members."""
         mine = {
             "groups": sorted(fell_back),
@@ -144,18 +130,12 @@ class SuspendCommunicators:
                 if isinstance(group, ProcessGroup) and _name(group, world) in fell_back
             ),
         }
-        posted = groups._meeting.gather(
-            f"suspend failures(generation {groups.generation})",
-            json.dumps(mine),
-            groups.timeout,
-            LIFECYCLE_CAUSE,
-        )
-        every = [json.loads(p) for p in posted]
+        every = [json.loads(p) for p in host.gather("suspend failures", json.dumps(mine))]
         down = {name for p in every for name in p["groups"]}
         rebuilt = {name for p in every for name in p["handles"]}
         # The same list, in handle order, on every rank: recreating them is collective over WORLD.
-        self._rebuild = [h.name for h in groups.handles if h.name in rebuilt]
-        doomed = [pg for pg in _teardown.registered_groups() if pg is not world and _name(pg, world) in down]
+        self._rebuild = [name for name in host.handle_names() if name in rebuilt]
+        doomed = [pg for pg in host.groups() if pg is not world and _name(pg, world) in down]
         for pg in doomed:
             fell_back.setdefault(_name(pg, world), "torn down with its peers, which could not suspend it")
         self._suspended = [entry for entry in self._suspended if all(entry[0] is not pg for pg in doomed)]
@@ -171,26 +151,26 @@ class SuspendCommunicators:
 
     # ------------------------------------------------------------------ wake
 
-    def restore(self, groups: ReloadableProcessGroups) -> Outcome:
+    def restore(self, host: WayHost) -> Outcome:
         if self._whole is not None:
-            outcome = self._whole.restore(groups)
+            outcome = self._whole.restore(host)
             self._whole = None
             return outcome
-        device = DeviceMemory(groups.device)
+        device = DeviceMemory(host.device)
         resumed = self._nccl_bytes()
         count = len(self._suspended)
         while self._suspended:  # in suspend order (WORLD first), the same on every rank
             _, communicator, _ = self._suspended[0]
             communicator.resume()
             self._suspended.pop(0)  # a retry after a failure resumes only the rest
-        groups._show_handles(self._hidden)
+        host.show_handles(self._hidden)
         self._hidden = {}
         rebuilt, self._rebuild = self._rebuild, []
-        groups._recreate(rebuilt)  # collective on every rank: every rank has the same list
+        host.recreate(rebuilt)  # collective on every rank: every rank has the same list
         taken, by = measured(resumed, device, taken=True)
-        return Outcome(self.name.value, count + len(rebuilt), taken, by)
+        return Outcome(self.name, count + len(rebuilt), taken, by)
 
-    def close(self, groups: ReloadableProcessGroups) -> None:
+    def close(self, host: WayHost) -> None:
         # A suspended communicator is resumed before torch destroys it: NCCL's teardown expects
         # its buffers mapped. Resume waits on the peers: close() on every rank.
         while self._suspended:

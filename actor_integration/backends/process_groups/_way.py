@@ -1,32 +1,33 @@
-"""What every way of treating the communicators on sleep offers, and how the bytes are counted.
+"""What every way of treating the communicators on sleep offers, what it may do to its groups, and
+how the bytes are counted.
 
-`ReloadableProcessGroups` meets the other ranks, then hands the work to its way: `release` on
-destroy(), `restore` on reload(). Three ways, one unit each: `_destroy` (tear down, rebuild),
-`_suspend` (ncclCommSuspend / ncclCommResume) and `_keep` (leave them as they are).
+A host (`ReloadableProcessGroups`, or a framework's registry: `RegistryProcessGroups`) meets the
+other ranks, then hands the work to its way: `release` on destroy(), `restore` on reload(). Three
+ways, one unit each: `_destroy` (tear down, rebuild), `_suspend` (ncclCommSuspend /
+ncclCommResume) and `_keep` (leave them as they are). A way reaches its groups through
+`WayHost` alone, so the units never import a host; which state each way leaves the groups in is
+the transition table's (`lifecycle.table.ASLEEP`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import torch
 from torch.distributed import ProcessGroup
 
 from actor_integration.backends.process_groups import _nccl
-from lifecycle.table import Communicators
-
-if TYPE_CHECKING:
-    from actor_integration.backends.process_groups._reloadable import ReloadableProcessGroups
+from lifecycle.table import Communicators, Groups
 
 
 @dataclass
 class Outcome:
     """What one release or restore did; `process_groups.destroyed` / `reloaded` log it."""
 
-    way: str  # the way that ran: "destroy", "suspend" or "keep" ("destroy" where a suspend fell back whole)
-    communicators: int  # how many communicators (groups) it went through
+    way: Communicators  # the way that ran (DESTROY where a suspend fell back whole)
+    communicator_count: int  # how many communicators (groups) it went through
     bytes: int | None = None  # GPU memory freed (release) or taken again (restore); None: not measured
     measured_by: str | None = None  # "ncclCommMemStats" or "mem_get_info" (device-wide)
     fell_back: dict[str, str] = field(default_factory=dict)  # group → why it was destroyed, not suspended
@@ -34,8 +35,8 @@ class Outcome:
 
     def fields(self) -> dict[str, Any]:
         out: dict[str, Any] = {
-            "way": self.way,
-            "communicators": self.communicators,
+            "way": self.way.value,
+            "communicator_count": self.communicator_count,
             "bytes": self.bytes,
             "measured_by": self.measured_by,
         }
@@ -46,25 +47,71 @@ class Outcome:
         return out
 
 
+class WayHost(Protocol):
+    """What a way may see and do of the groups it treats: the whole door between a way and its host.
+
+    A handle is the host's own reference to one of its groups (a `GroupHandle`, a framework's
+    wrapper), named the same on every rank; a hidden handle refuses collectives until shown again.
+    """
+
+    @property
+    def device(self) -> torch.device | None:
+        """The device the groups are bound to (None: the current one), for `DeviceMemory`."""
+        ...
+
+    def groups(self) -> list[ProcessGroup]:
+        """The torch groups this host's sleep acts on, in creation order (the same on every rank)."""
+        ...
+
+    def handle_names(self) -> tuple[str, ...]:
+        """Every handle's name, in registration order (the same on every rank)."""
+        ...
+
+    def hide_handles(self, asleep: Groups) -> dict[str, ProcessGroup | None]:
+        """Take every handle's group away (the handles then say they are `asleep`); returns them by name."""
+        ...
+
+    def show_handles(self, hidden: Mapping[str, ProcessGroup | None]) -> None:
+        """Give the handles named in `hidden` their groups back."""
+        ...
+
+    def stand_in(self) -> int:
+        """Tear down every group the sleep acts on (what stands in for WORLD is the host's); how many went."""
+        ...
+
+    def rebuild(self) -> None:
+        """After `stand_in`: new torch groups for every handle. Collective."""
+        ...
+
+    def recreate(self, names: Sequence[str]) -> None:
+        """New groups for the hidden handles named (collective: the same list on every rank)."""
+        ...
+
+    def gather(self, what: str, value: str) -> list[str]:
+        """Meet every rank at `what` within the host's deadline; every rank's `value`, by rank."""
+        ...
+
+
 class CommunicatorWay(Protocol):
     """One way of treating the NCCL communicators while the groups sleep."""
 
     name: Communicators
-    asleep: str  # the groups' state after release: "destroyed", "suspended" or "kept"
+    asleep: Groups  # the groups' state after release: `lifecycle.table.ASLEEP[name]`
+    lost: tuple[str, ...]  # others' groups the last release tore down: their owner rebuilds them
 
     def check(self, backend: str) -> None:
         """Refuse, before any group exists, where this way cannot work; say what was found and what to do."""
         ...
 
-    def release(self, groups: ReloadableProcessGroups) -> Outcome:
+    def release(self, host: WayHost) -> Outcome:
         """Sleep: called on every rank once all ranks met, with this rank's device work finished."""
         ...
 
-    def restore(self, groups: ReloadableProcessGroups) -> Outcome:
+    def restore(self, host: WayHost) -> Outcome:
         """Wake (also after a release that failed half-way): called on every rank once all met."""
         ...
 
-    def close(self, groups: ReloadableProcessGroups) -> None:
+    def close(self, host: WayHost) -> None:
         """Before the final teardown: leave every communicator in a state torch can destroy."""
         ...
 

@@ -553,7 +553,9 @@ class TestTeardownLog:
             single.destroy()
         (logged,) = [e for e in events if e["event"] == "process_groups.destroyed"]
         assert (
-            logged["way"] == "destroy" and logged["why"] == "no NCCL groups" and logged["communicators"] == 2
+            logged["way"] == "destroy"
+            and logged["why"] == "no NCCL groups"
+            and logged["communicator_count"] == 2
         )
         # Not a lifecycle machine's event: no rank/role keys for the checker and timeline to misread.
         assert "rank" not in logged and "role" not in logged and logged["group_rank"] == 0

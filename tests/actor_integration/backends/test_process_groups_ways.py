@@ -98,6 +98,27 @@ class TestChoosingAWay:
             _single("pause")
         assert not dist.is_initialized()
 
+    def test_init_builds_the_way_once_so_the_suspend_probe_runs_once(
+        self, closing: list[ReloadableProcessGroups], nccl_stand_in: None, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        fake_nccl.install()
+        probes: list[str] = []
+        probe = _nccl.nccl_suspend_support
+
+        def counted(backend: str = "nccl") -> _nccl.NcclSuspendSupport:
+            probes.append(backend)
+            return probe(backend)
+
+        monkeypatch.setattr(_nccl, "nccl_suspend_support", counted)
+        closing.append(groups := _single("suspend"))
+        assert probes == ["gloo"]
+        with capture_events("info") as events:
+            groups.destroy()
+            groups.reload()
+        assert probes == ["gloo"]  # the first sleep says why from what the one probe found
+        (logged,) = [e for e in events if e["event"] == "process_groups.destroyed"]
+        assert "fake NCCL 2.30.7 over gloo" in logged["why"]
+
     @pytest.mark.parametrize("way", ["destroy", "keep"])
     def test_the_lifecycle_machine_reads_the_way(
         self, closing: list[ReloadableProcessGroups], way: str
@@ -169,7 +190,8 @@ class TestSuspend:
         assert groups.state == "suspended" and all(f.suspended for f in fakes.values())
         assert _sum(groups.side_channel) == 1.0  # gloo, never suspended
         (logged,) = [e for e in events if e["event"] == "process_groups.destroyed"]
-        assert logged["way"] == "suspend" and logged["communicators"] == 4
+        assert logged["way"] == "suspend" and logged["communicator_count"] == 4
+        assert "communicators" not in logged  # a way's name, in lifecycle.configured; here the way is `way`
         assert logged["bytes"] == 4 * fake_nccl.SUSPENDABLE and logged["measured_by"] == "ncclCommMemStats"
         assert "communicators='suspend' (opt-in): fake NCCL" in logged["why"]
         groups.reload()

@@ -129,6 +129,26 @@ class TestPerTagResidency:
         actor.update_weights("info")
         assert actor.saved == [0] and actor.pushed == [0]
 
+    def test_a_save_after_a_push_releases_the_params_again(self):
+        """The push released the params; the save wakes (the wake rebuilds them from the master weights),
+        saves and leaves every tag as it found it: the params are not held on the GPU until the next push."""
+        actor = fresh("rematerialize")
+        actor.update_weights("info")
+        before = dict(actor.tms.paused)
+        actor.calls.clear()
+        actor.save_model(1)
+        assert actor.lifecycle.state is State.PAUSED and actor.tms.paused == before
+        assert [c for c in actor.calls.names() if c.startswith("memory.pause")] == [
+            "memory.pause[grad_buffer]",
+            "memory.pause[default]",
+            "memory.pause[param_buffer]",
+        ]
+        assert actor.saved == [0] and check(actor) is None
+        with pytest.raises(IllegalTransitionError, match=r"released after its push"):
+            actor.update_weights("info")  # as before the save: wake first
+        actor.wake_up()
+        assert not any(actor.tms.paused.values()) and actor.params == 0
+
     def test_a_held_scope_releases_the_params_with_its_one_sleep(self):
         """A driver's held scope (one wake and one sleep per step): the push inside it asks for the
         param release as without the scope, and the scope's release makes it with the others."""
@@ -225,11 +245,75 @@ class TestOneOwnerPerResource:
         assert not any(actor.tms.paused.values())
 
     def test_sleep_and_wake_need_offload_train(self):
+        """A typed error, still the ValueError callers caught, that says what to do; it pickles (Ray)."""
+        import pickle
+
+        from actor_integration.frameworks.miles import OffloadTrainRequiredError
+        from lifecycle.errors import LifecycleError
+
         actor = fresh()
         actor.args.offload_train = False
-        for method in (actor.sleep, actor.wake_up):
-            with pytest.raises(ValueError, match="needs --offload-train"):
-                method()
+        for method in ("sleep", "wake_up"):
+            with pytest.raises(
+                OffloadTrainRequiredError, match=r"needs --offload-train.*Launch with"
+            ) as caught:
+                getattr(actor, method)()
+            assert isinstance(caught.value, LifecycleError) and isinstance(caught.value, ValueError)
+            assert caught.value.method == method
+            again = pickle.loads(pickle.dumps(caught.value))
+            assert type(again) is OffloadTrainRequiredError and again.method == method
+
+
+class TestMilesOwnLogsAndTimers:
+    """miles' `@with_logs @timer` on sleep / wake_up and its CPU-memory metric, which the adapter's
+    own sleep and wake_up replace: they run as in plain miles (MilesLikeActor carries them as miles does)."""
+
+    def _driver(self, actor):
+        """miles' train.py, colocated: the first push, then a step (train, save, offload, push)."""
+        actor.update_weights("info")
+        actor.train(1)
+        actor.save_model(1)
+        actor.sleep()
+        actor.update_weights("info")
+        return {k: list(v) for k, v in miles_like.MILES_LOGS.items()}
+
+    @pytest.mark.parametrize("config", ["all memory", "rematerialize", "lora rollout"])
+    def test_the_driver_order_logs_and_times_what_plain_miles_does(self, config):
+        plain = self._driver(started(miles_like.MilesLikeActor, config))
+        ours = self._driver(started(LifecycleMilesActor, config))
+        assert (
+            ours["timed"] == plain["timed"] == ["sleep", "wake_up", "sleep"]
+        )  # init's, train's, the driver's
+        assert [line[1:] for line in ours["logged"]] == [line[1:] for line in plain["logged"]]
+        assert {line[0] for line in ours["logged"]} == {"LifecycleMilesActor"}
+        assert ours["cpu_memory"] == plain["cpu_memory"] == [(1, "after_offload_train")]
+
+    def test_a_sleep_that_releases_nothing_logs_no_memory(self):
+        """A second sleep is timed (miles times its early return too); a sleep a held scope defers
+        released nothing yet, so neither logs the memory after offload."""
+        actor = fresh()
+        actor.train(1)
+        actor.sleep()
+        actor.sleep()
+        assert miles_like.MILES_LOGS["timed"][-2:] == ["sleep", "sleep"]
+        assert miles_like.MILES_LOGS["cpu_memory"] == [(1, "after_offload_train")]
+        actor.wake_up()
+        actor.lifecycle_hold()
+        actor.sleep()
+        assert actor.lifecycle.state is State.AWAKE
+        assert miles_like.MILES_LOGS["cpu_memory"] == [(1, "after_offload_train")]
+        actor.lifecycle_release()
+
+    def test_a_miles_without_them_is_refused_with_a_typed_error(self, monkeypatch):
+        from actor_integration.frameworks.miles import MilesVersionError
+
+        actor = fresh()
+        actor.wake_up()
+        monkeypatch.delattr(miles_like, "timer")
+        with pytest.raises(MilesVersionError, match=r"has no timer, which decorate miles' sleep") as caught:
+            actor.sleep()
+        assert isinstance(caught.value, TypeError) and caught.value.missing == ["timer"]
+        assert actor.lifecycle.state is State.AWAKE  # refused before any work
 
 
 class FaultyMilesActor(LifecycleMilesActor):
@@ -439,3 +523,32 @@ class TestMilesProcessGroups:
         assert dist.distributed_c10d._get_default_group() is world
         groups.reload()
         assert groups.is_alive() and len(dist.distributed_c10d._world.pg_map) == 4
+
+    def test_the_mixin_hands_its_way_to_miles_groups(self, monkeypatch, one_rank_world):
+        """`lifecycle_communicators` on the class reaches MilesProcessGroups: "keep" hands every wrapper
+        its own group back; an unknown way is refused when the hooks are built."""
+        import sys
+
+        from actor_integration.frameworks.miles import MilesLifecycleMixin
+        from lifecycle import Groups, Hooks, Lifecycle, LifecyclePolicy
+
+        module = self._module()
+        monkeypatch.setitem(sys.modules, "miles.utils.reloadable_process_group", module)
+        wrappers = [module.ReloadableProcessGroup([0]) for _ in range(2)]
+        actor = LifecycleMilesActor()
+        actor.build(miles_like.miles_args(), "actor")
+        actor.lifecycle_communicators = "keep"
+        groups = MilesLifecycleMixin.lifecycle_process_groups(actor)
+        assert isinstance(groups, MilesProcessGroups) and groups.communicators == "keep"
+        before = [w.group for w in wrappers]
+        machine = Lifecycle(LifecyclePolicy(), Hooks(memory=FakeMemorySaver(), process_groups=groups))
+        machine.sleep()
+        assert machine.groups is Groups.KEPT and not groups.is_alive()
+        assert [w.group for w in wrappers] == [None, None]
+        machine.wake_up()
+        assert [w.group for w in wrappers] == before and len(dist.distributed_c10d._world.pg_map) == 3
+        actor.lifecycle_communicators = "pause"
+        with pytest.raises(
+            ValueError, match=r"communicators must be one of \['destroy', 'suspend', 'keep'\]"
+        ):
+            MilesLifecycleMixin.lifecycle_process_groups(actor)

@@ -145,6 +145,30 @@ def _memory_calls() -> list[str]:
     return names
 
 
+def _watch_miles_logs() -> dict[str, list[Any]]:
+    """miles' own Timer entries "sleep" / "wake_up" as they end (its event sinks), and the structured
+    start/end lines its `with_logs` writes for them on the actor module's logger, as (class, method, phase)."""
+    import logging
+
+    watched: dict[str, list[Any]] = {"timed": [], "logged": []}
+    timer = sys.modules["miles.utils.timer"].Timer()
+    timer.event_sinks.append(
+        lambda name, t0, t1: name in ("sleep", "wake_up") and watched["timed"].append(name)
+    )
+
+    class Lines(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            fields = dict(item.partition("=")[::2] for item in record.getMessage().split()[1:])
+            if fields.get("fn") in ("sleep", "wake_up"):
+                watched["logged"].append((fields["cls"], fields["fn"], fields["phase"]))
+
+    logger = logging.getLogger("miles.backends.megatron_utils.actor")
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    logger.addHandler(Lines())
+    return watched
+
+
 def _count_miles_teardowns() -> list[int]:
     """Count miles' own one-by-one teardowns of its registry, in place."""
     groups = sys.modules["miles.utils.reloadable_process_group"].ReloadableProcessGroup
@@ -191,7 +215,10 @@ def _worker(
         return _reproductions(actor_module)
     if variant == "launcher":
         return _launcher_run(actor_module, config)
+    if variant == "save after sync":
+        return _save_after_sync(actor_module, port)
     serial = _count_miles_teardowns()
+    watched = _watch_miles_logs()
     cls = _lifecycle_class(actor_module) if variant == "lifecycle" else actor_module.MegatronTrainRayActor
     actor = _build(cls, world_size, rank, port, config)
     out: dict[str, Any] = {"steps": []}
@@ -249,7 +276,8 @@ def _worker(
         out["stand_in_calls"] = actor.lifecycle_stand_in_calls()
         out["memory_backend"] = actor.lifecycle.hooks.memory.describe()
     out["serial_teardowns"] = serial[0]
-    out["record"] = {k: RECORD[k] for k in ("trained", "saved", "engine")}
+    out["record"] = {k: RECORD[k] for k in ("trained", "saved", "engine", "cpu_memory")}
+    out["miles_logs"] = watched
     return out
 
 
@@ -307,6 +335,29 @@ def _reproductions(actor_module: Any) -> dict[str, Any]:
             for config, sequence, _ in REPRODUCTIONS
         ]
     }
+
+
+def _save_after_sync(actor_module: Any, port: int) -> dict[str, Any]:
+    """Rematerialize layout, one rank: init (asleep, the params resident) → update_weights (pushes them,
+    releases them) → save_model from PAUSED → a second push → wake_up."""
+    from tests.helpers.miles_source import RECORD, SAVER, engines_and_lock
+
+    actor = _build(_lifecycle_class(actor_module), 1, 0, port, "rematerialize")
+    _init(actor, 1, "rematerialize")
+    actor.update_weights(engines_and_lock())
+    out: dict[str, Any] = {"before": dict(SAVER.paused)}
+    _memory_calls()
+    out["save_error"] = _error(lambda: actor.save_model(0))
+    out["after"], out["memory"], out["state"] = (
+        dict(SAVER.paused),
+        _memory_calls(),
+        actor.lifecycle_state()["state"],
+    )
+    out["saved"] = list(RECORD["saved"])
+    out["second_push"] = _error(lambda: actor.update_weights(engines_and_lock(new_engines=False)))
+    actor.wake_up()
+    out["after_wake"] = dict(SAVER.paused)
+    return out
 
 
 def _launcher_run(actor_module: Any, config: str) -> dict[str, Any]:
@@ -472,6 +523,31 @@ class TestUnderTheAdapter:
             assert (result["hook_mode"], result["margin"]) == ("preload", MARGIN)
             assert "hook_mode=preload" in result["memory_backend"]
 
+    def test_miles_own_timers_log_lines_and_memory_metric_run(self, layout: str) -> None:
+        """miles' `@with_logs @timer` on sleep / wake_up (real: miles' Timer and structured_log) run for every
+        call, no-ops and the failed sleep included, as in plain miles, with train's wake among them; its
+        perf/cpu_memory_after_offload_train_gb is logged after each sleep that released memory, on the rank
+        miles logs it from (PP's last stage here) and once a train step ran."""
+        timed = [
+            "sleep",
+            "wake_up",
+            "sleep",
+            "sleep",
+            "wake_up",
+            "wake_up",
+            "sleep",
+            "wake_up",
+            "sleep",
+            "wake_up",
+        ]
+        for rank, result in enumerate(_cached("lifecycle", layout)):
+            assert result["miles_logs"]["timed"] == timed
+            lines = [(fn, phase) for _, fn, phase in result["miles_logs"]["logged"]]
+            assert lines == [(fn, phase) for fn in timed for phase in ("start", "end")]
+            assert {cls for cls, _, _ in result["miles_logs"]["logged"]} == {"LifecycleTrainer"}
+            expected = [[0, "after_offload_train"], [1, "after_offload_train"]] if rank == 1 else []
+            assert result["record"]["cpu_memory"] == expected
+
     def test_group_count_is_flat_and_plain_miles(self, layout: str) -> None:
         for ours, theirs in zip(_cached("lifecycle", layout), _cached("miles", layout), strict=True):
             assert ours["groups_end"] == ours["groups_init"] == theirs["groups_init"] == theirs["groups_end"]
@@ -494,6 +570,25 @@ class TestUnderTheAdapter:
             )
 
 
+class TestSaveAfterSync:
+    def test_a_save_from_paused_leaves_the_residency_it_found(self) -> None:
+        """miles' real class, rematerialize layout: the push released the params; the save wakes (they are
+        rebuilt from the master weights), saves them and releases every tag again, param_buffer included."""
+        (result,) = _run("save after sync", "rematerialize", world_size=1)
+        assert result["save_error"] is None and result["state"] == "PAUSED"
+        assert result["before"] == result["after"] == dict.fromkeys(_TAGS, True)
+        assert result["memory"] == [
+            *(f"memory.resume[{t}]" for t in _TAGS),
+            *(f"memory.pause[{t}]" for t in _TAGS),
+        ]
+        assert len(result["saved"]) == 1 and not math.isnan(result["saved"][0])
+        assert (
+            result["second_push"].startswith("IllegalTransitionError")
+            and "released after its push" in (result["second_push"])
+        )
+        assert not any(result["after_wake"].values())
+
+
 class TestPlainMiles:
     def test_initialises_the_saver_in_the_mode_megatron_left_pending(self) -> None:
         """--train-memory-margin-bytes: plain miles' init is the saver's first use, in torch mode, which in
@@ -506,6 +601,12 @@ class TestPlainMiles:
             assert [s["error"] for s in result["steps"]] == [None] * 6
             # init's sleep, the driver's, and the two syncs from asleep (miles destroys what they reloaded)
             assert result["serial_teardowns"] == 4
+
+    def test_its_timers_and_memory_metric_are_what_the_adapter_keeps(self, layout: str) -> None:
+        """init's sleep, train's wake, the driver's sleep: the same entries the adapter's run makes for them."""
+        for rank, result in enumerate(_cached("miles", layout)):
+            assert result["miles_logs"]["timed"] == ["sleep", "wake_up", "sleep"]
+            assert result["record"]["cpu_memory"] == ([[0, "after_offload_train"]] if rank == 1 else [])
 
 
 class TestReproductionsOnMilesSource:

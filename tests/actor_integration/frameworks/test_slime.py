@@ -286,6 +286,43 @@ class TestBackends:
         assert ("world", "gloo") in made and state.accelerator_world_destroyed
         assert not groups.is_alive()
 
+    def test_the_mixin_hands_its_way_to_slimes_groups(self, monkeypatch, one_rank_world):
+        """`lifecycle_communicators` on the class reaches SlimeProcessGroups: "keep" leaves WORLD and every
+        wrapped group in place; a way that cannot work here is refused when the hooks are built."""
+        import os
+        import sys
+        import types
+
+        from lifecycle import Groups
+
+        class Wrapper:
+            def __init__(self, group):
+                self.group = group
+
+        module = types.ModuleType("slime.utils.reloadable_process_group")
+        module.reload_process_groups = lambda: pytest.fail("a kept group is never rebuilt")
+        module.default_process_group_states = {}
+        module.ReloadableProcessGroup = type("ReloadableProcessGroup", (), {"GROUPS": {}})
+        module._uses_accelerator_backend = lambda backend: True
+        module._new_default_process_group = lambda state, backend: None
+        module.set_gloo_group = lambda group: None
+        module.ReloadableProcessGroup.GROUPS[os.getpid()] = wrappers = [Wrapper(dist.new_group([0]))]
+        monkeypatch.setitem(sys.modules, "slime.utils.reloadable_process_group", module)
+        actor = LifecycleSlimeActor()
+        actor.build(rank=0, offload_train=True, use_routing_replay=False)
+        actor.lifecycle_communicators = "keep"
+        groups = SlimeLifecycleMixin.lifecycle_process_groups(actor)
+        assert isinstance(groups, SlimeProcessGroups) and groups.communicators == "keep"
+        group, world = wrappers[0].group, dist.distributed_c10d._get_default_group()
+        machine = Lifecycle(LifecyclePolicy(), Hooks(memory=FakeMemorySaver(), process_groups=groups))
+        machine.sleep()
+        assert machine.groups is Groups.KEPT and wrappers[0].group is None and not groups.is_alive()
+        machine.wake_up()
+        assert wrappers[0].group is group and dist.distributed_c10d._get_default_group() is world
+        actor.lifecycle_communicators = "suspend"
+        with pytest.raises(ValueError, match=r"communicators='suspend' cannot work here: backend 'gloo'"):
+            SlimeLifecycleMixin.lifecycle_process_groups(actor)
+
     def test_unsupported_setup_is_refused_before_any_work(self):
         actor = LifecycleSlimeActor()
         actor.build(rank=0, offload_train=True, use_routing_replay=False)
