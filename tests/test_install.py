@@ -5,6 +5,7 @@ extra names what it enables, and a subcommand that needs one says which."""
 from __future__ import annotations
 
 import email
+import shutil
 import subprocess
 import sys
 import venv
@@ -44,9 +45,27 @@ def _requirement_name(requirement: str) -> str:
 def core_env(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A fresh virtual environment (no system packages) with the project's wheel installed bare."""
     where = tmp_path_factory.mktemp("core-env")
+    # Built from a copy of the tracked files: setuptools leaves build/ in the tree it builds.
+    source = where / "source"
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True)
+    for name in tracked.stdout.splitlines():
+        if (ROOT / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, source / name)
     wheels = where / "wheels"
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", wheels, ROOT],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            wheels,
+            source,
+        ],
         check=True,
     )
     (wheel,) = wheels.glob("rl_lifecycle-*.whl")
