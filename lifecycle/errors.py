@@ -11,9 +11,9 @@ in which state, and what to do next.
 
 from __future__ import annotations
 
-import importlib
 import warnings
 from collections.abc import Mapping
+from importlib import metadata
 from typing import Any
 
 from lifecycle.table import Groups, Residency, State
@@ -179,7 +179,8 @@ class LogFieldError(LifecycleError, ValueError):
 
 
 # 0.1 defined the adapters' errors here; their old names still resolve for one release (0.2 removes
-# them). By name, so that the pure core imports nothing of the adapters.
+# them). The core names no adapter module: the distribution declares where the moved classes live
+# (the `rl_lifecycle.moved_errors` entry point, pyproject.toml), and a name is looked up there on use.
 MOVED_TO_ADAPTERS = frozenset(
     {
         "CorruptBucketError",
@@ -204,19 +205,28 @@ MOVED_TO_ADAPTERS = frozenset(
         "WeightSyncTimeout",
     }
 )
+MOVED_ERRORS_ENTRY_POINT = "rl_lifecycle.moved_errors"
 
 
 def moved_error(module: str, name: str) -> Any:
     """An adapter error asked for under its 0.1 name: the class itself, with a DeprecationWarning."""
     if name not in MOVED_TO_ADAPTERS:
         raise AttributeError(f"module {module!r} has no attribute {name!r}")
-    warnings.warn(
-        f"{module}.{name} moved to actor_integration.errors.{name}; import it from there "
-        "(the old name goes in 0.2)",
-        DeprecationWarning,
-        stacklevel=3,
+    for entry in metadata.entry_points(group=MOVED_ERRORS_ENTRY_POINT):
+        where = entry.load()
+        if isinstance(getattr(where, name, None), type):
+            warnings.warn(
+                f"{module}.{name} moved to {where.__name__}.{name}; import it from there "
+                "(the old name goes in 0.2)",
+                DeprecationWarning,
+                stacklevel=3,
+            )
+            return getattr(where, name)
+    raise AttributeError(
+        f"{module}.{name} moved to the adapters' errors module, and no installed distribution says "
+        f"where (entry point {MOVED_ERRORS_ENTRY_POINT!r}): import it from actor_integration.errors, "
+        "or install rl-lifecycle (pip install -e . in a checkout)"
     )
-    return getattr(importlib.import_module("actor_integration.errors"), name)
 
 
 def __getattr__(name: str) -> Any:

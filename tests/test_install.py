@@ -33,6 +33,11 @@ machine.wake_up()
 assert machine.state is State.AWAKE, machine.state
 flush_logs()
 assert "torch" not in sys.modules and "ray" not in sys.modules
+import warnings
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    assert lifecycle.CorruptBucketError.__module__ == "actor_integration.errors"  # 0.1's name, one release
+assert [w.category for w in caught] == [DeprecationWarning], caught
 print(lifecycle.__version__)
 """
 

@@ -135,3 +135,11 @@ class TestMovedNames:
             errors.NoSuchError  # noqa: B018
         with pytest.raises(AttributeError):
             lifecycle.NoSuchError  # noqa: B018
+
+    def test_without_the_distribution_s_entry_point_the_old_name_says_where_to_look(
+        self, monkeypatch
+    ) -> None:
+        """A checkout that was never installed declares no entry point: the error names the new module."""
+        monkeypatch.setattr(errors.metadata, "entry_points", lambda **_: [])
+        with pytest.raises(AttributeError, match="import it from actor_integration.errors"):
+            errors.CorruptBucketError  # noqa: B018
