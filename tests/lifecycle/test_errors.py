@@ -141,5 +141,5 @@ class TestMovedNames:
     ) -> None:
         """A checkout that was never installed declares no entry point: the error names the new module."""
         monkeypatch.setattr(errors.metadata, "entry_points", lambda **_: [])
-        with pytest.raises(AttributeError, match="import it from actor_integration.errors"):
+        with pytest.raises(AttributeError, match=r"import it from actor_integration\.errors"):
             errors.CorruptBucketError  # noqa: B018
