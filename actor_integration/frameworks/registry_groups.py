@@ -42,15 +42,14 @@ from actor_integration.backends.process_groups import (
     LIFECYCLE_CAUSE,
     Meeting,
     Outcome,
+    WayLog,
     choose_way,
     destroy_registered_groups,
     each_at_once,
     nccl_bytes,
     quiesce,
     registered_groups,
-    why_this_way,
 )
-from lifecycle import events
 from lifecycle.logs import Event
 from lifecycle.table import Communicators, Groups
 
@@ -100,7 +99,7 @@ class RegistryProcessGroups:
         )
         self._cycles = 0
         self._asleep = False  # a release returned and no restore since
-        self._announced = False  # the first destroy says at info which way ran and why
+        self._way_log = WayLog()  # the first destroy says at info which way ran and why
         self._host = _RegistryHost(self)
 
     # ------------------------------------------------------------------ what a framework supplies
@@ -165,26 +164,20 @@ class RegistryProcessGroups:
         return self._way.lost
 
     def _log(self, event: str, t0: float, outcome: Outcome, **extra: Any) -> None:
-        # As ReloadableProcessGroups logs: the first teardown at info with the way's reason, later
-        # ones at debug, a group that fell back at warning every time.
-        first = event == Event.GROUPS_DESTROYED and not self._announced
-        level = "warning" if outcome.fell_back else "info" if first else "debug"
-        self._announced = self._announced or first
-        if not events.enabled(events.LEVELS[level]):
-            return
-        fields: dict[str, Any] = {
-            "group_rank": self.rank,
-            "framework": self.framework,
-            "groups": len(self.wrappers()),
-            "duration_ms": round((time.perf_counter() - t0) * 1e3, 3),
-            **extra,
-            **outcome.fields(),
-        }
-        if first:
-            fields["why"] = why_this_way(self._way, self.backend)
-        if self.lost_groups:
-            fields["lost_groups"] = list(self.lost_groups)
-        events.emit(level, event, fields)
+        self._way_log.emit(
+            event,
+            t0,
+            outcome,
+            way=self._way,
+            backend=self.backend,
+            fields=lambda: {
+                "group_rank": self.rank,
+                "framework": self.framework,
+                "groups": len(self.wrappers()),
+                **extra,
+            },
+            lost_groups=self.lost_groups,
+        )
 
     def __repr__(self) -> str:
         return (

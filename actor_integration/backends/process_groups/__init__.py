@@ -8,12 +8,12 @@ down the same way or take the same ways: `Meeting` (store-based meeting points w
 name the missing ranks), `registered_groups`, `each_at_once`, `destroy_registered_groups` (every
 subgroup concurrently, WORLD last), `quiesce`, and `choose_way` (the unit for a `communicators=`
 name, checked once), `WayHost` (what a way may do to a host's groups), `CommunicatorWay`,
-`Outcome`, `nccl_bytes` and `why_this_way`.
+`Outcome`, `nccl_bytes`, `why_this_way` and `WayLog` (the groups' events).
 """
 
 from __future__ import annotations
 
-from actor_integration.backends.process_groups._choice import choose_way, why_this_way
+from actor_integration.backends.process_groups._choice import WayLog, choose_way, why_this_way
 from actor_integration.backends.process_groups._nccl import (
     LoadedNccl,
     NcclSuspendSupport,
@@ -52,6 +52,7 @@ __all__ = [
     "RendezvousMismatchError",
     "RendezvousTimeoutError",
     "WayHost",
+    "WayLog",
     "choose_way",
     "destroy_registered_groups",
     "each_at_once",

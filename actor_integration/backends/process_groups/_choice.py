@@ -2,16 +2,22 @@
 
 One place for every host (`ReloadableProcessGroups`, a framework's `RegistryProcessGroups`): the
 unit a name stands for, checked once against the backend (the suspend probe runs here, once per
-host), and the line the first sleep logs about it.
+host), and the groups' events (`WayLog`), whose first teardown says why the way runs.
 """
 
 from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
 
 from actor_integration.backends.process_groups import _nccl
 from actor_integration.backends.process_groups._destroy import DestroyCommunicators
 from actor_integration.backends.process_groups._keep import KeepCommunicators
 from actor_integration.backends.process_groups._suspend import SuspendCommunicators
-from actor_integration.backends.process_groups._way import CommunicatorWay
+from actor_integration.backends.process_groups._way import CommunicatorWay, Outcome
+from lifecycle import events
+from lifecycle.logs import Event
 from lifecycle.table import Communicators
 
 
@@ -47,3 +53,41 @@ def why_this_way(way: CommunicatorWay, backend: str) -> str:
         "communicators='destroy' (default): the fastest measured way that frees the memory "
         f"(suspend is opt-in; here: {_nccl.nccl_suspend_support(backend).reason})"
     )
+
+
+class WayLog:
+    """A host's `process_groups.destroyed` / `.reloaded` events. The first teardown says at info which
+    way ran and why; later ones at debug (the Lifecycle already logs each hook's duration at info),
+    unless a group fell back: a warning, every time. No "rank"/"role" keys: those name a lifecycle
+    machine to the checker and the timeline, and a host is not one."""
+
+    def __init__(self) -> None:
+        self.announced = False
+
+    def emit(
+        self,
+        event: str,
+        t0: float,
+        outcome: Outcome,
+        *,
+        way: CommunicatorWay,
+        backend: str,
+        fields: Callable[[], dict[str, Any]],
+        lost_groups: tuple[str, ...] = (),
+    ) -> None:
+        """Log `event` for a teardown or rebuild that began at `t0` (`time.perf_counter()`)."""
+        first = event == Event.GROUPS_DESTROYED and not self.announced
+        level = "warning" if outcome.fell_back else "info" if first else "debug"
+        self.announced = self.announced or first
+        if not events.enabled(events.LEVELS[level]):
+            return
+        record = {
+            **fields(),
+            "duration_ms": round((time.perf_counter() - t0) * 1e3, 3),
+            **outcome.fields(),
+        }
+        if first:
+            record["why"] = why_this_way(way, backend)
+        if lost_groups:
+            record["lost_groups"] = list(lost_groups)
+        events.emit(level, event, record)

@@ -32,7 +32,7 @@ from torch.distributed.distributed_c10d import PrefixStore, Store
 from torch.distributed.rendezvous import rendezvous
 
 from actor_integration.backends.process_groups import _teardown
-from actor_integration.backends.process_groups._choice import choose_way, why_this_way
+from actor_integration.backends.process_groups._choice import WayLog, choose_way
 from actor_integration.backends.process_groups._rendezvous import (
     BARRIER_CAUSE,
     LIFECYCLE_CAUSE,
@@ -42,7 +42,6 @@ from actor_integration.backends.process_groups._rendezvous import (
 )
 from actor_integration.backends.process_groups._way import CommunicatorWay, Outcome, nccl_bytes
 from actor_integration.errors import ProcessGroupsAsleepError
-from lifecycle import events
 from lifecycle.logs import Event
 from lifecycle.table import ASLEEP, Communicators, Groups
 
@@ -126,7 +125,7 @@ class ReloadableProcessGroups:
         self._way = _way if _way is not None else choose_way(communicators, backend)
         self.communicators = self._way.name.value  # read by the lifecycle machine (which state sleep leaves)
         self.eager_connect = eager_connect
-        self._announced = False  # the first destroy says at info which way ran and why
+        self._way_log = WayLog()  # the first destroy says at info which way ran and why
         self._store = store
         self.backend = backend
         self.rank = rank
@@ -494,26 +493,19 @@ class ReloadableProcessGroups:
         raise RuntimeError(f"{where}: {advice}")
 
     def _log(self, event: str, t0: float, outcome: Outcome) -> None:
-        # The first teardown says at info which way ran and why; later ones at debug (the Lifecycle
-        # already logs each hook's duration at info), unless a group fell back: a warning, every
-        # time. No "rank"/"role" keys: those name a lifecycle machine to the checker and the
-        # timeline, and this is not one.
-        first = event == Event.GROUPS_DESTROYED and not self._announced
-        level = "warning" if outcome.fell_back else "info" if first else "debug"
-        if events.enabled(events.LEVELS[level]):
-            fields = {
+        self._way_log.emit(
+            event,
+            t0,
+            outcome,
+            way=self._way,
+            backend=self.backend,
+            fields=lambda: {
                 "group_rank": self.rank,
                 "generation": self.generation,
                 "groups": len(self._handles),
-                "duration_ms": round((time.perf_counter() - t0) * 1e3, 3),
-                **outcome.fields(),
-            }
-            if first:
-                fields["why"] = why_this_way(self._way, self.backend)
-            if self.lost_groups:
-                fields["lost_groups"] = list(self.lost_groups)
-            events.emit(level, event, fields)
-        self._announced = self._announced or first
+            },
+            lost_groups=self.lost_groups,
+        )
 
     def __repr__(self) -> str:
         return (
