@@ -7,6 +7,7 @@ recovery, the backends' descriptions and the `transitions` machine itself.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import threading
 import time
@@ -27,7 +28,10 @@ from lifecycle.logs import Event
 from lifecycle.policy import LifecyclePolicy
 from lifecycle.table import (
     ASLEEP,
+    ASLEEP_GROUPS,
     BODY_OPERATIONS,
+    GROUPS_DOWN,
+    GROUPS_UP,
     LIFECYCLE_CALLS,
     OPERATIONS,
     SLEEP,
@@ -137,6 +141,7 @@ class Lifecycle:
             )
         if policy.memory_budget is not None and hooks.budget is not None:
             self._budget = BudgetedSleep(policy.memory_budget, hooks.budget, self._emit)
+        self._sync_reloaded = True  # the open sync reloaded the groups: its groups_down undoes that
 
         self._lock = threading.RLock()
         self._owner: int | None = None  # thread running an operation
@@ -563,6 +568,11 @@ class Lifecycle:
                 view, planned, present = self._budget.narrowed(
                     view, targets, present, self._residency, self._groups, self._communicators.value
                 )
+            elif self._budget is not None and edge.plan is GROUPS_UP:
+                self._sync_reloaded = self._groups in ASLEEP_GROUPS
+            elif self._budget is not None and edge.plan is GROUPS_DOWN and not self._sync_reloaded:
+                # The budget's last sleep kept the groups: the sync found them alive and leaves them so.
+                view = dataclasses.replace(view, destroy_process_groups=False)
             stages = self._runner.stages(edge.plan, view, self._residency, self._groups, planned, present)
         t0 = time.time()
         p0 = time.perf_counter()
