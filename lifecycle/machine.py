@@ -34,7 +34,9 @@ from lifecycle.table import (
     GROUPS_UP,
     LIFECYCLE_CALLS,
     OPERATIONS,
+    PARTIAL_WAKE,
     SLEEP,
+    WAKE,
     Call,
     Communicators,
     Contents,
@@ -141,6 +143,7 @@ class Lifecycle:
             )
         if policy.memory_budget is not None and hooks.budget is not None:
             self._budget = BudgetedSleep(policy.memory_budget, hooks.budget, self._emit)
+        self._budget_learns = False  # the running edge's hook timings teach the budget's estimates
         self._sync_reloaded = True  # the open sync reloaded the groups: its groups_down undoes that
 
         self._lock = threading.RLock()
@@ -576,6 +579,10 @@ class Lifecycle:
             stages = self._runner.stages(edge.plan, view, self._residency, self._groups, planned, present)
         t0 = time.time()
         p0 = time.perf_counter()
+        # The budget learns a round trip's cost from sleeps and wakes only: a sync's groups down
+        # destroys groups whose communicators were never created (no collective ran), which would
+        # teach it that destroying live ones is nearly free.
+        self._budget_learns = edge.plan in (SLEEP, WAKE, PARTIAL_WAKE)
         records, failed = self._runner.run(stages, p0, self._record)
         if failed is not None:
             self._enter_failed(edge, failed[0], records, failed[1], targets)
@@ -604,7 +611,7 @@ class Lifecycle:
         """A hook call's effect on contents and process groups (the table's rules)."""
         if record.call.hook in _MEMORY_HOOKS:
             update_contents(record.call, record.ok, self._view, self._contents)
-        if self._budget is not None and record.ok:
+        if self._budget is not None and record.ok and self._budget_learns:
             self._budget.observe_hook(record.call.hook, record.call.tag, record.seconds)
         if not record.ok:
             self._groups = mark_unknown(record.call, self._residency, self._groups)

@@ -91,11 +91,16 @@ def test_cpu_smoke_runs_every_column_and_reports_every_hook(tmp_path: Path) -> N
     assert report["columns"]["budget-fits"]["need"]["required_bytes"] <= 0
     assert report["columns"]["budget-part"]["need"]["required_bytes"] > 0
     rows = report["budget"]["columns"]
-    assert set(rows) == {"ours", "budget-fits", "budget-part", "budget-all"}
+    assert set(rows) == {"ours", "full-kv-all", "budget-fits", "budget-part", "budget-all"}
+    assert "error" not in report["columns"]["full-kv-all"]  # the full sleep, the rollout as budget-all
+    assert (
+        report["columns"]["full-kv-all"]["need"]["need_bytes"]
+        == report["columns"]["budget-all"]["need"]["need_bytes"]
+    )
     assert rows["budget-fits"]["moved_bytes"] == 0 and rows["budget-fits"]["target_s"] == 0.05
     assert 0 < rows["budget-part"]["moved_bytes"] < rows["budget-all"]["moved_bytes"]
     assert rows["budget-all"]["moved_bytes"] == rows["ours"]["moved_bytes"]  # the whole state
-    assert rows["budget-all"]["target_s"] == rows["ours"]["trainer_s"]  # no slower than the full sleep
+    assert rows["budget-all"]["target_s"] == rows["full-kv-all"]["trainer_s"]  # no slower than the full sleep
     steady = report["summary"]["budget-fits"]["steady"]
     assert "sleep.process_groups.destroy" not in steady  # the groups were kept at every sleep
 

@@ -146,6 +146,19 @@ class TestBudgetedSleep:
         assert log.names() == ["process_groups.reload", "memory.disable", "process_groups.destroy"]
         assert findings(events) == []
 
+    def test_a_sync_does_not_teach_the_communicators_cost(self) -> None:
+        """A sync's groups down destroys groups no collective ran on (cheap); the estimate of the
+        communicators' round trip stays the one the sleep and wake measured."""
+        lc, _device, _log = trainer()
+        lc.sleep()  # the full sleep: destroys the groups, measured
+        budget = lc._budget
+        assert budget is not None
+        destroyed = budget.estimates.release_s[COMMUNICATORS]
+        lc.run("sync", lambda: None)  # groups up, down again
+        assert budget.estimates.release_s[COMMUNICATORS] == destroyed
+        lc.wake_up()
+        assert COMMUNICATORS in budget.estimates.restore_s
+
 
 class TestShortfall:
     def test_memory_taken_meanwhile_is_a_typed_error_before_the_wake(self) -> None:
