@@ -29,6 +29,14 @@ hooks a plan declares independent run together, `RolloutActor`, `actor_integrati
 ours-suspend and ours-keep: the same with `communicators="suspend"` (ncclCommSuspend, skipped with
 the reason where NCCL 2.29.7+ is not loaded and reachable) and `communicators="keep"`.
 
+budget-fits, budget-part, budget-all (issue 31): ours under `LifecyclePolicy(memory_budget=...)`, the
+state in two tags (`params`: bf16 weights and grads; `optimizer`: fp32 main, Adam m and v), a
+`DeviceMemoryProbe`; two full-sleep calibration steps, then the rollout's KV cache is sized so its
+declared wake need (`RolloutActor.wake_need_bytes`) leaves the trainer's sleep nothing to release,
+part of it, or all of it. Their section prints each one's trainer lifecycle per step, the bytes
+it moved, and its target next to the PCIe figure of the same run: fits <= 0.05 s; part <= bytes
+moved / PCIe + 0.1 s; all no slower than ours (the full sleep).
+
 Printed: each hook's time in every column (steady = median of the steps after the first), the
 per-step totals, the PCIe and D2D ceilings measured in the same run, a section per way of
 treating the communicators on WORLD + 16 warmed subgroups (time to free, memory freed, time to
@@ -69,6 +77,24 @@ TARGET_RATIO = 10.0
 COLUMNS = ("slime", "ours")  # as printed; run ours first, so a run cut short still has it
 WAY_COLUMNS = {"suspend": "ours-suspend", "keep": "ours-keep"}  # ours with another communicators= way
 WAYS = ("destroy", "suspend", "keep")
+# The memory budget (issue 31): the rollout's KV cache set so the trainer's budgeted sleep releases
+# nothing, part (the smaller tag), or all (both tags and the communicators).
+BUDGETS = ("fits", "part", "all")
+BUDGET_COLUMNS = {b: f"budget-{b}" for b in BUDGETS}
+# The full sleep (no budget) on the budget columns' two tags, the rollout sized as for budget-all:
+# the baseline that variant must not be slower than, under the same nearly full device.
+BUDGET_COLUMNS["full"] = "full-kv-all"
+BUDGET_TAGS = ("params", "optimizer")  # bf16 weights + grads | fp32 main + Adam m, v
+CALIBRATION_STEPS = 2  # full sleeps before the need is set: the sleep's figures, learned and measured
+TARGET_FITS_S = 0.05
+TARGET_PART_SLACK_S = 0.1
+SMOKE_DEVICE = 24 << 20  # --cpu-smoke: the simulated device the budget plans on (bytes)
+SMOKE_GROUPS = 2 << 20  # --cpu-smoke: what the simulated communicators hold while alive
+
+
+def budget_margin(cfg: Config) -> int:
+    """The budget's safety margin: MemoryBudget's default 1 GiB on a GPU, 256 KiB in the CPU smoke."""
+    return GIB if cfg.gpu else 256 << 10
 
 
 @dataclass(frozen=True)
@@ -169,6 +195,25 @@ def allocate_state(sizes: Sizes, device: str) -> tuple[dict[str, torch.Tensor], 
     return weights, others
 
 
+def allocate_split(
+    sizes: Sizes, device: str, memory: Any
+) -> tuple[dict[str, torch.Tensor], list[torch.Tensor], dict[str, int]]:
+    """The same training state in the budget's two tags: `params` (bf16 weights and grads) and
+    `optimizer` (fp32 main, Adam m and v); with each tag's bytes."""
+    weights: dict[str, torch.Tensor] = {}
+    others: list[torch.Tensor] = []
+    with memory.region("params"):
+        for i, (name, shape) in enumerate(sizes.parameters()):
+            weights[name] = torch.empty(shape, dtype=torch.bfloat16, device=device).fill_(float(i % 7 + 1))
+            others.append(torch.zeros(shape, dtype=torch.bfloat16, device=device))  # grad
+    with memory.region("optimizer"):
+        for i, (_name, shape) in enumerate(sizes.parameters()):
+            others.append(torch.empty(shape, dtype=torch.float32, device=device).fill_(float(i % 7 + 1)))
+            others += [torch.zeros(shape, dtype=torch.float32, device=device) for _ in range(2)]
+    numel = sum(_numel(s) for _, s in sizes.parameters())
+    return weights, others, {"params": numel * 4, "optimizer": numel * 12}
+
+
 def state_intact(weights: dict[str, torch.Tensor]) -> bool:
     firsts = torch.stack([w.reshape(-1)[0].float() for w in weights.values()]).cpu()
     expected = torch.tensor([float(i % 7 + 1) for i in range(len(weights))])
@@ -264,17 +309,35 @@ class BenchEngine:
 
     stages_weights = False
 
-    def __init__(self, cfg: Config) -> None:
+    def __init__(self, cfg: Config, kv: bool = True) -> None:
         self.saver = raw_saver(cfg.gpu)
+        self.device = cfg.device
         self.weight_version = 0
         self._resident = {"weights": True, "kv_cache": True}
         with self.saver.region("weights"):
             self.weights = {
                 n: torch.zeros(s, dtype=torch.bfloat16, device=cfg.device) for n, s in cfg.sizes.parameters()
             }
-        with self.saver.region("kv_cache"):
-            self.kv = torch.zeros(cfg.sizes.kv_cache_bytes // 2, dtype=torch.bfloat16, device=cfg.device)
+        self.kv: torch.Tensor | None = None
+        if kv:
+            self.allocate_kv(cfg.sizes.kv_cache_bytes)
         sync()
+
+    def allocate_kv(self, nbytes: int) -> int:
+        """The KV cache pool (once), sized by the budget columns after their calibration steps."""
+        assert self.kv is None and self._resident["kv_cache"], "allocate_kv: once, while awake"
+        with self.saver.region("kv_cache"):
+            self.kv = torch.zeros(max(1, nbytes // 2), dtype=torch.bfloat16, device=self.device)
+        sync()
+        return self.kv.numel() * 2
+
+    def memory_bytes(self, tag: str | None) -> int:
+        """What a tag (None: every tag) holds while resident: the wake's need (RolloutActor.wake_need_bytes)."""
+        held = {
+            "weights": sum(w.numel() * 2 for w in self.weights.values()),
+            "kv_cache": 0 if self.kv is None else self.kv.numel() * 2,
+        }
+        return sum(held.values()) if tag is None else held[tag]
 
     @property
     def residency(self) -> dict[str, bool]:
@@ -282,12 +345,14 @@ class BenchEngine:
 
     def release_memory_occupation(self, tags: list[str] | None = None) -> None:
         for tag in tags or ["weights", "kv_cache"]:
-            self.saver.pause(tag)
+            if tag != "kv_cache" or self.kv is not None:  # no pool yet: nothing to release
+                self.saver.pause(tag)
             self._resident[tag] = False
 
     def resume_memory_occupation(self, tags: list[str] | None = None) -> None:
         for tag in tags or ["weights", "kv_cache"]:
-            self.saver.resume(tag)
+            if tag != "kv_cache" or self.kv is not None:
+                self.saver.resume(tag)
             self._resident[tag] = True
 
     def pause_generation(self, mode: str = "abort") -> None:
@@ -331,7 +396,7 @@ def rollout_main(column: str, cfg: Config, conn: Any) -> None:
     lifecycle.configure_logging(stream=open(os.devnull, "w"), level="warning")  # noqa: SIM115
     if cfg.gpu:
         torch.cuda.set_device(0)
-    engine = BenchEngine(cfg)
+    engine = BenchEngine(cfg, kv=column not in BUDGET_COLUMNS.values())
     actor = None
     if column != "slime":
         from actor_integration.rollout import RolloutActor
@@ -349,8 +414,8 @@ def rollout_main(column: str, cfg: Config, conn: Any) -> None:
                 if method == "events":
                     result: Any = list(events)
                     events.clear()
-                elif method == "load_bucket":
-                    result = engine.load_bucket(*args)
+                elif method in ("load_bucket", "allocate_kv"):
+                    result = getattr(engine, method)(*args)
                 elif actor is not None and hasattr(actor, method):
                     result = getattr(actor, method)(*args)
                 else:
@@ -511,9 +576,15 @@ class _TrainerBody:
     weights: dict[str, torch.Tensor]
     intact: bool = False
 
+    free_bytes: Callable[[], int | None] | None = None
+    free_at_end: int | None = None
+
     def train(self, step: int) -> int:
         self.intact = state_intact(self.weights)  # the state came back (read while awake)
-        return warm_groups()
+        registered = warm_groups()
+        if self.free_bytes is not None:  # the free memory the trainer's sleep starts from
+            self.free_at_end = self.free_bytes()
+        return registered
 
     def update_weights(self, version: int) -> Any:
         return self.sender.send(version, self.cpu_weights)
@@ -531,17 +602,22 @@ def ours_trainer_class() -> type:
 class Ours:
     """This library's recommended configuration, driven the way a slime-shaped driver calls it."""
 
-    def __init__(self, cfg: Config, rollout: Rollout, communicators: str = "destroy") -> None:
+    def __init__(
+        self, cfg: Config, rollout: Rollout, communicators: str = "destroy", budget: str | None = None
+    ) -> None:
         from actor_integration import (
             ClearMemory,
+            DeviceMemoryProbe,
             MegatronParallelState,
             ReloadableProcessGroups,
             select_memory_backend,
         )
+        from actor_integration.backends.release_audit import cuda_free_bytes
         from actor_integration.weight_sync import RankSlot, WeightSender, configure_sender
-        from lifecycle import Hooks, LifecyclePolicy
+        from lifecycle import Hooks, LifecyclePolicy, MemoryBudget
 
-        self.cfg, self.rollout = cfg, rollout
+        self.cfg, self.rollout, self.budget = cfg, rollout, budget
+        self.plans: list[dict[str, Any]] = []  # per step, the train exit sleep's budget plan
         groups = ReloadableProcessGroups.init(
             backend=cfg.backend,
             rank=0,
@@ -561,16 +637,28 @@ class Ours:
         self.groups = groups
         # After megatron.core is imported: it sets torch_memory_saver.hook_mode on import, which TMS
         # refuses once the backend below has initialised it.
+        tags = BUDGET_TAGS if budget else ("model",)
         memory = select_memory_backend(
             "tms" if cfg.gpu else "noop",
-            tags=("model",),
+            tags=tags,
             cpu_backup=True,
             retain_cpu_backup=True,
             hook_mode="torch",
         )
-        with memory.region("model"):
-            self.weights, self.others = allocate_state(cfg.sizes, cfg.device)
+        if budget:
+            self.weights, self.others, self.tag_bytes = allocate_split(cfg.sizes, cfg.device, memory)
+        else:
+            with memory.region("model"):
+                self.weights, self.others = allocate_state(cfg.sizes, cfg.device)
+            self.tag_bytes = {
+                "model": sum(t.numel() * t.element_size() for t in [*self.weights.values(), *self.others])
+            }
+        # The budget's free memory: the device's (CUDA), or on CPU a device of SMOKE_DEVICE bytes
+        # holding the trainer's resident tags and, while alive, SMOKE_GROUPS bytes of communicators.
+        self.free_bytes: Callable[[], int | None] = cuda_free_bytes if cfg.gpu else self._smoke_free
+        self.memory = memory
         trainer = ours_trainer_class()()
+        trainer.free_bytes = self.free_bytes if budget else None
         trainer.weights = self.weights
         trainer.cpu_weights = pinned_copy(self.weights, cfg.gpu)
         transport = configure_sender("auto", colocated=True, memory=memory)
@@ -595,16 +683,32 @@ class Ours:
             self.prepared = memory.prepare_cpu_backup(ranks_per_node=1, nbytes=known)
             self.prepared["backup_bytes_read"] = read
         self.clear = ClearMemory(host=True)
+        probe = (
+            DeviceMemoryProbe(
+                free_bytes=self.free_bytes,
+                expected_bytes=lambda tag: self.tag_bytes.get(tag) if tag else sum(self.tag_bytes.values()),
+            )
+            if budget and budget != "full"
+            else None
+        )
         trainer.configure_lifecycle(
-            LifecyclePolicy(offload_train=True, memory_tags=("model",), model_tag=None),
-            Hooks(memory=memory, process_groups=process_groups, clear_memory=self.clear),
+            LifecyclePolicy(
+                offload_train=True,
+                memory_tags=tags,
+                model_tag=None,
+                memory_budget=MemoryBudget(margin_bytes=budget_margin(cfg)) if probe else None,
+            ),
+            Hooks(memory=memory, process_groups=process_groups, clear_memory=self.clear, budget=probe),
             rank=0,
             role="actor",
         )
         self.trainer = trainer
-        self.memory = memory
         trainer.sleep()  # as slime's init ends asleep
         self.version = 0
+
+    def _smoke_free(self) -> int:
+        held = sum(b for t, b in self.tag_bytes.items() if not self.memory.is_paused(t))
+        return SMOKE_DEVICE - held - (SMOKE_GROUPS if self.groups.is_alive() else 0)
 
     def step(self, version: int, events: list[dict[str, Any]]) -> dict[str, float]:
         from lifecycle.logs import Event
@@ -615,6 +719,11 @@ class Ours:
         rows["rollout.sleep"] = timed(lambda: self.rollout.call("sleep"))
         rows["train"] = timed(lambda: self.trainer.train(version))
         rows["intact"] = float(self.trainer.intact)
+        if self.budget:  # what the trainer's sleep left free (the rollout asleep): calibration
+            free_at_sleep, freed = self.trainer.free_at_end, self.free_bytes()
+            if free_at_sleep is not None and freed is not None:
+                rows["budget.free_at_sleep"] = float(free_at_sleep)
+                rows["budget.freed"] = float(freed - free_at_sleep)
         rows["rollout.wake_weights"] = timed(lambda: self.rollout.call("wake_up", ["weights"]))
         rows["sync"] = timed(lambda: self.trainer.update_weights(version))
         rows["rollout.wake_kv"] = timed(lambda: self.rollout.call("wake_up", ["kv_cache"]))
@@ -636,6 +745,32 @@ class Ours:
                     rows[key] = rows.get(key, 0.0) + hook["ms"] / 1e3
             elif name == Event.BODY:
                 rows["body" if op == "train" else "sync.transfer"] = event["duration_ms"] / 1e3
+        plans = [e for e in events[mark:] if e.get("event") == Event.BUDGET]
+        checks = [e for e in events[mark:] if e.get("event") == Event.BUDGET_CHECKED]
+        if self.budget or plans:
+            released = plans[0].get("released", list(self.tag_bytes)) if plans else list(self.tag_bytes)
+            self.plans.append(
+                {
+                    "need_bytes": plans[0].get("need_bytes") if plans else None,
+                    "released": released,
+                    "kept": plans[0].get("kept") if plans else [],
+                    "feasible": plans[0].get("feasible") if plans else None,
+                    "met": checks[0].get("met") if checks else None,
+                    "free_bytes": plans[0].get("free_bytes") if plans else None,
+                }
+            )
+        else:
+            released = list(self.tag_bytes)
+        # What the step moved over PCIe: each released tag down at the sleep, up at the next wake.
+        rows["moved_bytes"] = float(sum(self.tag_bytes.get(t, 0) for t in released))
+        # The trainer's lifecycle: its train call but the body (wake, the budget's plan, sleep, its
+        # check), and the sync's groups up and down.
+        rows["trainer"] = (
+            rows["train"]
+            - rows.get("body", 0.0)
+            + rows.get("sync.groups_up", 0.0)
+            + rows.get("sync.groups_down", 0.0)
+        )
         destroyed = [e for e in events[mark:] if e.get("event") == Event.GROUPS_DESTROYED]
         if destroyed and destroyed[0].get("bytes") is not None:  # the first is the train exit's sleep
             rows["sleep.groups_freed_gib"] = destroyed[0]["bytes"] / GIB
@@ -660,9 +795,24 @@ def column_main(column: str, cfg: Config, out: str) -> None:
         steps = cfg.slime_steps if column == "slime" else cfg.steps
         # debug: every process_groups.destroyed/reloaded event, not only the first (at info)
         with lifecycle.capture_events("debug") as events:
+            budget = budget_of(column)
             trainer: Any = (
-                SlimeTrainer(cfg, rollout) if column == "slime" else Ours(cfg, rollout, way_of(column))
+                SlimeTrainer(cfg, rollout)
+                if column == "slime"
+                else Ours(cfg, rollout, way_of(column), budget=budget)
             )
+            first = 1
+            if budget is not None:
+                # Full sleeps first (no need declared): they teach the budget what each item frees
+                # and costs, and measure the free memory the trainer's sleep starts from; then the
+                # rollout's KV cache is sized so that its wake needs nothing, part, or all of it.
+                result["calibration_steps"] = [
+                    trainer.step(v, events) for v in range(1, CALIBRATION_STEPS + 1)
+                ]
+                result["need"] = set_need(trainer, rollout, cfg, budget, result["calibration_steps"][-1])
+                trainer.plans.clear()
+                first = CALIBRATION_STEPS + 1
+                print(f"  {column}: {result['need']['summary']}", flush=True)
             result["setup_s"] = round(time.perf_counter() - t0, 2)
             import torch.distributed as dist
 
@@ -670,13 +820,15 @@ def column_main(column: str, cfg: Config, out: str) -> None:
             result["prepared"] = getattr(trainer, "prepared", None)
             result["transport"] = getattr(trainer, "transport", "fresh CUDA IPC handle per bucket")
             result["steps"] = []
-            for version in range(1, steps + 1):
+            for version in range(first, first + steps):
                 rows = trainer.step(version) if column == "slime" else trainer.step(version, events)
                 result["steps"].append(rows)
                 print(f"  {column} step {version}: {rows['step']:.3f} s", flush=True)
             if column != "slime":
                 from actor_integration.backends.process_groups import loaded_nccl, nccl_suspend_support
 
+                result["plans"] = trainer.plans
+                result["tag_bytes"] = trainer.tag_bytes
                 result["clear_memory_ms"] = trainer.clear.timings_ms
                 result["communicators"] = trainer.groups.communicators
                 result["suspend_probe"] = nccl_suspend_support(cfg.backend).reason
@@ -697,6 +849,54 @@ def column_main(column: str, cfg: Config, out: str) -> None:
     Path(out).write_text(json.dumps(result, default=str))
     lifecycle.flush_logs()
     os._exit(0)  # torch_memory_saver's torch hook mode may exit(1) at teardown: the result is written
+
+
+def budget_of(column: str) -> str | None:
+    """The memory-budget variant a column runs ("fits", "part", "all"), or None: no budget."""
+    return next((b for b, name in BUDGET_COLUMNS.items() if name == column), None)
+
+
+def set_need(
+    ours: Ours, rollout: Rollout, cfg: Config, budget: str, last: dict[str, float]
+) -> dict[str, Any]:
+    """Size the rollout's KV cache so the trainer's next sleeps must release nothing, part or all,
+    from the last calibration step's figures; declare the rollout's wake need to the trainer.
+
+    fits: the KV cache the bench runs with (--kv-gib); part: half the smaller tag beyond what is
+    free (need + margin - free); all: what the full sleep freed, less a quarter of the smaller tag
+    (more than any release but all of them frees)."""
+    free_at_sleep, freed = int(last["budget.free_at_sleep"]), int(last["budget.freed"])
+    margin = budget_margin(cfg)
+    weights = int(rollout.call("wake_need_bytes"))  # weights only: no KV pool yet
+    small = min(ours.tag_bytes.values())
+    full = free_at_sleep - margin + freed - small // 4
+    need = {
+        "fits": weights + cfg.sizes.kv_cache_bytes,
+        "part": free_at_sleep - margin + small // 2,
+        "all": full,
+        "full": full,
+    }[budget]
+    if need - weights <= 0:
+        raise RuntimeError(f"budget {budget}: a need of {need} bytes leaves no room for a KV cache")
+    kv = int(rollout.call("allocate_kv", need - weights))
+    declared = int(rollout.call("wake_need_bytes"))  # RolloutActor.wake_need_bytes: weights + KV
+    if budget != "full":  # the full sleep's column has no budget to declare it to
+        ours.trainer.lifecycle_expect(declared)
+    required = declared + margin - free_at_sleep
+    return {
+        "need_bytes": declared,
+        "kv_bytes": kv,
+        "weights_bytes": weights,
+        "free_at_sleep_bytes": free_at_sleep,
+        "full_sleep_freed_bytes": freed,
+        "margin_bytes": margin,
+        "required_bytes": required,
+        "summary": (
+            f"rollout need {declared / GIB:.2f} GiB (KV {kv / GIB:.2f} GiB); free at the trainer's sleep "
+            f"{free_at_sleep / GIB:.2f} GiB, margin {margin / GIB:.2f} GiB: the sleep must free "
+            f"{max(0, required) / GIB:.2f} GiB (the full sleep freed {freed / GIB:.2f} GiB)"
+        ),
+    }
 
 
 def way_of(column: str) -> str:
@@ -933,7 +1133,7 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def print_report(report: dict[str, Any]) -> None:
-    order = [*COLUMNS, *WAY_COLUMNS.values()]
+    order = [*COLUMNS, *WAY_COLUMNS.values(), *BUDGET_COLUMNS.values()]
     shown = [c for c in order if c in report["columns"] and "skipped" not in report["columns"][c]]
     summary = {c: report["summary"].get(c, {}) for c in shown}
     steady = {c: summary[c].get("steady", {}) for c in shown}
@@ -967,7 +1167,11 @@ def print_report(report: dict[str, Any]) -> None:
     for label, key in ROWS:
         line(label, [cell(steady[c], key, mark=c != "slime") for c in shown])
     print("-" * (41 + 15 * len(shown)))
-    for label, key in (("lifecycle per step (step - body)", "lifecycle"), ("step wall", "step")):
+    for label, key in (
+        ("lifecycle per step (step - body)", "lifecycle"),
+        ("  trainer's (train-body + sync groups)", "trainer"),
+        ("step wall", "step"),
+    ):
         line(label, [cell(steady[c], key) for c in shown])
     line("first step: lifecycle", [cell(summary[c].get("first", {}), "lifecycle") for c in shown])
     line("GPU used after the step, GiB (device)", [cell(steady[c], "asleep_used_gib") for c in shown])
@@ -1011,6 +1215,7 @@ def print_report(report: dict[str, Any]) -> None:
     elif t:
         print(f"teardown section failed: {t['error'][:500]}")
     print_ways(report.get("ways") or {})
+    print_budget(report.get("budget") or {})
     for column, result in report["columns"].items():
         if result.get("error"):
             print(f"{column} FAILED: {result['error'][:1500]}")
@@ -1053,6 +1258,102 @@ def print_ways(ways: dict[str, Any]) -> None:
         )
 
 
+def budget_verdict(report: dict[str, Any]) -> dict[str, Any]:
+    """Per budget column (and ours, the full sleep): need, releases, bytes moved, the trainer's
+    lifecycle per step, and its target (issue 31) with the PCIe figures of this run."""
+    c = report["ceilings"]
+    d2h, h2d = c.get("pcie_d2h_gbps"), c.get("pcie_h2d_gbps")
+    rows: dict[str, Any] = {}
+    full_column = "full-kv-all" if report["summary"].get("full-kv-all") else "ours"
+    full = report["summary"].get(full_column, {}).get("steady")
+    for column in ("ours", "full-kv-all", *(BUDGET_COLUMNS[b] for b in BUDGETS)):
+        result = report["columns"].get(column)
+        steady = report["summary"].get(column, {}).get("steady")
+        if not result or not steady or (column != "ours" and "need" not in result):
+            continue
+        plans = (result.get("plans") or [])[1:] or (result.get("plans") or [])  # the steady steps'
+        released = sorted({tuple(p["released"]) for p in plans}) if plans else []
+        row: dict[str, Any] = {
+            "trainer_s": steady["trainer"],
+            "lifecycle_s": steady["lifecycle"],
+            "moved_bytes": steady.get("moved_bytes", 0.0),
+            "released": [list(r) for r in released] if budget_of(column) in BUDGETS else None,
+            "need_bytes": result.get("need", {}).get("need_bytes"),
+            "required_bytes": result.get("need", {}).get("required_bytes"),
+            "met_every_check": all(p.get("met") for p in result.get("plans") or [])
+            if budget_of(column) in BUDGETS
+            else None,
+        }
+        budget = budget_of(column)
+        if budget == "fits":
+            row["target_s"], row["target"] = TARGET_FITS_S, f"<= {TARGET_FITS_S:.3f} s"
+        elif budget == "part":
+            if d2h and h2d:
+                floor = row["moved_bytes"] / 1e9 * (1 / d2h + 1 / h2d)
+                row["target_s"] = floor + TARGET_PART_SLACK_S
+                row["target"] = (
+                    f"<= moved / PCIe {floor:.3f} + {TARGET_PART_SLACK_S} = {row['target_s']:.3f} s"
+                )
+            else:
+                row["target_s"], row["target"] = None, "moved / PCIe + 0.1 s: no PCIe figure (CPU)"
+        elif budget == "all":
+            row["target_s"] = full["trainer"] if full else None
+            row["target"] = (
+                f"<= the full sleep ({full_column}) {full['trainer']:.3f} s"
+                if full
+                else "the full sleep: not run"
+            )
+        if budget in BUDGETS:
+            row["met"] = None if row["target_s"] is None else row["trainer_s"] <= row["target_s"]
+        rows[column] = row
+    return {"pcie_d2h_gbps": d2h, "pcie_h2d_gbps": h2d, "columns": rows} if rows else {}
+
+
+def print_budget(budget: dict[str, Any]) -> None:
+    """The memory-budget section: one row per budget column, ours (the full sleep) first."""
+    if not budget:
+        return
+    print()
+    pcie = (
+        f"PCIe in this run: D2H {budget['pcie_d2h_gbps']} GB/s, H2D {budget['pcie_h2d_gbps']} GB/s"
+        if budget["pcie_d2h_gbps"]
+        else "no PCIe figure (CPU)"
+    )
+    print(
+        "memory budget (issue 31): the rollout's KV cache sized so the trainer's sleep must release nothing, "
+        f"part, or all; steady = median of steps 2..n; trainer = its lifecycle per step; {pcie}"
+    )
+    header = (
+        f"{'column':<12} {'need GiB':>9} {'to free':>9} {'released':<34} {'moved GiB':>10} "
+        f"{'trainer s':>10} {'lifecycle s':>12}  target"
+    )
+    print(header)
+    print("-" * (len(header) + 40))
+    for column, row in budget["columns"].items():
+        need = "-" if row["need_bytes"] is None else f"{row['need_bytes'] / GIB:.2f}"
+        required = "-" if row["required_bytes"] is None else f"{max(0, row['required_bytes']) / GIB:.2f}"
+        if row["released"] is None:
+            released = "everything (no budget)"
+        else:
+            released = " / ".join(", ".join(r) or "nothing" for r in row["released"]) or "-"
+        target = row.get(
+            "target",
+            "(today's full sleep)" if column == "ours" else "(the full sleep, rollout as budget-all)",
+        )
+        if "met" in row:
+            target += "" if row["met"] is None else (": met" if row["met"] else ": MISSED")
+        if row["met_every_check"] is False:
+            target += "; a check found the need not free"
+        print(
+            f"{column:<12} {need:>9} {required:>9} {released:<34} {row['moved_bytes'] / GIB:>10.2f} "
+            f"{row['trainer_s']:>10.3f} {row['lifecycle_s']:>12.3f}  {target}"
+        )
+    print(
+        "to free: GiB the sleep had to free (need + margin - free at the sleep); moved: each released tag down at the "
+        "sleep and up at the next wake (so twice over PCIe)"
+    )
+
+
 def verdict(summary: dict[str, Any]) -> dict[str, Any]:
     slime, ours = summary.get("slime", {}).get("steady"), summary.get("ours", {}).get("steady")
     if not slime or not ours:
@@ -1091,6 +1392,17 @@ def main(argv: list[str] | None = None) -> int:
         "--way-steps", type=int, default=3, help="steps of the ours-suspend and ours-keep columns"
     )
     parser.add_argument(
+        "--budget",
+        default=",".join(BUDGETS),
+        help="memory-budget columns: the rollout's need set so the trainer's sleep releases nothing (fits), "
+        "part, or all (comma-separated; '' for none)",
+    )
+    parser.add_argument(
+        "--columns",
+        default=None,
+        help="run only these columns (comma-separated, e.g. ours,budget-fits; default: every column)",
+    )
+    parser.add_argument(
         "--nccl-lib",
         type=Path,
         help="a libnccl.so.2 to run with (LD_PRELOAD, every child too), e.g. nvidia-nccl-cu13 2.30.7's",
@@ -1103,6 +1415,11 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [w for w in ways if w not in WAYS]
     if unknown:
         parser.error(f"--ways: unknown {unknown}; the ways are {list(WAYS)}")
+    budgets = [b for b in args.budget.split(",") if b]
+    if [b for b in budgets if b not in BUDGETS]:
+        parser.error(
+            f"--budget: unknown {[b for b in budgets if b not in BUDGETS]}; they are {list(BUDGETS)}"
+        )
     if not args.cpu_smoke and not torch.cuda.is_available():
         print("bench_phase_switch needs a CUDA GPU (or --cpu-smoke)", file=sys.stderr)
         return 2
@@ -1135,7 +1452,17 @@ def main(argv: list[str] | None = None) -> int:
         "columns": {},
     }
     unreachable = suspend_unreachable(cfg)
-    columns = [*reversed(COLUMNS), *(WAY_COLUMNS[w] for w in ways if w in WAY_COLUMNS)]
+    columns = [
+        *reversed(COLUMNS),
+        *(WAY_COLUMNS[w] for w in ways if w in WAY_COLUMNS),
+        *(BUDGET_COLUMNS[b] for b in budgets),
+        *([BUDGET_COLUMNS["full"]] if "all" in budgets else []),
+    ]
+    if args.columns is not None:
+        chosen = [c for c in args.columns.split(",") if c]
+        if [c for c in chosen if c not in columns]:
+            parser.error(f"--columns: {[c for c in chosen if c not in columns]} not among {columns}")
+        columns = [c for c in columns if c in chosen]
 
     def save() -> None:  # what a run cut short leaves behind
         if args.out:
@@ -1163,6 +1490,7 @@ def main(argv: list[str] | None = None) -> int:
     report["teardown"] = {} if args.no_teardown else run_teardown(cfg)
     report["summary"] = {c: summarize(r) for c, r in report["columns"].items() if "skipped" not in r}
     report["verdict"] = verdict(report["summary"])
+    report["budget"] = budget_verdict(report)
     report["wall_s"] = round(time.perf_counter() - started, 1)
     print_report(report)
     print(f"total {report['wall_s']} s", flush=True)

@@ -7,6 +7,7 @@ recovery, the backends' descriptions and the `transitions` machine itself.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import threading
 import time
@@ -27,10 +28,15 @@ from lifecycle.logs import Event
 from lifecycle.policy import LifecyclePolicy
 from lifecycle.table import (
     ASLEEP,
+    ASLEEP_GROUPS,
     BODY_OPERATIONS,
+    GROUPS_DOWN,
+    GROUPS_UP,
     LIFECYCLE_CALLS,
     OPERATIONS,
+    PARTIAL_WAKE,
     SLEEP,
+    WAKE,
     Call,
     Communicators,
     Contents,
@@ -137,6 +143,8 @@ class Lifecycle:
             )
         if policy.memory_budget is not None and hooks.budget is not None:
             self._budget = BudgetedSleep(policy.memory_budget, hooks.budget, self._emit)
+        self._budget_learns = False  # the running edge's hook timings teach the budget's estimates
+        self._sync_reloaded = True  # the open sync reloaded the groups: its groups_down undoes that
 
         self._lock = threading.RLock()
         self._owner: int | None = None  # thread running an operation
@@ -563,9 +571,18 @@ class Lifecycle:
                 view, planned, present = self._budget.narrowed(
                     view, targets, present, self._residency, self._groups, self._communicators.value
                 )
+            elif self._budget is not None and edge.plan is GROUPS_UP:
+                self._sync_reloaded = self._groups in ASLEEP_GROUPS
+            elif self._budget is not None and edge.plan is GROUPS_DOWN and not self._sync_reloaded:
+                # The budget's last sleep kept the groups: the sync found them alive and leaves them so.
+                view = dataclasses.replace(view, destroy_process_groups=False)
             stages = self._runner.stages(edge.plan, view, self._residency, self._groups, planned, present)
         t0 = time.time()
         p0 = time.perf_counter()
+        # The budget learns a round trip's cost from sleeps and wakes only: a sync's groups down
+        # destroys groups whose communicators were never created (no collective ran), which would
+        # teach it that destroying live ones is nearly free.
+        self._budget_learns = edge.plan in (SLEEP, WAKE, PARTIAL_WAKE)
         records, failed = self._runner.run(stages, p0, self._record)
         if failed is not None:
             self._enter_failed(edge, failed[0], records, failed[1], targets)
@@ -594,7 +611,7 @@ class Lifecycle:
         """A hook call's effect on contents and process groups (the table's rules)."""
         if record.call.hook in _MEMORY_HOOKS:
             update_contents(record.call, record.ok, self._view, self._contents)
-        if self._budget is not None and record.ok:
+        if self._budget is not None and record.ok and self._budget_learns:
             self._budget.observe_hook(record.call.hook, record.call.tag, record.seconds)
         if not record.ok:
             self._groups = mark_unknown(record.call, self._residency, self._groups)

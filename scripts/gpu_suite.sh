@@ -48,7 +48,7 @@ fi
 if [[ $part == phase || $part == all ]]; then
     # Issue 11: the phase-switch benchmark (slime-style vs ours), the Megatron 20-cycle leak check
     # and the process-group GPU tests, most important first (each step has its own time limit).
-    TAIL=45 step bench_phase_switch "${PHASE_BENCH_S:-180}" "$PY" benchmarks/bench_phase_switch.py \
+    TAIL=45 step bench_phase_switch "${PHASE_BENCH_S:-300}" "$PY" benchmarks/bench_phase_switch.py \
         --out "$WORK/bench_phase_switch.json" ${PHASE_BENCH_ARGS:-}
     TAIL=30 step pytest-test_megatron_cycles_gpu 90 "$PY" -m pytest -m gpu -q -s -p no:cacheprovider \
         tests/gpu/test_megatron_cycles_gpu.py

@@ -31,6 +31,7 @@ def configured(replay: Replay, key: Key, line: int, d: dict[str, Any]) -> Replay
         return None
     m = ReplayedMachine(policy.view(), policy.tags, present, state, residency, groups, line)
     m.communicators = communicators
+    m.budgeted = policy.memory_budget is not None
     if contents is not None:
         m.contents = {t: contents.get(t, Contents.UNKNOWN) for t in policy.tags}
         m.since = dict.fromkeys(policy.tags, line)

@@ -4,6 +4,7 @@ logged line is read and compared with the replay, and how a lost replay follows 
 from __future__ import annotations
 
 import collections
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -14,6 +15,9 @@ from lifecycle.budget import BudgetPlan, narrow
 from lifecycle.errors import LogFieldError
 from lifecycle.logs import Event
 from lifecycle.table import (
+    ASLEEP_GROUPS,
+    GROUPS_DOWN,
+    GROUPS_UP,
     SLEEP,
     Call,
     Communicators,
@@ -68,6 +72,8 @@ class ReplayedMachine:
     releasing: bool = False  # a release ran its sleep (or failed in it); its lifecycle.release follows
     communicators: Communicators = Communicators.DESTROY  # what a process_groups.destroy leaves
     budget: BudgetPlan | None = None  # the memory budget's plan for the next sleep (lifecycle.budget)
+    budgeted: bool = False  # the policy has a memory budget
+    sync_reloaded: bool = True  # the open sync's groups_up reloaded the groups (the machine's rule)
 
     @property
     def deferred(self) -> tuple[str, ...]:
@@ -169,6 +175,10 @@ def plan(m: ReplayedMachine, edge: Edge, targets: tuple[str, ...]) -> list[Call]
     view, present = m.policy, m.present
     if m.budget is not None and edge.plan is SLEEP and edge.operation != "recover":
         view, targets, present = narrow(m.budget, view, targets, present)
+    elif m.budgeted and edge.plan is GROUPS_UP:
+        m.sync_reloaded = m.groups in ASLEEP_GROUPS
+    elif m.budgeted and edge.plan is GROUPS_DOWN and not m.sync_reloaded:
+        view = dataclasses.replace(view, destroy_process_groups=False)  # the budget kept the groups
     return plan_calls(edge.plan, view, m.residency, m.groups, targets, present)
 
 

@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "bench_phase_switch.py"
 
 
-def test_cpu_smoke_runs_both_columns_and_reports_every_hook(tmp_path: Path) -> None:
+def test_cpu_smoke_runs_every_column_and_reports_every_hook(tmp_path: Path) -> None:
     out = tmp_path / "phase.json"
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run(
@@ -71,6 +71,38 @@ def test_cpu_smoke_runs_both_columns_and_reports_every_hook(tmp_path: Path) -> N
     assert "wake.clear_memory" not in steady  # left the wake plan (ebb5e0b)
     assert ours["communicators"] == "destroy" and ours["registered_groups_asleep"] == 1
     assert report["verdict"]["ours_lifecycle_s"] > 0 and "error" not in report["teardown"]
+    # The memory budget (issue 31): the rollout's need set so the trainer's sleep releases nothing,
+    # one tag, or everything (both tags and the communicators), each need met after every sleep.
+    assert "memory budget (issue 31)" in proc.stdout and "<= 0.050 s" in proc.stdout
+    released = {}
+    for variant in ("fits", "part", "all"):
+        column = report["columns"][f"budget-{variant}"]
+        assert "error" not in column, column.get("error")
+        assert len(column["steps"]) == 3 and len(column["calibration_steps"]) == 2
+        assert all(step["intact"] == 1.0 for step in column["steps"])
+        assert all(p["met"] and p["feasible"] for p in column["plans"]), column["plans"]
+        assert column["need"]["need_bytes"] > column["need"]["weights_bytes"]  # a KV cache was sized
+        released[variant] = {tuple(p["released"]) for p in column["plans"]}
+    assert released["fits"] == {()}
+    assert len(released["part"]) == 1
+    (part,) = released["part"]
+    assert len(part) == 1 and part[0] in ("params", "optimizer")  # one tag; the groups stay
+    assert released["all"] == {("params", "optimizer", "process_groups")}
+    assert report["columns"]["budget-fits"]["need"]["required_bytes"] <= 0
+    assert report["columns"]["budget-part"]["need"]["required_bytes"] > 0
+    rows = report["budget"]["columns"]
+    assert set(rows) == {"ours", "full-kv-all", "budget-fits", "budget-part", "budget-all"}
+    assert "error" not in report["columns"]["full-kv-all"]  # the full sleep, the rollout as budget-all
+    assert (
+        report["columns"]["full-kv-all"]["need"]["need_bytes"]
+        == report["columns"]["budget-all"]["need"]["need_bytes"]
+    )
+    assert rows["budget-fits"]["moved_bytes"] == 0 and rows["budget-fits"]["target_s"] == 0.05
+    assert 0 < rows["budget-part"]["moved_bytes"] < rows["budget-all"]["moved_bytes"]
+    assert rows["budget-all"]["moved_bytes"] == rows["ours"]["moved_bytes"]  # the whole state
+    assert rows["budget-all"]["target_s"] == rows["full-kv-all"]["trainer_s"]  # no slower than the full sleep
+    steady = report["summary"]["budget-fits"]["steady"]
+    assert "sleep.process_groups.destroy" not in steady  # the groups were kept at every sleep
 
 
 def test_the_steady_lifecycle_is_the_median_of_each_steps_lifecycle() -> None:

@@ -128,6 +128,37 @@ class TestBudgetedSleep:
         assert plan["feasible"] and plan["released"] == ["optimizer", COMMUNICATORS]
         assert "memory.pause[weights]" not in log.names()
 
+    def test_a_sync_after_a_sleep_that_kept_the_groups_leaves_them_alive(self) -> None:
+        """The colocated sync from PAUSED brings the groups up and down again; when the budget kept
+        them, it neither reloads nor destroys them (else the kept communicators go at every sync)."""
+        with capture_events() as events:
+            lc, _device, log = trainer()
+            lc.expect(11 * GIB)  # the optimizer alone: the groups stay
+            lc.sleep()
+            log.clear()
+            lc.run("sync", lambda: None)
+            assert log.names() == ["memory.disable"] and lc.groups is Groups.ALIVE
+            lc.expect(None)  # the full sleep: the sync reloads the groups and destroys them after
+            lc.wake_up()
+            lc.sleep()
+            log.clear()
+            lc.run("sync", lambda: None)
+        assert log.names() == ["process_groups.reload", "memory.disable", "process_groups.destroy"]
+        assert findings(events) == []
+
+    def test_a_sync_does_not_teach_the_communicators_cost(self) -> None:
+        """A sync's groups down destroys groups no collective ran on (cheap); the estimate of the
+        communicators' round trip stays the one the sleep and wake measured."""
+        lc, _device, _log = trainer()
+        lc.sleep()  # the full sleep: destroys the groups, measured
+        budget = lc._budget
+        assert budget is not None
+        destroyed = budget.estimates.release_s[COMMUNICATORS]
+        lc.run("sync", lambda: None)  # groups up, down again
+        assert budget.estimates.release_s[COMMUNICATORS] == destroyed
+        lc.wake_up()
+        assert COMMUNICATORS in budget.estimates.restore_s
+
 
 class TestShortfall:
     def test_memory_taken_meanwhile_is_a_typed_error_before_the_wake(self) -> None:
