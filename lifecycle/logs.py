@@ -50,6 +50,7 @@ class Event(str, enum.Enum):
     SYNC_LOADED = "weight_sync.loaded"  # a rollout engine loaded one version
     MEMORY_RELEASED = "memory.released"  # device memory one pause freed (warning: much less than its tags)
     MEMORY_TAKEN = "memory.taken"  # device memory one resume took
+    RANKS_LOST = "ranks.lost"  # the driver told this actor that ranks were lost with their node
 
     def __str__(self) -> str:
         return self.value
