@@ -21,6 +21,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from actor_integration.clear_memory import ClearMemory
+from actor_integration.cluster import here
 from actor_integration.demo.options import TRAINER_POLICY
 from actor_integration.memory_saver import select_memory_backend
 from actor_integration.mixin import LifecycleMixin
@@ -28,7 +29,7 @@ from actor_integration.model_tag import CpuWeightBackup, ModelTagSwitch
 from actor_integration.process_groups import ReloadableProcessGroups
 from actor_integration.qwen2_model import QwenConfig, QwenLM
 from actor_integration.tiny_model import TinyLM, TinyLMConfig, weights_checksum
-from actor_integration.weight_sync import SlotTopology, WeightSender, configure_sender
+from actor_integration.weight_sync import SlotTopology, WeightSender, configure_sender, probe_cuda_ipc
 from actor_integration.weight_sync.buckets import WSUM64, WSUM64_DEVICE
 from lifecycle import Hooks, configure_logging, flush_logs
 from lifecycle.faults import FaultInjector, with_faults
@@ -127,7 +128,9 @@ class DemoTrainer(LifecycleMixin, TinyTrainer):
         bucket_mb: int,
         out: str,
         timeout_s: float,
+        between: tuple[str, str] | None = None,
     ) -> dict[str, Any]:
+        """`between`: the (this rank's, its engine rank's) nodes; the transport is chosen for that pair."""
         self.rank, self.world_size, self.out = rank, world_size, Path(out)
         configure_logging(json_path=self.out / "logs" / f"trainer-rank{rank}.jsonl")
         if device == "cuda":
@@ -162,6 +165,8 @@ class DemoTrainer(LifecycleMixin, TinyTrainer):
             memory=self.memory,
             directory=str(self.out / "transfer") if transport == "disk" else None,
             device=self.device if device == "cuda" else None,
+            same_node=between is None or between[0] == between[1],
+            between=between,
         )
         engine = rollouts[me.slot] if me.slot is not None else None
         self._corrupt_next = False
@@ -192,7 +197,15 @@ class DemoTrainer(LifecycleMixin, TinyTrainer):
             role="trainer",
         )
         self.sender.lifecycle = lifecycle
-        lifecycle.bind(slot=me.slot, device=str(self.device), host=socket.gethostname())
+        place = here()
+        # world_size: `lifecycle check` names the ranks of the run that left no log.
+        lifecycle.bind(
+            slot=me.slot,
+            device=str(self.device),
+            host=socket.gethostname(),
+            node=place["node_id"],
+            world_size=world_size,
+        )
         self.sleep()  # init ends asleep, as slime's does
         return {
             "rank": rank,
@@ -200,7 +213,9 @@ class DemoTrainer(LifecycleMixin, TinyTrainer):
             "coordinator": me.is_coordinator,
             "memory": self.memory.describe(),
             "transport": sender_transport.name,
+            "cuda_ipc_probe": list(probe_cuda_ipc(self.memory)),
             "pid": os.getpid(),
+            "node_id": place["node_id"],
         }
 
     # ------------------------------------------------------------------ for the driver
