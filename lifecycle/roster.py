@@ -30,6 +30,7 @@ class Roster:
         self._world: dict[str, dict[int, tuple[str, int]]] = {}  # role → world size → first (path, line)
         self._present: dict[str, set[int]] = {}  # role → ranks with a configured machine
         self._steps: dict[int, Any] = {}  # this file's lines → their step
+        self._losses: dict[str, list[tuple[str, int, int, str]]] = {}  # what was lost → who was told where
 
     def note(self, path: str, line: int, event: Mapping[str, Any]) -> None:
         """One parsed event of `path` (any event, lifecycle or not)."""
@@ -49,14 +50,8 @@ class Roster:
                 if isinstance(lost, Mapping)
                 else lost
             )
-            self._report(
-                path,
-                line,
-                rank,
-                role,
-                f"its driver found {named} lost ({event.get('reason')}): the run could not go on without "
-                "them, and what they would have done after this is missing",
-            )
+            said = f"{named} lost ({event.get('reason')})"
+            self._losses.setdefault(said, []).append((path, line, rank, role))
 
     def end_file(self, path: str, unfinished: Iterable[tuple[int | None, str | None, int, str]]) -> None:
         """The end of `path`; `unfinished`: (rank, role, line, operation) of each operation the
@@ -76,7 +71,19 @@ class Roster:
         self._steps.clear()
 
     def finish(self) -> None:
-        """The run as a whole: every rank of each role's world size has a log."""
+        """The run as a whole: each loss once (every survivor logged it), and every rank of each
+        role's world size has a log."""
+        for said, told in self._losses.items():
+            path, line, rank, role = told[0]
+            others = f" (and {len(told) - 1} other actor(s) were told)" if len(told) > 1 else ""
+            self._report(
+                path,
+                line,
+                rank,
+                role,
+                f"its driver found {said}{others}: the run could not go on without them, and what they would "
+                "have done after this is missing",
+            )
         for role, sizes in sorted(self._world.items()):
             if len(sizes) > 1:
                 said = ", ".join(f"{size} ({path}:{line})" for size, (path, line) in sorted(sizes.items()))
