@@ -20,7 +20,7 @@ WORLD = 4
 
 def write_run(logs: Path, *, lost: dict[str, list[int]] | None = None) -> None:
     """Four trainer ranks' real logs (world_size bound into every event): init asleep, two steps of
-    train; with `lost`, rank 0 is then told those ranks were lost with their node."""
+    train; with `lost`, ranks 0 and 1 are then told those ranks were lost with their node."""
     for rank in range(WORLD):
         lifecycle.configure_logging(json_path=logs / f"trainer-rank{rank}.jsonl")
         try:
@@ -30,7 +30,7 @@ def write_run(logs: Path, *, lost: dict[str, list[int]] | None = None) -> None:
             for step in (1, 2):
                 lc.step = step
                 lc.run("train", lambda: None)
-            if lost and rank == 0:
+            if lost and rank in (0, 1):
                 lc.event(
                     Event.RANKS_LOST, "error", lost=lost, reason="node 8f1459e0 (192.0.2.2) lost during train"
                 )
@@ -83,10 +83,11 @@ class TestMissingRanks:
 
     def test_a_logged_loss_is_a_finding_even_when_every_file_reads_clean(self, tmp_path: Path) -> None:
         """On a shared filesystem the lost ranks' files are all there and may end cleanly (they were
-        idle when their node died): the survivors' `ranks.lost` still names them."""
+        idle when their node died): the survivors' `ranks.lost` still names them, once."""
         write_run(tmp_path, lost={"trainer": [2, 3], "rollout": [1]})
         (finding,) = check_files([tmp_path])
         assert finding.rank == 0 and finding.path.endswith("trainer-rank0.jsonl")
+        assert "(and 1 other actor(s) were told)" in finding.message
         assert (
             "its driver found trainer ranks [2, 3]; rollout ranks [1] lost (node 8f1459e0" in finding.message
         )
