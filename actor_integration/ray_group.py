@@ -36,6 +36,7 @@ from lifecycle.events import LOG_DIR_ENV
 # Once ranks are located, waits run in slices this long: a rank that died with its node is
 # noticed within one, not at the deadline.
 _SLICE_S = 1.0
+_STATE_S = 5.0  # how long a survivor gets to report its state once its call is over
 
 
 def _describe(state: Mapping[str, Any] | None) -> str:
@@ -91,7 +92,8 @@ def _states(groups: Sequence[LifecycleGroup], method: str, until: float) -> dict
     }
     answered: set[Any] = set()
     if asked:
-        done, _ = ray.wait(list(asked.values()), num_returns=len(asked), timeout=_left(until))
+        # Asked once the calls are over (or given up on): a window of its own, not what is left.
+        done, _ = ray.wait(list(asked.values()), num_returns=len(asked), timeout=max(_left(until), _STATE_S))
         answered = set(done)
     out: dict[str, dict[int, str]] = {}
     for group in groups:
@@ -244,7 +246,10 @@ class LifecycleGroup:
                     errors[rank] = exc.cause if exc.cause is not None else exc
                 except GetTimeoutError:  # pragma: no cover - ready refs do not time out
                     pass
-            lost = self._lost_nodes(fresh)
+            # A rank that died is checked at once; the silent ones after a slice, so a node whose
+            # raylet is gone is found before Ray reports its actors dead (seconds later).
+            silent = [*fresh, *pending] if time.monotonic() - started >= _SLICE_S else fresh
+            lost = self._lost_nodes(silent)
             if lost:
                 raise self._node_lost(method, lost, pending, started)
         waited = time.monotonic() - started

@@ -410,16 +410,14 @@ class TestLostNode:
 
 
 class _GlooBody:
-    """A data-parallel trainer's body: work, then an all-reduce over WORLD (gloo)."""
+    """A trainer's body that only works: no collective in it, so what the survivors wait on after the
+    loss is the lifecycle's own teardown (gloo's ring all-reduce would wait out its timeout on a
+    killed peer, cut short by no one)."""
 
     groups: Any
 
     def train(self, seconds: float) -> int:
-        import torch
-        import torch.distributed as dist
-
         time.sleep(seconds)
-        dist.all_reduce(torch.ones(1), group=self.groups.world)
         return 0
 
 
@@ -455,10 +453,10 @@ class GlooTrainer(LifecycleMixin, _GlooBody):
 
 class TestLostNodeUnderAGroup:
     def test_the_group_names_the_node_and_its_ranks_and_the_survivors_give_up_on_them(self, cluster) -> None:
-        """Two ranks on each node, in train (their all-reduce, then the sleep that destroys the
-        groups); the node of ranks 2 and 3 is removed: NodeLostError from the call, the survivors
-        FAILED after their teardown gave up on the lost ranks (PeersLostError), not at the 20 s
-        deadline; the group refuses to go on until told."""
+        """Two ranks on each node, in train (its body, then the sleep that destroys the groups, a
+        meeting of all four); the node of ranks 2 and 3 is removed: NodeLostError from the call,
+        the survivors FAILED once their teardown gave up on the lost ranks (PeersLostError), not at
+        the 20 s deadline; the group refuses to go on until told."""
         from actor_integration.ray_group import LifecycleGroup
         from lifecycle.errors import DeadActorsError, NodeLostError
 
@@ -479,14 +477,16 @@ class TestLostNodeUnderAGroup:
         finally:
             cluster.nodes["b"] = cluster.add("b")
         error = info.value
-        assert waited < TIMEOUT_S, waited
+        assert waited < TIMEOUT_S / 2, waited  # their teardown was cut short, not waited out (20 s)
         assert list(error.nodes) == [lost.node_id] and error.lost == {"trainer": [2, 3]}
         assert sorted(error.dead) == [2, 3] and error.operation == "train"
         assert f"trainer train: node {lost.node_id[:8]}" in str(error)
-        settled = {**error.survivors["trainer"], **group.settle(timeout_s=TIMEOUT_S)}
         for rank in (0, 1):
-            assert settled[rank].startswith("FAILED"), settled
-            assert "PeersLostError" in settled[rank] or "Connection closed" in settled[rank], settled
+            state = error.survivors["trainer"][rank]
+            assert state.startswith("FAILED") and "process_groups.destroy raised PeersLostError" in state, (
+                state
+            )
+        assert group.settle(timeout_s=1) == error.survivors["trainer"]
         with pytest.raises(DeadActorsError, match="refusing lifecycle_state"):
             group.states()
         for actor in actors[:2]:
