@@ -7,6 +7,9 @@ neither torch nor Ray; each is imported from its module on first use:
 - actors: `LifecycleMixin`, `LifecycleNotConfiguredError` (`actor_integration.mixin`)
 - the driver's fan-out to Ray actors: `LifecycleGroup`, `DeadActorsError`, `GroupCallError`,
   `GroupTimeoutError`, `InconsistentGroupError` (`actor_integration.ray_group`)
+- across nodes: `place_slots` (each slot on one node), `gather_logs` (every node's logs in one
+  directory), `NodeLostError` (`actor_integration.cluster`); `NodeTopology` (the node and GPU of
+  every rank and engine rank, the transport per pair of nodes: `actor_integration.weight_sync`)
 - device memory: `TorchMemorySaverBackend`, `NoopMemory`, `select_memory_backend`,
   `MemorySaverConfigError`, `MemoryStateError` (`actor_integration.memory_saver`),
   `validate_environment` (`actor_integration.tms_env`), `AuditedMemory`
@@ -36,6 +39,10 @@ _EXPORTS = {
     "GroupCallError": "actor_integration.ray_group",
     "GroupTimeoutError": "actor_integration.ray_group",
     "InconsistentGroupError": "actor_integration.ray_group",
+    "place_slots": "actor_integration.cluster",
+    "gather_logs": "actor_integration.cluster",
+    "NodeLostError": "actor_integration.cluster",
+    "NodeTopology": "actor_integration.weight_sync",
     "ClearMemory": "actor_integration.clear_memory",
     "AuditedMemory": "actor_integration.release_audit",
     "MemorySaverConfigError": "actor_integration.memory_saver",

@@ -25,12 +25,14 @@ from pathlib import Path
 from typing import Any
 
 from actor_integration.weight_sync.nodes import node_label
+from lifecycle.errors import NodeLostError
 from lifecycle.events import DEFAULT_LOG_DIR, LOG_DIR_ENV
 from lifecycle.logs import Event
 
 __all__ = [
     "GatheredLogs",
     "NodeInfo",
+    "NodeLostError",
     "SlotPlacement",
     "cluster_nodes",
     "describe_cluster",
