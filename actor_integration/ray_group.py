@@ -339,13 +339,25 @@ class LifecycleGroup:
         """The ranks not dead."""
         return [r for r in sorted(self.actors) if r not in self.dead]
 
-    def settle(self, *, timeout_s: float | None = None) -> dict[int, str]:
+    def settle(self, *, timeout_s: float | None = None, kill: bool = False) -> dict[int, str]:
         """After a `NodeLostError`: wait (up to `timeout_s`, default the group's) for the survivors
         still inside their call to end it, then rank → how each survivor ended. A survivor inside a
         wait the lost ranks cannot cut short (torch.distributed's own rendezvous of a new group, a
-        collective) ends at its own deadline, FAILED with that error."""
-        until = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
-        return _states([self], "its call", until)[self.role]
+        collective) ends at its own deadline, FAILED with that error; one still inside after
+        `timeout_s` (several such waits in a row) is killed with `kill=True`, and counted dead."""
+        started = time.monotonic()
+        until = started + (self.timeout_s if timeout_s is None else timeout_s)
+        states = _states([self], "its call", until)[self.role]
+        if kill:
+            for rank in sorted(self.unsettled):
+                ray.kill(self.actors[rank])
+                del self.unsettled[rank]
+                self.dead[rank] = self.last_known.get(rank)
+                states[rank] = (
+                    f"killed by the driver: still inside its call after {time.monotonic() - started:.0f} s of "
+                    "settling (blocked on the lost ranks past its own deadlines)"
+                )
+        return states
 
     def recover(self, target: str = "AWAKE", *, timeout_s: float | None = None) -> dict[int, dict[str, Any]]:
         """`recover(target)` on every FAILED rank (the others are left alone); rank → state after."""

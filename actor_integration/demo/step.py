@@ -71,8 +71,8 @@ class StepDriver:
         started = time.monotonic()
         groups = (self.placed.trainer_group, self.placed.rollout_group)
         # A survivor inside torch.distributed's own rendezvous ends at its deadline (--timeout-s from
-        # when it began to wait, before the loss was noticed): a margin past it.
-        settled = {g.role: g.settle(timeout_s=self.args.timeout_s + 10) for g in groups}
+        # when it began to wait, before the loss was noticed): a margin past it, then it is killed.
+        settled = {g.role: g.settle(timeout_s=self.args.timeout_s + 10, kill=True) for g in groups}
         self.log.note(
             f"[yellow]step {step}: the survivors settled in {time.monotonic() - started:.1f} s: {settled}[/]"
         )

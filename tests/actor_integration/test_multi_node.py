@@ -396,7 +396,11 @@ class TestLostNode:
         settled = lost_info["settled"]
         assert set(settled["trainer"]) == {"0", "1"} and set(settled["rollout"]) == {"0"}
         for state in [*settled["trainer"].values(), *settled["rollout"].values()]:
-            assert state.split()[0] in ("FAILED", "PAUSED", "AWAKE"), settled
+            # A survivor blocked on the lost ranks past its own deadlines (a rebuild, then a
+            # collective in its body) is killed by the demo, and says so.
+            assert state.split()[0] in ("FAILED", "PAUSED", "AWAKE") or state.startswith(
+                "killed by the driver"
+            )
         # Nothing of the run keeps running once the demo is over.
         pids = [p["pid"] for role in ("trainer", "rollout") for p in summary["places"][role].values()]
         deadline = time.monotonic() + 15
