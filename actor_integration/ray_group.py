@@ -83,7 +83,7 @@ def _states(groups: Sequence[LifecycleGroup], method: str, until: float) -> dict
         done, _ = ray.wait(list(flights), num_returns=len(flights), timeout=_left(until))
         for ref in done:
             group = flights[ref]
-            group.unsettled = {r: f for r, f in group.unsettled.items() if f is not ref}
+            group.unsettled = {r: f for r, f in group.unsettled.items() if f != ref}
     asked = {
         (g, r): g.actors[r].lifecycle_state.remote()
         for g in groups
@@ -116,12 +116,11 @@ def _states(groups: Sequence[LifecycleGroup], method: str, until: float) -> dict
                 continue
             group.last_known[rank] = state
             failure = state.get("failure")
+            # The exception's type only: its words are in the rank's log.
             raised = (
-                str(failure["error"]).split("(", 1)[0] if failure else ""
-            )  # the type; its words are in the log
-            described[rank] = _describe(state) + (
-                f" after {failure['hook']} raised {raised}" if failure else ""
+                f" after {failure['hook']} raised {str(failure['error']).split('(', 1)[0]}" if failure else ""
             )
+            described[rank] = _describe(state) + raised
     return out
 
 
@@ -344,7 +343,7 @@ class LifecycleGroup:
         still inside their call to end it, then rank → how each survivor ended. A survivor inside a
         wait the lost ranks cannot cut short (torch.distributed's own rendezvous of a new group, a
         collective) ends at its own deadline, FAILED with that error; one still inside after
-        `timeout_s` (several such waits in a row) is killed with `kill=True`, and counted dead."""
+        `timeout_s` (blocked past its own deadlines) is killed with `kill=True`, and counted dead."""
         started = time.monotonic()
         until = started + (self.timeout_s if timeout_s is None else timeout_s)
         states = _states([self], "its call", until)[self.role]
