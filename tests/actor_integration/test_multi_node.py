@@ -48,6 +48,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
         ray.shutdown()  # the session's one-node cluster: restarted after this module
     logs = tmp_path_factory.mktemp("node-logs")
     made = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+    # Cluster writes its address where a bare `ray.init()` on this machine would join it: undo that,
+    # so that no other test (nor a demo without --address) lands on this cluster.
+    address_file = Path(ray._private.utils.get_ray_address_file(None))
+    if address_file.exists() and address_file.read_text().strip() == made.address:
+        address_file.unlink()
 
     def add(name: str) -> Any:
         env = {LOG_DIR_ENV: str(logs / name), "RAY_USAGE_STATS_ENABLED": "0"}
