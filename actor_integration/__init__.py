@@ -7,6 +7,9 @@ neither torch nor Ray; each is imported from its module on first use:
 - actors: `LifecycleMixin`, `LifecycleNotConfiguredError` (`actor_integration.actors.mixin`)
 - the driver's fan-out to Ray actors: `LifecycleGroup`, `DeadActorsError`, `GroupCallError`,
   `GroupTimeoutError`, `InconsistentGroupError` (`actor_integration.actors.ray_group`)
+- across nodes: `place_slots` (each slot on one node), `gather_logs` (every node's logs in one
+  directory), `NodeLostError` (`actor_integration.actors.cluster`); `NodeTopology` (the node and GPU of
+  every rank and engine rank, the transport per pair of nodes: `actor_integration.weight_sync`)
 - device memory: `TorchMemorySaverBackend`, `NoopMemory`, `select_memory_backend`,
   `MemorySaverConfigError`, `MemoryStateError` (`actor_integration.backends.memory_saver`),
   `validate_environment` (`actor_integration.backends.tms_env`), `AuditedMemory`

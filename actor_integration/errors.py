@@ -8,7 +8,7 @@ release (0.2 removes them), with a DeprecationWarning.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from lifecycle.errors import LifecycleError
@@ -88,6 +88,19 @@ class NcclError(LifecycleError, RuntimeError):
         super().__init__(message, call=call, code=code)
 
 
+class PeersLostError(LifecycleError, RuntimeError):
+    """A wait among ranks was given up because the driver said some of them are lost with their
+    node (`LifecycleGroup` found it dead): no teardown waits out its deadline on a dead peer.
+    Fields: `what` (the meeting), `lost` (the ranks), `reason`."""
+
+    what: str
+    lost: tuple[int, ...]
+    reason: str
+
+    def __init__(self, message: str, *, what: str, lost: Sequence[int], reason: str) -> None:
+        super().__init__(message, what=what, lost=tuple(lost), reason=reason)
+
+
 # ---------------------------------------------------------------- the driver's actor group (Ray)
 
 
@@ -109,6 +122,41 @@ class DeadActorsError(LifecycleError, RuntimeError):
 
     def __init__(self, message: str, *, dead: dict[int, dict[str, Any] | None]) -> None:
         super().__init__(message, dead=dead)
+
+
+class NodeLostError(DeadActorsError):
+    """A Ray node died under a group: its actors are gone with it. Fields: `nodes` (node id → how
+    the node was known), `lost` (role → the ranks that were on those nodes), `survivors` (role →
+    rank → the state each surviving actor ended in), `operation` (what was running), `waited_s`
+    (from the call to the verdict), and `dead` (rank → last known state, as `DeadActorsError`)."""
+
+    nodes: dict[str, str]
+    lost: dict[str, list[int]]
+    survivors: dict[str, dict[int, str]]
+    operation: str
+    waited_s: float
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        nodes: Mapping[str, str],
+        lost: Mapping[str, Sequence[int]],
+        survivors: Mapping[str, Mapping[int, str]],
+        operation: str,
+        waited_s: float,
+        dead: dict[int, dict[str, Any] | None],
+    ) -> None:
+        LifecycleError.__init__(
+            self,
+            message,
+            nodes=dict(nodes),
+            lost={role: list(ranks) for role, ranks in lost.items()},
+            survivors={role: dict(states) for role, states in survivors.items()},
+            operation=operation,
+            waited_s=waited_s,
+            dead=dead,
+        )
 
 
 class GroupCallError(LifecycleError, RuntimeError):
@@ -184,6 +232,20 @@ class OffloadTrainRequiredError(LifecycleError, ValueError):
 class MilesVersionError(LifecycleError, TypeError):
     """miles' actor module lacks a name the adapter calls: a miles other than the one it is written
     against (`MILES_COMMIT`). Fields: `module`, `missing`."""
+
+
+# ------------------------------------------------------------------------ placement across nodes
+
+
+class PlacementError(LifecycleError, ValueError):
+    """Trainer ranks and rollout engines are not where colocation needs them: a slot whose engine
+    runs on one node spans several, or an engine rank is not on its trainer rank's GPU. Fields:
+    slot, engine, ranks (the slot's), nodes (node → the slot's ranks there)."""
+
+
+class CrossNodeTransportError(PlacementError):
+    """A weight transport that only works within one host (cuda_ipc, shm) was asked for between
+    two nodes; refused before anything is exported. Fields: requested, sender_node, receiver_node."""
 
 
 # Every class above; `lifecycle.errors.MOVED_TO_ADAPTERS` names those 0.1 defined in the core.

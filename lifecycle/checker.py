@@ -45,6 +45,7 @@ from lifecycle._replay.configured import configured
 from lifecycle._replay.state import Key, Replay, ReplayedMachine, Rule, follow
 from lifecycle.errors import LogFieldError
 from lifecycle.logs import Event, LogFile, LogLine, parse_lines, read_logs
+from lifecycle.roster import Roster
 from lifecycle.sync_checks import WeightSyncChecks
 from lifecycle.table import Row
 
@@ -128,6 +129,7 @@ class LogChecker:
         self._actors: set[tuple[int | None, str | None]] = set()  # (rank, role) of every event read
         self._replay = Replay(self._report, self.rows_seen)
         self._sync = WeightSyncChecks(self._report)
+        self._roster = Roster(self._report)  # the ranks a run had and which of them its logs lose
 
     @property
     def machines(self) -> int:
@@ -152,6 +154,7 @@ class LogChecker:
             self.events += 1
             events += 1
             data = entry.event
+            self._roster.note(path, entry.line, data)
             name = data["event"]
             try:
                 key = self._key(path, data)
@@ -220,6 +223,8 @@ class LogChecker:
                 key[2],
                 f"lifecycle events but no lifecycle.configured for this machine (first here); {why}",
             )
+        mine = [(k[1], k[2], m.op) for k, m in self._machines.items() if k[0] == path and m.op is not None]
+        self._roster.end_file(path, [(rank, role, op.line, op.row.operation) for rank, role, op in mine])
         if not lifecycle_events:
             found = (
                 "the file is empty"
@@ -240,6 +245,7 @@ class LogChecker:
     def finish(self) -> list[Finding]:
         """Run the cross-rank checks and return every finding, by file then line."""
         self._sync.finish(present=self._actors)
+        self._roster.finish()
         return sorted(
             self._findings,
             key=lambda f: (self._order.get(f.path, len(self._order)), f.path, f.line, f.message),

@@ -52,6 +52,7 @@ class Event(str, enum.Enum):
     MEMORY_TAKEN = "memory.taken"  # device memory one resume took
     BUDGET = "lifecycle.budget"  # a sleep's memory-budget plan: what it releases and keeps, and why
     BUDGET_CHECKED = "lifecycle.budget_checked"  # after that sleep: the need free, or how short
+    RANKS_LOST = "ranks.lost"  # the driver told this actor that ranks were lost with their node
 
     def __str__(self) -> str:
         return self.value

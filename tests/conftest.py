@@ -13,12 +13,17 @@ lifecycle.configure_logging(stream=io.StringIO(), level="warning")
 os.environ.setdefault("RL_LIFECYCLE_LOG_DIR", tempfile.mkdtemp(prefix="rl-lifecycle-test-logs-"))
 
 
+def start_local_ray(ray):
+    """The session's one-node cluster (a module that needs another, the multi-node tests, restarts it after)."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if not ray.is_initialized():
+        ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, configure_logging=False)
+
+
 @pytest.fixture(scope="session")
 def ray_cluster():
     """A real local Ray cluster (2 CPUs' worth of actors on the CI machine), shared by all tests."""
     ray = pytest.importorskip("ray")
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    if not ray.is_initialized():
-        ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    start_local_ray(ray)
     yield ray
     ray.shutdown()

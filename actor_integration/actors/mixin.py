@@ -25,7 +25,7 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -153,6 +153,20 @@ class LifecycleMixin:
         """Give a hold back; the last one runs the deferred sleep (`Lifecycle.release`). Returns the snapshot."""
         self.lifecycle.release()
         return self.lifecycle.snapshot()
+
+    def lifecycle_place(self) -> dict[str, Any]:
+        """Where this actor runs: Ray node id, IP, hostname, pid, GPU ids (`LifecycleGroup.locate`)."""
+        from actor_integration.actors.cluster import here
+
+        return here()
+
+    def lifecycle_peers_lost(self, lost: Mapping[str, Sequence[int]], reason: str) -> dict[str, Any]:
+        """The driver found `lost` (role → ranks) gone with their node: every wait of this actor's
+        process groups on them ends now (`actor_integration.actors.cluster.lose_peers`). In a threaded
+        actor (`max_concurrency=2`) this reaches a rank blocked on those peers; returns the snapshot."""
+        from actor_integration.actors.cluster import lose_peers
+
+        return lose_peers(self.lifecycle, lost, reason)
 
     def _run_body(self, operation: str, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         lifecycle = self.lifecycle  # configured first: the stand-ins may need the hooks

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from actor_integration.backends.release_audit import AuditedMemory
@@ -147,6 +147,18 @@ class RolloutActor:
         """Recover from FAILED to `target` ("AWAKE" or "PAUSED"); returns the snapshot after."""
         self.lifecycle.recover(State(target))
         return self.lifecycle.snapshot()
+
+    def lifecycle_place(self) -> dict[str, Any]:
+        """Where this actor runs (`LifecycleMixin.lifecycle_place`)."""
+        from actor_integration.actors.cluster import here
+
+        return here()
+
+    def lifecycle_peers_lost(self, lost: Mapping[str, Sequence[int]], reason: str) -> dict[str, Any]:
+        """The driver found `lost` (role → ranks) gone with their node (`LifecycleMixin.lifecycle_peers_lost`)."""
+        from actor_integration.actors.cluster import lose_peers
+
+        return lose_peers(self.lifecycle, lost, reason)
 
     # ------------------------------------------------------------------ serving
 

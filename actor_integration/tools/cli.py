@@ -1,4 +1,4 @@
-"""The `lifecycle` command: demo, check, timeline, diagram, doctor.
+"""The `lifecycle` command: demo, check, timeline, gather, diagram, doctor.
 
 Each subcommand imports what it needs when it runs, so `lifecycle check` and `lifecycle diagram`
 start without torch or Ray.
@@ -75,6 +75,32 @@ def _timeline(args: argparse.Namespace) -> int:
     return 0
 
 
+def _gather(args: argparse.Namespace) -> int:
+    import logging
+
+    import ray
+
+    from actor_integration.actors.cluster import describe_cluster, gather_logs
+    from actor_integration.tools.doctor import unreachable
+
+    problem = unreachable(args.address, min(args.timeout_s, 10.0))  # Ray retries an absent GCS for minutes
+    if problem is not None:
+        args.parser.error(f"--address {args.address}: {problem}")
+    ray.init(address=args.address, logging_level=logging.ERROR, log_to_driver=False)
+    try:
+        print(f"joined Ray cluster at {args.address}: {describe_cluster()}", file=sys.stderr)
+        gathered = gather_logs(args.output, directory=args.dir, timeout_s=args.timeout_s)
+    finally:
+        ray.shutdown()
+    print(gathered)
+    if gathered.files:
+        print(
+            f"next: lifecycle check {args.output}   lifecycle timeline {args.output} -o timeline",
+            file=sys.stderr,
+        )
+    return 0 if gathered.files and not gathered.unread else 1
+
+
 def _doctor(args: argparse.Namespace) -> int:
     from actor_integration.tools import doctor
 
@@ -139,6 +165,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     timeline.add_argument("--no-png", action="store_true", help="write only the trace")
     timeline.set_defaults(func=_timeline, parser=timeline)
+
+    gather = sub.add_parser(
+        "gather",
+        help="collect every node's per-rank logs through Ray into one directory (for check, timeline)",
+    )
+    gather.add_argument(
+        "--address",
+        default="auto",
+        help="Ray cluster to collect from (default: auto, the cluster on this host)",
+    )
+    gather.add_argument(
+        "--dir",
+        default=None,
+        help="where the ranks wrote on their nodes (default: each node's $RL_LIFECYCLE_LOG_DIR, else ./lifecycle-logs)",
+    )
+    gather.add_argument("-o", "--output", required=True, help="directory on this host to copy the logs into")
+    gather.add_argument(
+        "--timeout-s", type=float, default=60.0, help="deadline for the nodes' answers (seconds)"
+    )
+    gather.set_defaults(func=_gather, parser=gather)
 
     diagram = sub.add_parser("diagram", help="write the state diagram generated from the transition table")
     diagram.add_argument("--format", choices=["mermaid", "dot", "svg", "png"], default="mermaid")

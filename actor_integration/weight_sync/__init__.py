@@ -14,8 +14,9 @@ One file per side: `wire.py` (the payload one slot rank hands the engine per rou
 `sender.py` (`WeightSender`, the slot coordinator, `StagingArena`), `receiver.py` (`WeightReceiver`,
 `WeightTargets`, `VersionGate`: what the rollout imports); the mechanisms are `buckets.py`
 (layouts, manifests, checksums), `kernels.py` (the batched device copies with checksums in the
-same pass, `_triton.py` their Triton kernel), `topology.py`, `transport.py` and one file per
-transport.
+same pass, `_triton.py` their Triton kernel), `topology.py` (ranks, engines, GPU offsets),
+`nodes.py` (the node and GPU of each, and the transport per pair of nodes), `transport.py` and one
+file per transport.
 """
 
 from actor_integration.weight_sync.buckets import (
@@ -30,6 +31,14 @@ from actor_integration.weight_sync.buckets import (
     iter_buckets,
     pack_into,
     unpack,
+)
+from actor_integration.weight_sync.nodes import (
+    NodeTopology,
+    Pair,
+    Place,
+    TransportRow,
+    decide_transport,
+    transport_table,
 )
 from actor_integration.weight_sync.receiver import (
     LoadedRound,
@@ -71,7 +80,10 @@ __all__ = [
     "CorruptBucketError",
     "LayoutCache",
     "LoadedRound",
+    "NodeTopology",
     "PackedEntries",
+    "Pair",
+    "Place",
     "RankPayload",
     "RankSlot",
     "ReceivedRound",
@@ -82,6 +94,7 @@ __all__ = [
     "StaleVersionError",
     "SyncReport",
     "TensorEntry",
+    "TransportRow",
     "VersionGate",
     "WeightReceiver",
     "WeightSender",
@@ -89,6 +102,7 @@ __all__ = [
     "WeightSyncTimeout",
     "WeightTargets",
     "configure_sender",
+    "decide_transport",
     "iter_buckets",
     "local_device_index",
     "pack_into",
@@ -98,5 +112,6 @@ __all__ = [
     "receiver_class",
     "select_transport",
     "sender_class",
+    "transport_table",
     "unpack",
 ]

@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 import torch
 
 from actor_integration.weight_sync.buckets import ALIGN, Bucket, BucketManifest
+from actor_integration.weight_sync.nodes import decide_transport
 from lifecycle import events
 from lifecycle.hooks import EventSink, MemoryDisable
 from lifecycle.logs import Event
@@ -195,36 +196,29 @@ def select_transport(
     colocated: bool,
     memory: MemoryDisable | None = None,
     lifecycle: EventSink | None = None,
+    same_node: bool = True,
+    between: tuple[str, str] | None = None,
 ) -> str:
     """Resolve a requested transport (default `auto`) for an engine, or refuse it with the reason.
 
-    `nccl` toward a colocated engine is refused: NCCL cannot connect two ranks on one GPU
-    ("Duplicate GPU detected"). `cuda_ipc` toward a remote engine is refused: its handles only
-    open on the same GPUs. `auto` picks `cuda_ipc` when the probe passes, else `shm`, for a
-    colocated engine, and `nccl` for a remote one.
+    The rules are `nodes.decide_transport`'s: `nccl` toward a colocated engine is refused (NCCL
+    cannot connect two ranks on one GPU, "Duplicate GPU detected"); `cuda_ipc` toward a remote
+    engine is refused (its handles only open on the same GPUs); `cuda_ipc` and `shm` toward an
+    engine rank on another node (`same_node=False`; `between` names the two nodes) are refused
+    with `CrossNodeTransportError`. `auto` picks `cuda_ipc` when the probe passes, else `shm`,
+    for a colocated engine, and `nccl` for a remote one or one on another node.
     """
     _check_name(requested, REQUESTABLE)
-    if not isinstance(colocated, bool):
-        raise TypeError(f"select_transport: colocated must be a bool, got {colocated!r}")
-    if requested == "nccl" and colocated:
-        raise ValueError(
-            "weight transport 'nccl' refused for a colocated engine: the trainer rank and the engine rank "
-            "share a GPU and NCCL cannot connect two ranks on one GPU ('Duplicate GPU detected'). "
-            "Use 'cuda_ipc' (what 'auto' picks when CUDA IPC works), or 'shm' / 'disk'."
-        )
-    if requested == "cuda_ipc" and not colocated:
-        raise ValueError(
-            "weight transport 'cuda_ipc' refused for a non-colocated engine: CUDA IPC handles only open on "
-            "the GPUs that exported them. Use 'nccl' (what 'auto' picks for remote engines), or 'disk' on a "
-            "shared filesystem."
-        )
-    if requested != "auto":
-        chosen, reason = requested, "requested explicitly"
-    elif not colocated:
-        chosen, reason = "nccl", "the engine is not colocated: broadcast over a process group"
-    else:
-        ok, why = probe_cuda_ipc(memory)
-        chosen, reason = ("cuda_ipc", why) if ok else ("shm", f"{why}; falling back to shared host memory")
+    for name, value in (("colocated", colocated), ("same_node", same_node)):
+        if not isinstance(value, bool):
+            raise TypeError(f"select_transport: {name} must be a bool, got {value!r}")
+    chosen, reason = decide_transport(
+        requested,
+        colocated=colocated,
+        same_node=same_node,
+        probe=lambda: probe_cuda_ipc(memory),
+        between=between,
+    )
     emit(lifecycle, Event.SYNC_TRANSPORT, requested=requested, chosen=chosen, reason=reason)
     return chosen
 
@@ -260,9 +254,19 @@ def configure_sender(
     src: int | None = None,
     device: torch.device | str | int | None = None,
     lifecycle: EventSink | None = None,
+    same_node: bool = True,
+    between: tuple[str, str] | None = None,
 ) -> SenderTransport:
-    """Select and build the sending transport; every refusal happens here, before any GPU work."""
-    name = select_transport(requested, colocated=colocated, memory=memory, lifecycle=lifecycle)
+    """Select and build the sending transport; every refusal happens here, before any GPU work
+    (`same_node=False`: the engine rank is on another node, see `select_transport`)."""
+    name = select_transport(
+        requested,
+        colocated=colocated,
+        memory=memory,
+        lifecycle=lifecycle,
+        same_node=same_node,
+        between=between,
+    )
     if name == "cuda_ipc":
         return sender_class(name)(device=device, memory=memory)  # type: ignore[call-arg]
     if name == "shm":

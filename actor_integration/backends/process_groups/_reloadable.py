@@ -139,6 +139,7 @@ class ReloadableProcessGroups:
         self._worlds = 1  # WORLDs built on this store so far; each gets its own key namespace
         self._side: ProcessGroup | None = self._new_side_channel()
         self._host = _Host(self)
+        self.abandoned: tuple[int, ...] = ()  # ranks given up by `abandon` (their node was lost)
 
     # ------------------------------------------------------------------ construction
 
@@ -398,12 +399,21 @@ class ReloadableProcessGroups:
 
     def close(self) -> None:
         """Final teardown, idempotent: destroy every group and WORLD (suspended ones are resumed first,
-        which waits on their peers: close on every rank)."""
+        which waits on their peers: close on every rank; after `abandon`, nothing waits on a peer)."""
         if self._state == _CLOSED:
             return
-        self._way.close(self._host)
+        if not self.abandoned:
+            self._way.close(self._host)
         self._drop_groups()
         self._state = _CLOSED
+
+    def abandon(self, lost: Sequence[int], reason: str) -> None:
+        """Give up on `lost` ranks (their node died, as the driver found): a destroy, reload, barrier
+        or new_group waiting on them ends within a quarter second with `PeersLostError` instead of at
+        its deadline, and so does every later one; `close()` then tears down locally. Callable from
+        another thread of the actor (`LifecycleMixin.lifecycle_peers_lost`)."""
+        self.abandoned = tuple(sorted(lost))
+        self._meeting.abandon(lost, reason)
 
     # ------------------------------------------------------------------ for the ways, through _Host
 

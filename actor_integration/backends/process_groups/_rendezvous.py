@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from datetime import timedelta
 
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import PrefixStore, Store
 
-from actor_integration.errors import RendezvousMismatchError, RendezvousTimeoutError
+from actor_integration.errors import PeersLostError, RendezvousMismatchError, RendezvousTimeoutError
 
 NAMESPACE = "rl-lifecycle/process-groups"
 NEW_GROUP_CAUSE = (
@@ -23,6 +24,9 @@ LIFECYCLE_CAUSE = (
 BARRIER_CAUSE = (
     "Likely cause: those ranks skipped this barrier (a rank branch), crashed, or are slower than the deadline"
 )
+# A wait polls this often for `abandon` (called from another thread): a rank told its peers are
+# lost gives up within this, not at the deadline.
+POLL_S = 0.25
 
 
 class Meeting:
@@ -33,9 +37,16 @@ class Meeting:
         self._rank = rank
         self._world_size = world_size
         self._round = 0
+        self._lost: tuple[tuple[int, ...], str] | None = None
+
+    def abandon(self, lost: Sequence[int], reason: str) -> None:
+        """Give up on the `lost` ranks (their node died): the wait in progress ends within `POLL_S`
+        and every later `meet` at once, with `PeersLostError`. Safe to call from another thread."""
+        self._lost = (tuple(sorted(lost)), reason)
 
     def meet(self, what: str, timeout: timedelta, cause: str) -> None:
         """Block until every rank called `meet` with the same `what` at this position."""
+        self._refuse_if_lost(what)
         n, s, me = self._round, self._store, self._rank
         self._round += 1
         t0 = time.monotonic()
@@ -48,15 +59,21 @@ class Meeting:
             raise self._mismatch(what, int(first_rank), first_what)
         if s.add(f"{n}/count", 1) == self._world_size:
             s.set(f"{n}/done", "ok")
-        try:
-            s.wait([f"{n}/done"], timeout)
-        except dist.DistNetworkError as exc:
-            raise RuntimeError(
-                f"rank {me} lost the rendezvous store while waiting in {what} ({exc}); the store lives in "
-                "rank 0's process (or the launcher's), which probably exited"
-            ) from exc
-        except dist.DistStoreError as exc:
-            raise self._timeout(n, what, time.monotonic() - t0, timeout, cause) from exc
+        deadline = t0 + timeout.total_seconds()
+        while True:
+            step = max(min(POLL_S, deadline - time.monotonic()), 0.001)
+            try:
+                s.wait([f"{n}/done"], timedelta(seconds=step))
+                break
+            except dist.DistNetworkError as exc:
+                raise RuntimeError(
+                    f"rank {me} lost the rendezvous store while waiting in {what} ({exc}); the store lives in "
+                    "rank 0's process (or the launcher's), which probably exited"
+                ) from exc
+            except dist.DistStoreError as exc:
+                self._refuse_if_lost(what)
+                if time.monotonic() >= deadline:
+                    raise self._timeout(n, what, time.monotonic() - t0, timeout, cause) from exc
         if s.check([f"{n}/mismatch"]):
             other_rank, other_what = s.get(f"{n}/mismatch").decode().split("\n", 1)
             raise self._mismatch(what, int(other_rank), other_what)
@@ -74,6 +91,19 @@ class Meeting:
         s.set(f"{n}/value{self._rank}", value)
         self.meet(what, timeout, cause)
         return [s.get(f"{n}/value{r}").decode() for r in range(self._world_size)]
+
+    def _refuse_if_lost(self, what: str) -> None:
+        if self._lost is None:
+            return
+        lost, reason = self._lost
+        raise PeersLostError(
+            f"rank {self._rank} gave up {what}: ranks {list(lost)} are lost ({reason}), so no rank waits on "
+            "them any more. The groups cannot be rebuilt without them: close() them (local, no peer waits) "
+            "and restart the job from its last checkpoint.",
+            what=what,
+            lost=lost,
+            reason=reason,
+        )
 
     def _timeout(
         self, n: int, what: str, waited: float, timeout: timedelta, cause: str

@@ -1,4 +1,9 @@
-"""`run_demo`: place the actors, run the steps, report (`placement`, `step`, `report`, in that order)."""
+"""`run_demo`: place the actors, run the steps, report (`placement`, `step`, `report`, in that order).
+
+A node lost mid-run ends the steps with its `NodeLostError` (the survivors were told and report
+their state); the survivors then flush and close (no teardown waits on a lost peer), the logs of
+every live node are gathered into `--out/logs`, and the report names the ranks that were lost.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +12,11 @@ import contextlib
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
+from actor_integration.errors import NodeLostError
 from actor_integration.tools.demo.placement import place, resolve_device, start_ray
 from actor_integration.tools.demo.progress import Progress
 from actor_integration.tools.demo.report import finish
@@ -31,18 +38,43 @@ def run_demo(args: argparse.Namespace) -> int:
         placed = place(ray, args, device, out, console)
         with Progress(console, args.steps, args.no_progress) as log:
             driver = StepDriver(placed, args, log)
-            driver.prepare()
-            for step in range(1, args.steps + 1):
-                driver.run(step)
-                if driver.killed is not None:
-                    break  # --kill-engine: the typed error was the point; nothing runs after it
-        actors = [*placed.trainer_actors, *placed.rollout_actors]
-        ray.get([a.flush_logs.remote() for a in actors], timeout=args.timeout_s)
-        closing = placed.trainer_actors + (placed.rollout_actors if placed.engine == "sglang" else [])
-        ray.get([a.close.remote() for a in closing], timeout=args.timeout_s)  # SGLang's processes too
+            step = 0
+            try:
+                driver.prepare()
+                for step in range(1, args.steps + 1):
+                    driver.run(step)
+                    if driver.killed is not None:
+                        break  # --kill-engine: the typed error was the point; nothing runs after it
+            except NodeLostError as exc:
+                driver.lost_node(step, exc)
+        trainers = [a for r, a in enumerate(placed.trainer_actors) if r not in placed.trainer_group.dead]
+        rollouts = [a for r, a in enumerate(placed.rollout_actors) if r not in placed.rollout_group.dead]
+        _settle(ray, [a.flush_logs.remote() for a in [*trainers, *rollouts]], args.timeout_s, console)
+        closing = trainers + (rollouts if placed.engine == "sglang" else [])
+        _settle(ray, [a.close.remote() for a in closing], args.timeout_s, console)  # SGLang's processes too
+        if len(placed.nodes) > 1:  # each rank wrote on its own node: one directory for the report
+            from actor_integration.actors.cluster import gather_logs
+
+            gathered = gather_logs(out / "logs", directory=str(out / "logs"), timeout_s=args.timeout_s)
+            console.print(f"logs gathered through Ray: {gathered}")
         exit_code = finish(out, console, args, placed, driver, time.monotonic() - started)
     finally:
         with contextlib.suppress(Exception):
             ray.shutdown()
     console.print("[bold green]demo OK[/]" if exit_code == 0 else "[bold red]demo FAILED[/]")
     return exit_code
+
+
+def _settle(ray: Any, refs: list[Any], timeout_s: float, console: Console) -> None:
+    """Wait for `refs` within the deadline; after a lost node, a failure here is said, not raised."""
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    failed = 0
+    for ref in ready:
+        try:
+            ray.get(ref)
+        except Exception:
+            failed += 1
+    if failed or len(ready) != len(refs):
+        console.print(
+            f"[yellow]{failed} call(s) failed, {len(refs) - len(ready)} did not answer in {timeout_s:.0f} s[/]"
+        )

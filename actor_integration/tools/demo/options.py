@@ -86,8 +86,8 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
         "--engines",
         type=_positive,
         default=None,
-        help="rollout engines on CPU, splitting the trainer ranks into that many slots (default 1); "
-        "on a GPU host each GPU has its own engine",
+        help="rollout engines on CPU, splitting the trainer ranks into that many slots (default 1), each "
+        "kept on one node and spread over the cluster's nodes; on a GPU host each GPU has its own engine",
     )
     parser.add_argument(
         "--save-every", type=_positive, default=2, help="checkpoint every K steps (default 2)"
@@ -122,7 +122,10 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
         "discarded weights (InvalidWeightsError), then the demo syncs and generates; repeatable",
     )
     parser.add_argument(
-        "--address", default=None, help="join this Ray cluster instead of starting a local one"
+        "--address",
+        default=None,
+        help="join this Ray cluster (HOST:PORT) instead of starting a local one; the demo says what it found "
+        "(nodes, CPUs, GPUs), where each slot went and the transport per pair of nodes",
     )
     parser.add_argument(
         "--engine",

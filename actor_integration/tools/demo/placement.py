@@ -1,18 +1,35 @@
-"""Where the demo's actors run: Ray, the device, one trainer rank per GPU sharing it with an engine."""
+"""Where the demo's actors run: Ray, the device, one trainer rank per GPU sharing it with an engine.
+
+Each slot (an engine and its trainer ranks) is kept on one node (`cluster.place_slots`); on the
+CPU the slots are spread over the cluster's nodes. Every actor then reports where it runs, the
+node topology is checked (`NodeTopology.plan`), and each trainer rank's transport is chosen for
+its pair of nodes; the table of (sender node, receiver node) → transport is printed and kept.
+"""
 
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
+from actor_integration.actors.cluster import SlotPlacement, cluster_nodes, describe_cluster, place_slots
 from actor_integration.actors.ray_group import LifecycleGroup
 from actor_integration.tools.demo.options import refuse
+from actor_integration.weight_sync.nodes import (
+    NodeTopology,
+    Place,
+    TransportRow,
+    node_label,
+    transport_table,
+)
+from actor_integration.weight_sync.topology import SlotTopology
 
 VOCAB = 97
 
@@ -32,6 +49,12 @@ class Placement:
     trainer_group: LifecycleGroup
     rollout_group: LifecycleGroup
     infos: list[dict[str, Any]]
+    slots: SlotPlacement
+    topology: NodeTopology
+    transports: tuple[TransportRow, ...]  # what the ranks chose, per (sender node, receiver node)
+    designed: tuple[TransportRow, ...]  # what the node topology says they should choose
+    nodes: dict[str, str]  # node id → "id8 (ip)"
+    places: dict[str, dict[int, dict[str, Any]]]  # role → rank → where it runs (node, pid, GPUs)
 
     @property
     def transport(self) -> str:
@@ -44,9 +67,10 @@ def start_ray(args: argparse.Namespace, console: Console) -> Any:
 
     if args.address:
         ray.init(address=args.address, logging_level=logging.ERROR, log_to_driver=False)
-        console.print(f"joined Ray cluster at {args.address}: {ray.cluster_resources()}")  # type: ignore[no-untyped-call]
+        console.print(f"joined Ray cluster at {args.address}: {describe_cluster()}")
     else:
         ray.init(include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
+        console.print(f"started a local Ray cluster: {describe_cluster()}")
     return ray
 
 
@@ -64,9 +88,6 @@ def resolve_device(requested: str, transport: str = "auto") -> str:
 
 def place(ray: Any, args: argparse.Namespace, device: str, out: Path, console: Console) -> Placement:
     """Start the rollout engines and the trainer ranks, initialise the trainers (asleep, as slime's)."""
-    from ray.util.placement_group import placement_group
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
     from actor_integration.tools.demo.rollout import DemoRollout, DemoSGLangRollout
     from actor_integration.tools.demo.trainer import DemoTrainer
 
@@ -105,38 +126,30 @@ def place(ray: Any, args: argparse.Namespace, device: str, out: Path, console: C
             "seed": args.seed,
         }
     # GPU: one 1-GPU engine per trainer GPU, each sharing it (0.5 + 0.5). CPU: one engine over
-    # `trainers` virtual devices, so the slot has several ranks and one coordinator.
+    # `trainers // engines` virtual devices per slot, so the slot has several ranks and one coordinator.
     if device == "cuda":
         engine_gpu_counts = [1] * trainers
-        pg = placement_group([{"GPU": 1, "CPU": 1}] * trainers, strategy="PACK")
-        ray.get(pg.ready(), timeout=args.timeout_s)
-
-        def options(i: int) -> dict[str, Any]:
-            return {
-                "num_gpus": 0.5,
-                "num_cpus": 0,
-                "scheduling_strategy": PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i),
-            }
-
-        rollout_options = [options(i) for i in range(trainers)]
-        rollout_devices = [["cuda:0"] for _ in range(trainers)]
     else:
         engines = args.engines or 1
         if trainers % engines:
             refuse(f"--engines {engines} must divide the {trainers} trainer ranks into equal slots")
         engine_gpu_counts = [trainers // engines] * engines
-
-        def options(i: int) -> dict[str, Any]:
-            return {"num_cpus": 0}
-
-        rollout_options = [options(i) for i in range(engines)]
+    try:
+        slots = place_slots(engine_gpu_counts, gpu=device == "cuda", timeout_s=args.timeout_s)
+    except TimeoutError as exc:
+        refuse(str(exc))
+    rollout_options = [slots.engine_options(i) for i in range(len(engine_gpu_counts))]
+    if device == "cuda":
+        rollout_devices = [["cuda:0"] for _ in range(trainers)]
+    else:
         rollout_devices = [["cpu"] * count for count in engine_gpu_counts]
     console.print(
         f"[bold]lifecycle demo[/]: {trainers} trainer rank(s) on {device}, {len(engine_gpu_counts)} rollout "
         f"engine(s) ({engine}) of {engine_gpu_counts} device(s), {args.steps} steps, checkpoint every {args.save_every}, "
         f"transport {args.transport}, output {out}"
     )
-    trainer_cls = ray.remote(DemoTrainer)
+    # Threaded (two calls at once): a rank blocked on peers lost with their node can still be told.
+    trainer_cls = ray.remote(max_concurrency=2)(DemoTrainer)
     if engine == "sglang":
         sglang_cls = ray.remote(DemoSGLangRollout)
         rollouts = [
@@ -165,10 +178,31 @@ def place(ray: Any, args: argparse.Namespace, device: str, out: Path, console: C
         wake_rest = ("kv_cache",)
         rollout_cls = ray.remote(DemoRollout)
         rollouts = [
-            rollout_cls.options(**opts).remote(model=model, devices=devs, rank=i, out=str(out))
+            rollout_cls.options(**opts).remote(
+                model=model, devices=devs, rank=i, out=str(out), world_size=len(rollout_options)
+            )
             for i, (opts, devs) in enumerate(zip(rollout_options, rollout_devices, strict=True))
         ]
-    actors = [trainer_cls.options(**options(i)).remote() for i in range(trainers)]
+    actors = [trainer_cls.options(**slots.rank_options(i)).remote() for i in range(trainers)]
+    trainer_group = LifecycleGroup(actors, timeout_s=args.timeout_s, role="trainer")
+    rollout_group = LifecycleGroup(rollouts, timeout_s=args.timeout_s, role="rollout")
+    trainer_group.link(rollout_group)
+    topology = _node_topology(
+        trainers,
+        engine_gpu_counts,
+        trainer_group.locate(timeout_s=args.timeout_s),
+        rollout_group.locate(timeout_s=args.timeout_s),
+        device,
+    )
+    nodes = {n.node_id: n.label for n in cluster_nodes()}
+    for slot, (ranks, engine) in enumerate(
+        zip(topology.slots.slots, topology.slots.slot_engines, strict=True)
+    ):
+        node = topology.ranks[ranks[0]].node
+        console.print(
+            f"slot {slot} on node {nodes.get(node, node_label(node))}: trainer ranks {list(ranks)}, engine {engine}"
+        )
+    pairs = {p.rank: p for p in topology.pairs() if p.colocated}
     init_method = ray.get(actors[0].rendezvous.remote(), timeout=args.timeout_s)
     infos = ray.get(
         [
@@ -185,6 +219,7 @@ def place(ray: Any, args: argparse.Namespace, device: str, out: Path, console: C
                 memory_budget=not getattr(args, "no_memory_budget", False),
                 out=str(out),
                 timeout_s=args.timeout_s,
+                between=(pairs[i].sender.node, pairs[i].receiver.node),
             )
             for i, a in enumerate(actors)
         ],
@@ -194,6 +229,20 @@ def place(ray: Any, args: argparse.Namespace, device: str, out: Path, console: C
         f"trainer memory: {infos[0]['memory']}; weight transport: [bold]{infos[0]['transport']}[/]; "
         f"slot coordinators: {[i['rank'] for i in infos if i['coordinator']]}"
     )
+    probes: dict[str, Callable[[], tuple[bool, str]]] = {}
+    for info in infos:  # each node's CUDA IPC probe, as its first rank found it
+        ok, why = info["cuda_ipc_probe"]
+        probes.setdefault(info["node_id"], functools.partial(_probed, bool(ok), str(why)))
+    designed = topology.transport_table(args.transport, probe=probes)
+    reasons = {(r.sender_node, r.receiver_node, r.transport): r.reason for r in designed}
+    chosen = transport_table(
+        topology.pairs(),
+        lambda p: (
+            infos[p.rank]["transport"],
+            reasons.get((p.sender.node, p.receiver.node, infos[p.rank]["transport"]), "not as designed"),
+        ),
+    )
+    render_transports(chosen, nodes, console)
     placed = Placement(
         device=device,
         engine=engine,
@@ -203,9 +252,62 @@ def place(ray: Any, args: argparse.Namespace, device: str, out: Path, console: C
         engine_gpu_counts=engine_gpu_counts,
         trainer_actors=actors,
         rollout_actors=rollouts,
-        trainer_group=LifecycleGroup(actors, timeout_s=args.timeout_s),
-        rollout_group=LifecycleGroup(rollouts, timeout_s=args.timeout_s),
+        trainer_group=trainer_group,
+        rollout_group=rollout_group,
         infos=infos,
+        slots=slots,
+        topology=topology,
+        transports=chosen,
+        designed=designed,
+        nodes=nodes,
+        places={"trainer": dict(trainer_group.places), "rollout": dict(rollout_group.places)},
     )
     placed.trainer_group.assert_consistent()
     return placed
+
+
+def _node_topology(
+    trainers: int,
+    engine_gpu_counts: list[int],
+    rank_places: dict[int, dict[str, Any]],
+    engine_places: dict[int, dict[str, Any]],
+    device: str,
+) -> NodeTopology:
+    """The places every actor reported, checked: each engine rank on its trainer rank's node (and
+    GPU); refused with the slot and what to change otherwise."""
+    from actor_integration.errors import PlacementError
+
+    def place(where: dict[str, Any]) -> Place:
+        gpus = where.get("gpus") or []
+        return Place(where["node_id"], int(gpus[0]) if device == "cuda" and gpus else None)
+
+    ranks = [place(rank_places[r]) for r in range(trainers)]
+    # A CPU engine is one actor over its slot's virtual devices; on a GPU each engine has one GPU.
+    engines = [[place(engine_places[e])] * count for e, count in enumerate(engine_gpu_counts)]
+    try:
+        return NodeTopology.plan(SlotTopology.plan(trainers, engine_gpu_counts), ranks, engines)
+    except PlacementError as exc:
+        refuse(str(exc))
+
+
+def render_transports(rows: tuple[TransportRow, ...], nodes: dict[str, str], console: Console) -> None:
+    """The weight transport per (sender node, receiver node), with the pairs and why."""
+    from rich.table import Table
+
+    table = Table(title="weight transport per (sender node, receiver node)")
+    for column in ("sender node", "receiver node", "transport", "trainer ranks", "engines", "why"):
+        table.add_column(column)
+    for row in rows:
+        table.add_row(
+            nodes.get(row.sender_node, node_label(row.sender_node)),
+            nodes.get(row.receiver_node, node_label(row.receiver_node)),
+            row.transport,
+            str(list(row.ranks)),
+            str(list(row.engines)),
+            row.reason,
+        )
+    console.print(table)
+
+
+def _probed(ok: bool, why: str) -> tuple[bool, str]:
+    return ok, why

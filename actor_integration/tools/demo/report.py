@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
     from actor_integration.tools.demo.placement import Placement
     from actor_integration.tools.demo.step import StepDriver
+    from actor_integration.weight_sync.nodes import TransportRow
 
 
 @dataclass(frozen=True)
@@ -301,6 +302,23 @@ def finish(
             f"[bold red]syncs skipped at steps {skipped}, but refusals seen and recovered at steps "
             f"{[r['step'] for r in driver.refusals]} (expected at the step after each)[/]"
         )
+    transports = [_row(r, placed.nodes) for r in placed.transports]
+    designed = [_row(r, placed.nodes) for r in placed.designed]
+    if [(t["sender_node"], t["receiver_node"], t["transport"]) for t in transports] != [
+        (t["sender_node"], t["receiver_node"], t["transport"]) for t in designed
+    ]:
+        exit_code = 1
+        console.print(
+            f"[bold red]the ranks chose transports {transports}, but the node topology says {designed}[/]"
+        )
+    if driver.node_lost is not None:
+        exit_code = 1
+        lost = driver.node_lost
+        console.print(
+            f"[bold red]node lost at step {lost['step']} during {lost['operation']} (noticed after "
+            f"{lost['noticed_s']:.1f} s): {lost['lost']}; survivors: {lost['survivors']}[/]",
+            soft_wrap=True,
+        )
     sglang = None
     if placed.engine == "sglang":
         sglang = sglang_verdicts(args, driver, logs.lanes)
@@ -314,6 +332,22 @@ def finish(
         "trainers": placed.trainers,
         "engine_gpu_counts": placed.engine_gpu_counts,
         "transport": placed.transport,
+        "nodes": placed.nodes,
+        "places": placed.places,
+        "slots": [
+            {
+                "slot": slot,
+                "node": placed.topology.ranks[ranks[0]].node,
+                "ranks": list(ranks),
+                "engine": engine,
+            }
+            for slot, (ranks, engine) in enumerate(
+                zip(placed.topology.slots.slots, placed.topology.slots.slot_engines, strict=True)
+            )
+        ],
+        "transports": transports,
+        "designed_transports": designed,
+        "node_lost": driver.node_lost,
         "steps": steps,
         "faults": driver.faults,
         "refusals": driver.refusals,
@@ -325,3 +359,16 @@ def finish(
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return exit_code
+
+
+def _row(row: TransportRow, nodes: Mapping[str, str]) -> dict[str, Any]:
+    return {
+        "sender_node": row.sender_node,
+        "receiver_node": row.receiver_node,
+        "sender": nodes.get(row.sender_node, row.sender_node),
+        "receiver": nodes.get(row.receiver_node, row.receiver_node),
+        "transport": row.transport,
+        "ranks": list(row.ranks),
+        "engines": list(row.engines),
+        "reason": row.reason,
+    }

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from actor_integration.actors.cluster import here
 from actor_integration.models.tiny import TinyLMConfig
 from actor_integration.rollout.actor import RolloutActor
 from actor_integration.rollout.reference import ReferenceEngine
@@ -61,12 +62,15 @@ class _DemoActor(RolloutActor):
 class DemoRollout(_DemoActor):
     """A `RolloutActor` over the reference engine (use with `ray.remote`)."""
 
-    def __init__(self, *, model: dict[str, Any], devices: Sequence[str], rank: int, out: str) -> None:
+    def __init__(
+        self, *, model: dict[str, Any], devices: Sequence[str], rank: int, out: str, world_size: int = 1
+    ) -> None:
         configure_logging(json_path=Path(out) / "logs" / f"rollout-rank{rank}.jsonl")
         self.faults = FaultInjector()
         engine = FaultyEngine(ReferenceEngine(TinyLMConfig(**model), devices=list(devices)), self.faults)
         super().__init__(engine, rank=rank, max_new_tokens=16)
-        self.lifecycle.bind(devices=list(devices))
+        # world_size: how many engines the run has (`lifecycle check` names the ones with no log).
+        self.lifecycle.bind(devices=list(devices), world_size=world_size, node=here()["node_id"])
 
 
 class DemoSGLangRollout(_DemoActor):

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from actor_integration.actors.ray_group import LifecycleGroup
-from actor_integration.errors import EngineDiedError, GroupCallError
+from actor_integration.errors import EngineDiedError, GroupCallError, NodeLostError
 from actor_integration.tools.demo.placement import Placement
 from actor_integration.tools.demo.progress import Progress
 from lifecycle.errors import IllegalTransitionError, InvalidWeightsError
@@ -45,6 +45,7 @@ class StepDriver:
     refusals: list[dict[str, Any]] = field(default_factory=list)
     checksums: dict[tuple[str, int], list[bool]] = field(default_factory=dict)
     killed: dict[str, Any] | None = None  # what the killed engine answered (--kill-engine)
+    node_lost: dict[str, Any] | None = None  # the NodeLostError that ended the run, as data
 
     def __post_init__(self) -> None:
         rng = random.Random(self.args.seed)
@@ -56,6 +57,32 @@ class StepDriver:
         self._corrupt = set(getattr(self.args, "corrupt_sync", ()))
         self._sglang = self.placed.engine == "sglang"
         self._last_samples: dict[int, Any] | None = None
+
+    def lost_node(self, step: int, error: NodeLostError) -> None:
+        """A node died mid-run: show the error, let the survivors still inside a call end it (at
+        their own deadline at most), keep how each ended, and run nothing more."""
+        self.ok = False
+        self.log.console.print(f"[bold red]step {step}: {type(error).__name__}: {error}[/]", soft_wrap=True)
+        started = time.monotonic()
+        groups = (self.placed.trainer_group, self.placed.rollout_group)
+        # A survivor inside torch.distributed's own rendezvous ends at its deadline (--timeout-s from
+        # when it began to wait, before the loss was noticed): a margin past it, then it is killed.
+        settled = {g.role: g.settle(timeout_s=self.args.timeout_s + 10, kill=True) for g in groups}
+        self.log.note(
+            f"[yellow]step {step}: the survivors settled in {time.monotonic() - started:.1f} s: {settled}[/]"
+        )
+        self.node_lost = {
+            "step": step,
+            "error": f"{type(error).__name__}: {error}",
+            "nodes": error.nodes,
+            "lost": error.lost,
+            "survivors": {
+                role: {str(r): s for r, s in states.items()} for role, states in error.survivors.items()
+            },
+            "settled": {role: {str(r): s for r, s in states.items()} for role, states in settled.items()},
+            "operation": error.operation,
+            "noticed_s": error.waited_s,
+        }
 
     def prepare(self) -> None:
         """Before step 1: the trainer learns the rollout's wake need (its memory budget plans from it);

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from actor_integration.actors.cluster import here
 from actor_integration.actors.mixin import LifecycleMixin
 from actor_integration.backends.clear_memory import ClearMemory
 from actor_integration.backends.memory_budget import DeviceMemoryProbe
@@ -29,7 +30,7 @@ from actor_integration.backends.process_groups import ReloadableProcessGroups
 from actor_integration.models.qwen2 import QwenConfig, QwenLM
 from actor_integration.models.tiny import TinyLM, TinyLMConfig, weights_checksum
 from actor_integration.tools.demo.options import TRAINER_POLICY
-from actor_integration.weight_sync import SlotTopology, WeightSender, configure_sender
+from actor_integration.weight_sync import SlotTopology, WeightSender, configure_sender, probe_cuda_ipc
 from actor_integration.weight_sync.buckets import WSUM64, WSUM64_DEVICE
 from lifecycle import Hooks, MemoryBudget, configure_logging, flush_logs
 from lifecycle.faults import FaultInjector, with_faults
@@ -129,7 +130,9 @@ class DemoTrainer(LifecycleMixin, TinyTrainer):
         out: str,
         timeout_s: float,
         memory_budget: bool = False,
+        between: tuple[str, str] | None = None,
     ) -> dict[str, Any]:
+        """`between`: the (this rank's, its engine rank's) nodes; the transport is chosen for that pair."""
         self.rank, self.world_size, self.out = rank, world_size, Path(out)
         configure_logging(json_path=self.out / "logs" / f"trainer-rank{rank}.jsonl")
         if device == "cuda":
@@ -164,6 +167,8 @@ class DemoTrainer(LifecycleMixin, TinyTrainer):
             memory=self.memory,
             directory=str(self.out / "transfer") if transport == "disk" else None,
             device=self.device if device == "cuda" else None,
+            same_node=between is None or between[0] == between[1],
+            between=between,
         )
         engine = rollouts[me.slot] if me.slot is not None else None
         self._corrupt_next = False
@@ -208,7 +213,15 @@ class DemoTrainer(LifecycleMixin, TinyTrainer):
             role="trainer",
         )
         self.sender.lifecycle = lifecycle
-        lifecycle.bind(slot=me.slot, device=str(self.device), host=socket.gethostname())
+        place = here()
+        # world_size: `lifecycle check` names the ranks of the run that left no log.
+        lifecycle.bind(
+            slot=me.slot,
+            device=str(self.device),
+            host=socket.gethostname(),
+            node=place["node_id"],
+            world_size=world_size,
+        )
         self.sleep()  # init ends asleep, as slime's does
         return {
             "rank": rank,
@@ -216,7 +229,9 @@ class DemoTrainer(LifecycleMixin, TinyTrainer):
             "coordinator": me.is_coordinator,
             "memory": self.memory.describe(),
             "transport": sender_transport.name,
+            "cuda_ipc_probe": list(probe_cuda_ipc(self.memory)),
             "pid": os.getpid(),
+            "node_id": place["node_id"],
         }
 
     # ------------------------------------------------------------------ for the driver

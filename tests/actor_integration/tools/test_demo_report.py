@@ -12,6 +12,7 @@ from rich.console import Console
 
 import lifecycle
 from actor_integration.tools.demo.report import RunLogs, finish, per_rank_rows
+from actor_integration.weight_sync import NodeTopology, Place, SlotTopology
 from lifecycle import LifecyclePolicy
 from lifecycle import logs as lifecycle_logs
 from lifecycle.testing import recording_lifecycle
@@ -63,6 +64,24 @@ class TestPerRankRows:
         assert row["lifecycle_s_per_step"] is None and row["lifecycle_share"] is None
 
 
+def one_node_placement() -> SimpleNamespace:
+    """What `finish` reads of a `Placement`: one trainer rank and its engine on one node, over shm."""
+    topology = NodeTopology.plan(SlotTopology.plan(1, [1]), [Place("n0")], [[Place("n0")]])
+    rows = topology.transport_table("shm")
+    return SimpleNamespace(
+        device="cpu",
+        engine="reference",
+        trainers=1,
+        engine_gpu_counts=[1],
+        transport="shm",
+        nodes={"n0": "n0 (127.0.0.1)"},
+        places={"trainer": {0: {"node_id": "n0"}}, "rollout": {0: {"node_id": "n0"}}},
+        topology=topology,
+        transports=rows,
+        designed=rows,
+    )
+
+
 class TestFinish:
     def test_the_logs_are_read_once_for_the_table_the_check_and_the_timeline(
         self, run_logs: Path, monkeypatch: pytest.MonkeyPatch
@@ -77,15 +96,14 @@ class TestFinish:
         monkeypatch.setattr(lifecycle_logs, "read_log", counting)
         out = run_logs.parent
         args = SimpleNamespace(bucket_mb=64, inject_fault=[], skip_sync=[])
-        placed = SimpleNamespace(
-            device="cpu", engine="reference", trainers=1, engine_gpu_counts=[1], transport="shm"
-        )
+        placed = one_node_placement()
         driver = SimpleNamespace(
             ok=True,
             faults=[],
             refusals=[],
             checksums={},
             records=[{"step": 1, "wall_s": 2.0, "loss": 3.0}, {"step": 2, "wall_s": 3.0, "loss": 2.0}],
+            node_lost=None,
         )
         console = Console(file=io.StringIO(), width=200)
         assert finish(out, console, args, placed, driver, wall=5.0) == 0  # type: ignore[arg-type]
@@ -99,11 +117,14 @@ class TestFinish:
     def test_a_skipped_sync_without_its_refusal_fails_the_run(self, run_logs: Path):
         """The demo promises the refusal after each skipped sync; not seeing it is a failure."""
         args = SimpleNamespace(bucket_mb=64, inject_fault=[], skip_sync=[1])
-        placed = SimpleNamespace(
-            device="cpu", engine="reference", trainers=1, engine_gpu_counts=[1], transport="shm"
-        )
+        placed = one_node_placement()
         driver = SimpleNamespace(
-            ok=True, faults=[], refusals=[], checksums={}, records=[{"step": 1, "wall_s": 1.0, "loss": 1.0}]
+            ok=True,
+            faults=[],
+            refusals=[],
+            checksums={},
+            records=[{"step": 1, "wall_s": 1.0, "loss": 1.0}],
+            node_lost=None,
         )
         console = Console(file=io.StringIO(), width=200)
         assert finish(run_logs.parent, console, args, placed, driver, wall=1.0) == 1  # type: ignore[arg-type]
