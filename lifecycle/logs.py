@@ -50,6 +50,8 @@ class Event(str, enum.Enum):
     SYNC_LOADED = "weight_sync.loaded"  # a rollout engine loaded one version
     MEMORY_RELEASED = "memory.released"  # device memory one pause freed (warning: much less than its tags)
     MEMORY_TAKEN = "memory.taken"  # device memory one resume took
+    ROUTER = "rollout.router"  # a framework's engine actor took its server out of the router, or put it back
+    ABSORBED = "rollout.absorbed"  # a framework's call the engine actor answered without sending it (and why)
 
     def __str__(self) -> str:
         return self.value
