@@ -47,6 +47,10 @@ class MilesRolloutMixin(SGLangActorLifecycle):
 
     lifecycle_framework: ClassVar[str] = "miles"
 
+    def _own(self, name: str) -> Any:
+        """miles's own method `name` (the class after this mixin in the bases)."""
+        return getattr(super(), name)
+
     def lifecycle_router_api(self) -> str:
         """miles' own choice, by sglang_router's version and `--use-miles-router`."""
         from packaging.version import parse
@@ -58,12 +62,12 @@ class MilesRolloutMixin(SGLangActorLifecycle):
         return "workers_by_url" if version < parse("0.3.0") else "workers"
 
     def init(self, dist_init_addr: str, port: int, nccl_port: int, *args: Any, **kwargs: Any) -> Any:
-        result = super().init(dist_init_addr, port, nccl_port, *args, **kwargs)  # type: ignore[misc]
+        result = self._own("init")(dist_init_addr, port, nccl_port, *args, **kwargs)
         self._lc_after_init(dist_init_addr)
         return result
 
     def _init_normal(self, server_args_dict: dict[str, Any]) -> Any:
-        return self._lc_init_normal(super()._init_normal, server_args_dict)  # type: ignore[misc]
+        return self._lc_init_normal(self._own("_init_normal"), server_args_dict)
 
     def release_memory_occupation(self, tags: list[str] | None = None) -> None:
         self._lc_sleep(tags, "release_memory_occupation")
@@ -72,10 +76,10 @@ class MilesRolloutMixin(SGLangActorLifecycle):
         self._lc_wake(tags, "resume_memory_occupation")
 
     def pause_generation(self, mode: str = "retract") -> Any:
-        return self._lc_pause("pause_generation", lambda: super(MilesRolloutMixin, self).pause_generation(mode=mode))  # type: ignore[misc]
+        return self._lc_pause("pause_generation", lambda: self._own("pause_generation")(mode=mode))
 
     def continue_generation(self) -> Any:
-        return self._lc_continue("continue_generation", super().continue_generation)  # type: ignore[misc]
+        return self._lc_continue("continue_generation", self._own("continue_generation"))
 
     def _lc_pause_mode(self) -> str:
         return str(getattr(self.args, "pause_generation_mode", "abort") or "abort")
@@ -84,13 +88,13 @@ class MilesRolloutMixin(SGLangActorLifecycle):
         return self._lc_push(
             "begin_weight_update",
             "(session)",
-            lambda: super(MilesRolloutMixin, self).begin_weight_update(selector=selector),  # type: ignore[misc]
+            lambda: self._own("begin_weight_update")(selector=selector),
         )
 
     def end_weight_update(self) -> Any:
         if self.node_rank != 0:
             raise self._lc_follower_error("end_weight_update", "the weight-update session is node 0's")
-        result = self.lifecycle.run("sync", super().end_weight_update)  # type: ignore[misc]
+        result = self.lifecycle.run("sync", self._own("end_weight_update"))
         self._lc_version_end("end_weight_update")
         return result
 
@@ -105,7 +109,7 @@ class MilesRolloutMixin(SGLangActorLifecycle):
         return self._lc_push(
             "update_weights_from_tensor",
             weight_version,
-            lambda: super(MilesRolloutMixin, self).update_weights_from_tensor(  # type: ignore[misc]
+            lambda: self._own("update_weights_from_tensor")(
                 serialized_named_tensors,
                 load_format=load_format,
                 flush_cache=flush_cache,
@@ -127,16 +131,24 @@ class MilesRolloutMixin(SGLangActorLifecycle):
         return self._lc_push(
             "update_weights_from_distributed",
             weight_version,
-            lambda: super(MilesRolloutMixin, self).update_weights_from_distributed(  # type: ignore[misc]
-                names, dtypes, shapes, group_name, flush_cache=flush_cache, weight_version=weight_version, selector=selector
+            lambda: self._own("update_weights_from_distributed")(
+                names,
+                dtypes,
+                shapes,
+                group_name,
+                flush_cache=flush_cache,
+                weight_version=weight_version,
+                selector=selector,
             ),
         )
 
-    def update_weights_from_disk(self, model_path: str, load_format: str | None = None, weight_version: str | None = None) -> Any:
+    def update_weights_from_disk(
+        self, model_path: str, load_format: str | None = None, weight_version: str | None = None
+    ) -> Any:
         result = self._lc_push(
             "update_weights_from_disk",
             weight_version if weight_version is not None else f"disk:{model_path}",
-            lambda: super(MilesRolloutMixin, self).update_weights_from_disk(  # type: ignore[misc]
+            lambda: self._own("update_weights_from_disk")(
                 model_path, load_format=load_format, weight_version=weight_version
             ),
         )
@@ -147,13 +159,15 @@ class MilesRolloutMixin(SGLangActorLifecycle):
         """miles' relabel of the loaded weights (no bytes move): the served version follows it."""
         if self.node_rank != 0:
             raise self._lc_follower_error("update_weight_version", "the version label is node 0's server's")
-        result = super().update_weight_version(weight_version)  # type: ignore[misc]
+        result = self._own("update_weight_version")(weight_version)
         lifecycle = self.lifecycle
         if lifecycle.contents.get("weights") is Contents.VALID and self.__dict__.get("_lc_loading") is None:
             label = str(weight_version)
 
             def relabel() -> None:
-                lifecycle.note_weights(Contents.VALID, _int(label, lifecycle.weight_version), reason=f"relabelled {label}")
+                lifecycle.note_weights(
+                    Contents.VALID, _int(label, lifecycle.weight_version), reason=f"relabelled {label}"
+                )
 
             lifecycle.run("sync", relabel)
             self.__dict__["_lc_served"] = label
@@ -161,12 +175,18 @@ class MilesRolloutMixin(SGLangActorLifecycle):
         return result
 
     def health_generate(self, timeout: float = 5.0) -> Any:
-        return self._lc_health(timeout, lambda: super(MilesRolloutMixin, self).health_generate(timeout=timeout))  # type: ignore[misc]
+        return self._lc_health(timeout, lambda: self._own("health_generate")(timeout=timeout))
 
-    def check_weights(self, action: str, allow_quant_error: bool = False, selector: str = "all", skip_list: list[str] | None = None) -> Any:
+    def check_weights(
+        self,
+        action: str,
+        allow_quant_error: bool = False,
+        selector: str = "all",
+        skip_list: list[str] | None = None,
+    ) -> Any:
         return self._lc_reads_weights(
             "check_weights",
-            lambda: super(MilesRolloutMixin, self).check_weights(  # type: ignore[misc]
+            lambda: self._own("check_weights")(
                 action, allow_quant_error=allow_quant_error, selector=selector, skip_list=skip_list
             ),
         )

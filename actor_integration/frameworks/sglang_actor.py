@@ -74,7 +74,9 @@ ROLE = "rollout"
 
 
 def _no_codec(named: Any) -> Any:
-    raise RuntimeError("the framework's engine actor pushes weights itself; the lifecycle's client sends none")
+    raise RuntimeError(
+        "the framework's engine actor pushes weights itself; the lifecycle's client sends none"
+    )
 
 
 class ServerMemory:
@@ -131,7 +133,7 @@ class _ServerGeneration(EngineGeneration):
         rejoin: Callable[[], None],
         flush_deadline_s: float,
     ) -> None:
-        super().__init__(server, mode="abort", flush_deadline_s=flush_deadline_s)  # type: ignore[arg-type]
+        super().__init__(server, mode="abort", flush_deadline_s=flush_deadline_s)
         self._leave, self._rejoin = leave, rejoin
         self.paused = False
 
@@ -468,7 +470,9 @@ class SGLangActorLifecycle:
         lifecycle = self.lifecycle
         targets = self._lc_targets(tags, call)
         if self.__dict__.get("_lc_loading") is not None:
-            self.__dict__["_lc_interrupted"] = True  # a release in the middle of a version: it cannot complete
+            self.__dict__["_lc_interrupted"] = (
+                True  # a release in the middle of a version: it cannot complete
+            )
         batch = [t for t in targets if lifecycle.residency[t] is Residency.RESIDENT]
         memory: ServerMemory = self.__dict__["_lc_memory"]
         try:
@@ -496,7 +500,9 @@ class SGLangActorLifecycle:
             return SERVER_TAGS
         unknown = sorted(set(tags) - set(SERVER_TAGS))
         if unknown:
-            raise ValueError(f"{call}(tags={list(tags)}): SGLang has no memory tags {unknown}; it has {list(SERVER_TAGS)}")
+            raise ValueError(
+                f"{call}(tags={list(tags)}): SGLang has no memory tags {unknown}; it has {list(SERVER_TAGS)}"
+            )
         return tuple(t for t in SERVER_TAGS if t in tags)
 
     # ------------------------------------------------------------------ weights
@@ -504,7 +510,9 @@ class SGLangActorLifecycle:
     def _lc_push(self, call: str, version: Any, push: Callable[[], Any]) -> Any:
         """One bucket of a version (`update_weights_from_tensor` / `_from_distributed`) as the sync operation."""
         if self.node_rank != 0:
-            raise self._lc_follower_error(call, "weights go to the engine's node-0 actor: one coordinator per slot")
+            raise self._lc_follower_error(
+                call, "weights go to the engine's node-0 actor: one coordinator per slot"
+            )
         lifecycle = self.lifecycle
         label = "unversioned" if version is None else str(version)
         generation: _ServerGeneration = self.__dict__["_lc_generation"]
@@ -518,14 +526,23 @@ class SGLangActorLifecycle:
             if self.__dict__.get("_lc_loading") != label:
                 self.__dict__.update(_lc_loading=label, _lc_interrupted=False)
                 lifecycle.note_weights(
-                    Contents.UNKNOWN, _as_int(version), reason=f"loading version {label}: weights being overwritten"
+                    Contents.UNKNOWN,
+                    _as_int(version),
+                    reason=f"loading version {label}: weights being overwritten",
                 )
-            return push()
+            try:
+                return push()
+            except BaseException:
+                self.__dict__["_lc_interrupted"] = True  # a bucket failed: this version cannot be whole
+                raise
 
         try:
             return lifecycle.run("sync", body)
         except IllegalTransitionError as exc:
-            if lifecycle.residency.get("weights") is not Residency.RESIDENT and exc.fields.get("operation") == "sync":
+            if (
+                lifecycle.residency.get("weights") is not Residency.RESIDENT
+                and exc.fields.get("operation") == "sync"
+            ):
                 raise IllegalTransitionError(
                     f"{call}: {exc} (the framework's call for it is resume_memory_occupation(tags=['weights']), "
                     "the rollout manager's onload_weights)",
@@ -553,12 +570,17 @@ class SGLangActorLifecycle:
                 Event.ABSORBED,
                 "warning",
                 call=call,
-                reason=f"version {label} cannot be whole: a release discarded the weights while it loaded; push it again",
+                reason=(
+                    f"version {label} cannot be whole: a bucket of it failed, or a release discarded the weights "
+                    "while it loaded; the weights stay unknown until a version loads whole (push it again)"
+                ),
             )
             return
 
         def whole() -> None:
-            lifecycle.note_weights(Contents.VALID, _as_int(label, lifecycle.weight_version), reason=f"version {label} loaded")
+            lifecycle.note_weights(
+                Contents.VALID, _as_int(label, lifecycle.weight_version), reason=f"version {label} loaded"
+            )
 
         lifecycle.run("sync", whole)
         self.__dict__.update(_lc_loading=None, _lc_served=label)
@@ -615,8 +637,12 @@ class SGLangActorLifecycle:
         if self.node_rank != 0:
             leader = self._lc_leader_entry("health_generate", wait=False)
             if leader is None or leader.get("url") is None:
-                raise self._lc_follower_error("health_generate", "node 0's actor has not published its server yet")
-            SGLangHTTPEngine(leader["url"], timeout_s=timeout, codec=_no_codec, multi_dtype_buckets=False).alive()
+                raise self._lc_follower_error(
+                    "health_generate", "node 0's actor has not published its server yet"
+                )
+            SGLangHTTPEngine(
+                leader["url"], timeout_s=timeout, codec=_no_codec, multi_dtype_buckets=False
+            ).alive()
             if leader.get("state") == State.FAILED.value:
                 raise self._lc_follower_error("health_generate", "node 0's lifecycle is FAILED")
             return True
@@ -625,7 +651,7 @@ class SGLangActorLifecycle:
             raise LifecycleFailedError(
                 f"{self._lc_url()} is FAILED ({lifecycle.failure}): reported unhealthy so the rollout's fault "
                 "tolerance can restart it; or lifecycle_recover() it",
-                hook=None,
+                hook=str(lifecycle.failure.hook if lifecycle.failure is not None else "unknown"),
                 operation="health_generate",
                 residency=lifecycle.residency,
                 groups=None,
@@ -634,7 +660,9 @@ class SGLangActorLifecycle:
         generation: _ServerGeneration = self.__dict__["_lc_generation"]
         if self._lc_servable() and not generation.paused:
             return check()
-        server = SGLangHTTPEngine(self._lc_url(), timeout_s=timeout, codec=_no_codec, multi_dtype_buckets=False)
+        server = SGLangHTTPEngine(
+            self._lc_url(), timeout_s=timeout, codec=_no_codec, multi_dtype_buckets=False
+        )
         server.alive()  # no generation: the KV cache may be released or the weights half-written
         return True
 
@@ -658,9 +686,7 @@ class SGLangActorLifecycle:
             return None
         return directory.get(self._lc_key)
 
-    def _lc_follow(
-        self, call: str, *, released: Sequence[str] = (), resident: Sequence[str] = ()
-    ) -> None:
+    def _lc_follow(self, call: str, *, released: Sequence[str] = (), resident: Sequence[str] = ()) -> None:
         """Return once node 0's actor shows the tags released (or resident); raise if it failed."""
         deadline = time.monotonic() + self.lifecycle_follow_deadline_s
         backoff = 0.01
@@ -668,7 +694,9 @@ class SGLangActorLifecycle:
             leader = self._lc_leader_entry(call, wait=True)
             if leader is not None:
                 if leader.get("state") == State.FAILED.value:
-                    raise self._lc_follower_error(call, f"node 0's lifecycle is FAILED ({leader.get('failure')})")
+                    raise self._lc_follower_error(
+                        call, f"node 0's lifecycle is FAILED ({leader.get('failure')})"
+                    )
                 residency = leader.get("residency", {})
                 if all(residency.get(t) == Residency.RELEASED.value for t in released) and all(
                     residency.get(t) == Residency.RESIDENT.value for t in resident

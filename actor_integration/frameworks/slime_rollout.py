@@ -47,13 +47,17 @@ class SlimeRolloutMixin(SGLangActorLifecycle):
 
     lifecycle_framework: ClassVar[str] = "slime"
 
+    def _own(self, name: str) -> Any:
+        """slime's own method `name` (the class after this mixin in the bases)."""
+        return getattr(super(), name)
+
     def init(self, dist_init_addr: str, port: int, nccl_port: int, *args: Any, **kwargs: Any) -> Any:
-        result = super().init(dist_init_addr, port, nccl_port, *args, **kwargs)  # type: ignore[misc]
+        result = self._own("init")(dist_init_addr, port, nccl_port, *args, **kwargs)
         self._lc_after_init(dist_init_addr)
         return result
 
     def _init_normal(self, server_args_dict: dict[str, Any]) -> Any:
-        return self._lc_init_normal(super()._init_normal, server_args_dict)  # type: ignore[misc]
+        return self._lc_init_normal(self._own("_init_normal"), server_args_dict)
 
     def release_memory_occupation(self) -> None:
         self._lc_sleep(None, "release_memory_occupation")
@@ -62,10 +66,10 @@ class SlimeRolloutMixin(SGLangActorLifecycle):
         self._lc_wake(tags, "resume_memory_occupation")
 
     def pause_generation(self) -> Any:
-        return self._lc_pause("pause_generation", super().pause_generation)  # type: ignore[misc]
+        return self._lc_pause("pause_generation", self._own("pause_generation"))
 
     def continue_generation(self) -> Any:
-        return self._lc_continue("continue_generation", super().continue_generation)  # type: ignore[misc]
+        return self._lc_continue("continue_generation", self._own("continue_generation"))
 
     def update_weights_from_tensor(
         self,
@@ -77,26 +81,33 @@ class SlimeRolloutMixin(SGLangActorLifecycle):
         return self._lc_push(
             "update_weights_from_tensor",
             weight_version,
-            lambda: super(SlimeRolloutMixin, self).update_weights_from_tensor(  # type: ignore[misc]
-                serialized_named_tensors, load_format=load_format, flush_cache=flush_cache, weight_version=weight_version
+            lambda: self._own("update_weights_from_tensor")(
+                serialized_named_tensors,
+                load_format=load_format,
+                flush_cache=flush_cache,
+                weight_version=weight_version,
             ),
         )
 
-    def update_weights_from_distributed(self, names: Any, dtypes: Any, shapes: Any, group_name: str, *args: Any, **kwargs: Any) -> Any:
+    def update_weights_from_distributed(
+        self, names: Any, dtypes: Any, shapes: Any, group_name: str, *args: Any, **kwargs: Any
+    ) -> Any:
         version = kwargs.get("weight_version", args[1] if len(args) > 1 else None)
         return self._lc_push(
             "update_weights_from_distributed",
             version,
-            lambda: super(SlimeRolloutMixin, self).update_weights_from_distributed(  # type: ignore[misc]
+            lambda: self._own("update_weights_from_distributed")(
                 names, dtypes, shapes, group_name, *args, **kwargs
             ),
         )
 
-    def update_weights_from_disk(self, model_path: str, load_format: str | None = None, weight_version: str | None = None) -> Any:
+    def update_weights_from_disk(
+        self, model_path: str, load_format: str | None = None, weight_version: str | None = None
+    ) -> Any:
         result = self._lc_push(
             "update_weights_from_disk",
             weight_version if weight_version is not None else f"disk:{model_path}",
-            lambda: super(SlimeRolloutMixin, self).update_weights_from_disk(  # type: ignore[misc]
+            lambda: self._own("update_weights_from_disk")(
                 model_path, load_format=load_format, weight_version=weight_version
             ),
         )
@@ -104,10 +115,10 @@ class SlimeRolloutMixin(SGLangActorLifecycle):
         return result
 
     def health_generate(self, timeout: float = 5.0) -> Any:
-        return self._lc_health(timeout, lambda: super(SlimeRolloutMixin, self).health_generate(timeout=timeout))  # type: ignore[misc]
+        return self._lc_health(timeout, lambda: self._own("health_generate")(timeout=timeout))
 
     def check_weights(self, action: str) -> Any:
-        return self._lc_reads_weights("check_weights", lambda: super(SlimeRolloutMixin, self).check_weights(action))  # type: ignore[misc]
+        return self._lc_reads_weights("check_weights", lambda: self._own("check_weights")(action))
 
 
 _BUILT: dict[type, type] = {}

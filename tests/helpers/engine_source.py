@@ -128,7 +128,9 @@ def _miles_stand_ins(router_version: str) -> None:
         sglang_lora_target_all_sentinel=lambda args: False,
     )
     stand_in_module("miles.utils.env_report", collect_and_print_node_env_report=lambda **kwargs: None)
-    stand_in_module("miles.utils.lora", LORA_ADAPTER_NAME="miles_lora", lora_rollout_enabled=lambda args: False)
+    stand_in_module(
+        "miles.utils.lora", LORA_ADAPTER_NAME="miles_lora", lora_rollout_enabled=lambda args: False
+    )
     stand_in_module("miles.utils.multi_lora", is_multi_lora_enabled=lambda args: False)
 
 
@@ -177,7 +179,9 @@ def installed(
                 handle = _InProcess(pid, server)
                 if getattr(server_args, "node_rank", 0) != 0:
                     return handle if framework == "slime" else None
-                original_wait(base_url=server_args.url(), api_key=server_args.api_key, is_process_alive=handle.is_alive)
+                original_wait(
+                    base_url=server_args.url(), api_key=server_args.api_key, is_process_alive=handle.is_alive
+                )
                 return handle
 
             engine_module.launch_server_process = launch_server_process
@@ -193,7 +197,9 @@ def installed(
         sys.modules.update(before)
 
 
-def engine_args(framework: str, *, offload: bool = True, router: Any = None, **overrides: Any) -> types.SimpleNamespace:
+def engine_args(
+    framework: str, *, offload: bool = True, router: Any = None, **overrides: Any
+) -> types.SimpleNamespace:
     """The parsed flags the engine actor reads, for a colocated job with one GPU per engine."""
     args = types.SimpleNamespace(
         num_gpus_per_node=1,
@@ -215,14 +221,27 @@ def engine_args(framework: str, *, offload: bool = True, router: Any = None, **o
         sglang_router_port=None if router is None else router.port,
     )
     if framework == "miles":
-        vars(args).update(env_report=None, use_rollout_indexer_replay=False, use_miles_router=False, pause_generation_mode="retract")
+        vars(args).update(
+            env_report=None,
+            use_rollout_indexer_replay=False,
+            use_miles_router=False,
+            pause_generation_mode="retract",
+        )
     vars(args).update(overrides)
     return args
 
 
-def start_engine(cls: type, args: Any, *, rank: int = 0, router: Any = None, dist_init_addr: str | None = None, **init: Any) -> Any:
+def start_engine(
+    cls: type, args: Any, *, rank: int = 0, router: Any = None, dist_init_addr: str | None = None, **init: Any
+) -> Any:
     """The engine actor as the rollout manager builds and initialises it (ports from free ones)."""
-    engine = cls(args, rank=rank, worker_type="regular", base_gpu_id=0, num_gpus_per_engine=args.rollout_num_gpus_per_engine)
+    engine = cls(
+        args,
+        rank=rank,
+        worker_type="regular",
+        base_gpu_id=0,
+        num_gpus_per_engine=args.rollout_num_gpus_per_engine,
+    )
     engine.init(
         dist_init_addr=dist_init_addr or f"127.0.0.1:{free_port()}",
         port=free_port(),

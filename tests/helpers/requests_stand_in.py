@@ -33,7 +33,7 @@ class HTTPError(RequestException):
     pass
 
 
-class ConnectionError(RequestException):  # noqa: A001 - requests' own name
+class ConnectionError(RequestException):
     pass
 
 
@@ -104,10 +104,8 @@ def request(
     prepared = urllib.request.Request(url, data=body, method=method, headers=sent_headers)
     wait = timeout[1] if isinstance(timeout, tuple) else timeout
     try:
-        if wait is None:
-            reply = _OPENER.open(prepared)
-        else:
-            reply = _OPENER.open(prepared, timeout=wait)
+        # requests without a timeout waits forever (slime's calls give none)
+        reply = _OPENER.open(prepared) if wait is None else _OPENER.open(prepared, timeout=wait)
         with reply:
             return Response(reply.status, reply.read(), url, dict(reply.headers))
     except urllib.error.HTTPError as exc:
@@ -115,10 +113,17 @@ def request(
     except urllib.error.URLError as exc:
         if isinstance(exc.reason, TimeoutError | socket.timeout):
             raise ConnectTimeout(f"connection to {url} timed out") from exc
-        raise ConnectionError(f"HTTPConnectionPool: Max retries exceeded with url: {url} ({exc.reason!r})") from exc
-    except (TimeoutError, socket.timeout) as exc:
+        raise ConnectionError(
+            f"HTTPConnectionPool: Max retries exceeded with url: {url} ({exc.reason!r})"
+        ) from exc
+    except TimeoutError as exc:
         raise ReadTimeout(f"HTTPConnectionPool: Read timed out. (read timeout={wait}) for {url}") from exc
-    except (http.client.RemoteDisconnected, ConnectionResetError, http.client.IncompleteRead, BrokenPipeError) as exc:
+    except (
+        http.client.RemoteDisconnected,
+        ConnectionResetError,
+        http.client.IncompleteRead,
+        BrokenPipeError,
+    ) as exc:
         raise ConnectionError(f"('Connection aborted.', {exc!r}) for {url}") from exc
 
 

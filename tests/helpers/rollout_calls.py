@@ -135,13 +135,12 @@ def generate(world: World) -> None:
         except Exception as exc:
             world.errors.append(f"generate: {type(exc).__name__}: {exc}")
 
-    if any(s.alive and s.paused for s in world.servers):
-        # SGLang holds it until generation continues: it goes on in the background.
-        thread = threading.Thread(target=send, daemon=True)
-        thread.start()
+    # A paused server holds the request until generation continues: it then goes on in the background.
+    thread = threading.Thread(target=send, daemon=True)
+    thread.start()
+    thread.join(0.5)
+    if thread.is_alive():
         world.threads.append(thread)
-    else:
-        send()
 
 
 def recover(world: World) -> None:

@@ -140,7 +140,9 @@ class FakeSGLangServer:
                     return
                 data = answer.encode() if isinstance(answer, str) else json.dumps(answer).encode()
                 self.send_response(status)
-                self.send_header("Content-Type", "text/plain" if isinstance(answer, str) else "application/json")
+                self.send_header(
+                    "Content-Type", "text/plain" if isinstance(answer, str) else "application/json"
+                )
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
@@ -243,21 +245,36 @@ class FakeSGLangServer:
         if path in ("/health", "/health_generate"):
             if path == "/health" and not self.health_generation:
                 return 200, ""
-            return self._generate(path, {"input_ids": [0], "sampling_params": {"max_new_tokens": 1}}, health=True)
+            return self._generate(
+                path, {"input_ids": [0], "sampling_params": {"max_new_tokens": 1}}, health=True
+            )
         if path in ("/model_info", "/get_model_info"):
             return 200, {"model_path": "model", "weight_version": self.weight_version, "is_generation": True}
         if path in ("/get_weight_version", "/weight_version"):
             detail = "Endpoint '/get_weight_version' or '/weight_version' is deprecated. Please use '/model_info' instead."
             return 404, {"detail": detail}
         if path in ("/server_info", "/get_server_info"):
-            return 200, {"version": self.version, "weight_version": self.weight_version, "internal_states": [{}]}
+            return 200, {
+                "version": self.version,
+                "weight_version": self.weight_version,
+                "internal_states": [{}],
+            }
         if path == "/v1/loads":
-            loads = [{"dp_rank": 0, "num_running_reqs": self.queued["running"], "num_waiting_reqs": self.queued["waiting"]}]
+            loads = [
+                {
+                    "dp_rank": 0,
+                    "num_running_reqs": self.queued["running"],
+                    "num_waiting_reqs": self.queued["waiting"],
+                }
+            ]
             return 200, {"version": self.version, "loads": loads}
         if path == "/flush_cache":
             if self.queued["running"] or self.queued["waiting"]:
                 return 400, "Flush cache failed.\n"
-            return 200, "Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting requests, the operation will not be performed.)\n"
+            return (
+                200,
+                "Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting requests, the operation will not be performed.)\n",
+            )
         if path == "/abort_request":
             with self.cond:
                 self.queued = {"running": 0, "waiting": 0}
@@ -286,7 +303,11 @@ class FakeSGLangServer:
             return self._update(path, {**body, "names": list(self.names)})
         if path == "/update_weight_version":
             self.weight_version = str(body.get("new_version"))
-            return 200, {"success": True, "message": f"Weight version updated to {self.weight_version}", "new_version": self.weight_version}
+            return 200, {
+                "success": True,
+                "message": f"Weight version updated to {self.weight_version}",
+                "new_version": self.weight_version,
+            }
         if path == "/begin_weight_update":
             if self.session_open:
                 return 400, {"success": False, "message": "a weight-update session is already open"}
@@ -311,16 +332,22 @@ class FakeSGLangServer:
         tags = list(tags) if tags else list(SERVER_TAGS)
         with self.cond:
             # 0.5.23 ignores waiting requests while paused (is_fully_idle(ignore_waiting=...)); 0.5.17 does not.
-            busy = self.queued["running"] or (self.queued["waiting"] and not (self.version >= "0.5.23" and self.paused))
+            busy = self.queued["running"] or (
+                self.queued["waiting"] and not (self.version >= "0.5.23" and self.paused)
+            )
             if busy:
-                self.die("AssertionError: release_memory_occupation should be called only when server is idle.")
+                self.die(
+                    "AssertionError: release_memory_occupation should be called only when server is idle."
+                )
             self.offload_tags |= set(tags)
             for tag in SERVER_TAGS:
                 if tag not in tags:
                     continue
                 holds_memory = tag != "cuda_graph" or self.cuda_graph
                 if tag in self.released and holds_memory:
-                    self.die(f"[torch_memory_saver.cpp] Cannot pause allocation that is not active. tag={tag}")
+                    self.die(
+                        f"[torch_memory_saver.cpp] Cannot pause allocation that is not active. tag={tag}"
+                    )
                 self.released.add(tag)
                 if tag == "weights" and not self.weights_cpu_backup:
                     self.labels = dict.fromkeys(self.names, "garbage")
@@ -339,9 +366,14 @@ class FakeSGLangServer:
     def _update(self, path: str, body: dict[str, Any]) -> tuple[int, Any]:
         with self.cond:
             if "weights" in self.released:
-                self.die(f"{path} into released weights: CUDA error: an illegal memory access was encountered")
+                self.die(
+                    f"{path} into released weights: CUDA error: an illegal memory access was encountered"
+                )
             if self.version >= "0.5.23" and path == "/update_weights_from_tensor" and not self.session_open:
-                return 400, {"success": False, "message": "update_weights_from_tensor must run between begin_weight_update() and end_weight_update()"}
+                return 400, {
+                    "success": False,
+                    "message": "update_weights_from_tensor must run between begin_weight_update() and end_weight_update()",
+                }
             if self.refuse_weights is not None:
                 return 400, {"success": False, "message": self.refuse_weights}
             if "names" in body:
@@ -392,7 +424,9 @@ class FakeSGLangServer:
         outputs = []
         for prompt in [prompts] if single else prompts:
             tokens = [abs(hash((seed, tuple(prompt), i))) % 1000 for i in range(count)]
-            outputs.append({"text": "", "output_ids": tokens, "meta_info": {"weight_version": self.weight_version}})
+            outputs.append(
+                {"text": "", "output_ids": tokens, "meta_info": {"weight_version": self.weight_version}}
+            )
         return 200, outputs[0] if single else outputs
 
     # ------------------------------------------------------------------ the test's controls
@@ -431,7 +465,9 @@ def fake_state(url: str) -> dict[str, Any]:
 def fake_set(url: str, **values: Any) -> None:
     """Steer a spawned fake (e.g. `queued={"running": 1, "waiting": 0}`, `refuse_weights="..."`)."""
     data = json.dumps(values).encode()
-    request = urllib.request.Request(f"{url}/_fake/set", data=data, method="POST", headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"{url}/_fake/set", data=data, method="POST", headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(request, timeout=10):
         pass
 
@@ -507,7 +543,11 @@ class FakeRouter:
         if path.startswith("/workers/") and method == "DELETE":
             key = urllib.parse.unquote(path.removeprefix("/workers/"))
             with self.lock:
-                found = key if key in self.workers else next((i for i, w in self.workers.items() if w["url"] == key), None)
+                found = (
+                    key
+                    if key in self.workers
+                    else next((i for i, w in self.workers.items() if w["url"] == key), None)
+                )
                 if found is None:
                     return 404, {"error": f"worker {key} not found"}
                 del self.workers[found]
@@ -544,7 +584,10 @@ class FakeRouter:
             url = urls[self._turn % len(urls)]
             self._turn += 1
         request = urllib.request.Request(
-            f"{url}/generate", data=json.dumps(body).encode(), method="POST", headers={"Content-Type": "application/json"}
+            f"{url}/generate",
+            data=json.dumps(body).encode(),
+            method="POST",
+            headers={"Content-Type": "application/json"},
         )
         try:
             with urllib.request.urlopen(request, timeout=60) as reply:
