@@ -252,3 +252,26 @@ def start_engine(
         **init,
     )
     return engine
+
+
+@contextlib.contextmanager
+def slime_like_installed() -> Iterator[tuple[types.ModuleType, Any]]:
+    """(a module whose `SGLangEngine` is `slime_engine_like.SlimeLikeEngine`, its servers by pid), with
+    `requests` stood in; for CI, where slime's source is not reachable. Undone on exit."""
+    before = dict(sys.modules)
+    try:
+        requests_stand_in.install()
+        sys.modules.pop("tests.helpers.slime_engine_like", None)
+        import importlib
+
+        like = importlib.import_module("tests.helpers.slime_engine_like")
+        module = types.ModuleType("slime_like_engine")
+        module.SGLangEngine = like.SlimeLikeEngine  # type: ignore[attr-defined]
+        yield module, types.SimpleNamespace(servers=like.SERVERS)
+        for server in like.SERVERS.values():
+            server.close()
+        like.SERVERS.clear()
+    finally:
+        for name in [n for n in sys.modules if n not in before]:
+            del sys.modules[name]
+        sys.modules.update(before)

@@ -35,6 +35,20 @@ DEATHS = {
 }
 GARBAGE = "serves discarded weights"
 STALE = "serves stale or partly loaded weights"
+KILLS = "kills the server: "
+
+# What the search of the job's calls finds on plain slime: per kind of damage and call, the
+# shortest sequence after start-up (the model check in rollout_source_suite holds it exact).
+SLIME_REPRODUCTIONS = (
+    (("onload",), KILLS + "a resume of a resident tag (KeyError)"),
+    (("onload_weights",), KILLS + "a resume of a resident tag (KeyError)"),
+    (("onload_kv",), KILLS + "a resume of a resident tag (KeyError)"),
+    (("offload", "offload"), KILLS + "a second release (torch_memory_saver exits)"),
+    (("offload", "generate"), KILLS + "a generation on released memory (Triton)"),
+    (("offload", "health"), KILLS + "a generation on released memory (Triton)"),
+    (("offload", "update_weights"), KILLS + "weights written into released memory"),
+    (("offload", "onload", "generate"), GARBAGE),
+)
 
 
 @dataclass

@@ -23,6 +23,7 @@ import pytest
 from actor_integration.errors import FollowerCallError, SGLangServerError, StaleWeightsError
 from actor_integration.frameworks.sglang_actor import LocalDirectory
 from lifecycle import Contents, Residency, State
+from lifecycle.checker import check_files
 from lifecycle.errors import IllegalTransitionError, LifecycleError
 from tests.helpers import rollout_calls
 from tests.helpers.engine_source import engine_args, installed, start_engine
@@ -80,17 +81,18 @@ class RolloutSourceSuite:
     source: ClassVar[Any]
     reproductions: ClassVar[tuple[tuple[tuple[str, ...], str], ...]]
 
+    def installed(self, tree: SourceTree) -> Any:
+        """The engine class's module and its servers: the framework's source (this suite's default)."""
+        return installed(
+            self.framework, self.source, server_fields=tree.server_args_fields(), version=self.version
+        )
+
     @pytest.fixture(scope="class")
     def env(self):
         logging.getLogger(f"{self.framework}.backends.sglang_utils.sglang_engine").setLevel(logging.ERROR)
         tree = SourceTree(cached_wheel(self.version) or fetch_wheel(self.version), self.version)
         router = FakeRouter()
-        with installed(
-            self.framework, self.source, server_fields=tree.server_args_fields(), version=self.version
-        ) as (
-            module,
-            launched,
-        ):
+        with self.installed(tree) as (module, launched):
             env = Env(self.framework, module, launched, router, tree)
             yield env
             env.close()
@@ -371,12 +373,20 @@ class RolloutSourceSuite:
         reset_logging()
         try:
             world = env.world()
+            methods = METHODS[self.framework]
+            for name in ("offload", "offload", "onload_weights", "update_weights", "onload_kv", "health"):
+                methods[name](world)
             path = Path(world.engine.lifecycle_log_path())
             world.close()
         finally:
             reset_logging()
             lifecycle.configure_logging(stream=io.StringIO(), level="warning")
         assert path.parent == tmp_path
+        events = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        names = [e["event"] for e in events]
+        assert "lifecycle.noop" in names  # the second offload
+        assert [e["action"] for e in events if e["event"] == "rollout.router"] == ["joined", "left", "joined"]
+        assert check_files([path]) == []  # the log checker replays it against the table: clean
         assert path.name == "rollout-rank0.jsonl"
         events = [json.loads(line)["event"] for line in path.read_text().splitlines() if line.strip()]
         assert "lifecycle.transition" in events and "rollout.router" in events

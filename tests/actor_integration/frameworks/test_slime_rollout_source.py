@@ -12,29 +12,17 @@ from __future__ import annotations
 
 from tests.actor_integration.frameworks.rollout_source_suite import RolloutSourceSuite
 from tests.helpers.framework_source import suite_source
-from tests.helpers.rollout_calls import GARBAGE
+from tests.helpers.rollout_calls import SLIME_REPRODUCTIONS
 from tests.helpers.slime_source import SlimeSource
 
 SOURCE, pytestmark, _source_readable = suite_source(SlimeSource, "slime's")
-
-KILLS = "kills the server: "
 
 
 class TestSlimeRollout(RolloutSourceSuite):
     framework = "slime"
     version = "0.5.17"
     source = SOURCE
-    # What the search finds on plain slime (the shortest sequence after start-up per kind and call).
-    reproductions = (
-        (("onload",), KILLS + "a resume of a resident tag (KeyError)"),
-        (("onload_weights",), KILLS + "a resume of a resident tag (KeyError)"),
-        (("onload_kv",), KILLS + "a resume of a resident tag (KeyError)"),
-        (("offload", "offload"), KILLS + "a second release (torch_memory_saver exits)"),
-        (("offload", "generate"), KILLS + "a generation on released memory (Triton)"),
-        (("offload", "health"), KILLS + "a generation on released memory (Triton)"),
-        (("offload", "update_weights"), KILLS + "weights written into released memory"),
-        (("offload", "onload", "generate"), GARBAGE),
-    )
+    reproductions = SLIME_REPRODUCTIONS
 
     def test_slimes_get_weight_version_fails_on_0_5_17(self, world):
         """slime's own `get_weight_version` asks `/get_weight_version`, which 0.5.17 answers with 404
