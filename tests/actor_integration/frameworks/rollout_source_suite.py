@@ -390,3 +390,54 @@ class RolloutSourceSuite:
         assert path.name == "rollout-rank0.jsonl"
         events = [json.loads(line)["event"] for line in path.read_text().splitlines() if line.strip()]
         assert "lifecycle.transition" in events and "rollout.router" in events
+
+    # ------------------------------------------------------------------ the framework's own launch
+
+    def test_the_frameworks_own_launch_spawns_the_server_the_wrap_drives(self, env):
+        """`launch="spawn"`: the framework's `launch_server_process` spawns SGLang's `launch_server`
+        (the fake's) in a child process and waits for `/health_generate`; one cycle over HTTP to that
+        process, then the process killed: a typed error naming the server, at once."""
+        if self.source is None:
+            pytest.skip("the shaped class has no launch_server_process of its own")
+        import os
+        import signal
+
+        from tests.helpers.sglang_server import fake_state
+
+        with installed(
+            self.framework,
+            self.source,
+            server_fields=env.tree.server_args_fields(),
+            version=self.version,
+            launch="spawn",
+        ) as (module, _launched):
+            cls = importlib.import_module(
+                f"actor_integration.frameworks.{self.framework}_rollout"
+            ).lifecycle_engine(module.SGLangEngine)
+            args = engine_args(self.framework, router=env.router)
+            engine = start_engine(cls, args, router=env.router)
+            url = engine.lifecycle_state()["url"]
+            try:
+                engine.release_memory_occupation()
+                engine.release_memory_occupation()
+                engine.resume_memory_occupation(tags=["weights"])
+                world = rollout_calls.World(
+                    self.framework, cls, None, env.router, args, version=0, engine=engine
+                )
+                rollout_calls.update_weights(world)
+                engine.resume_memory_occupation(tags=["kv_cache", "cuda_graph"])
+                state = fake_state(url)
+                assert state["alive"] and not state["deaths"] and not world.errors, (
+                    state["deaths"],
+                    world.errors,
+                )
+                assert state["labels"] == dict.fromkeys(state["labels"], "1") and url in env.router.urls()
+                os.kill(engine.process.pid, signal.SIGKILL)
+                engine.process.join(10)
+                start = time.monotonic()
+                with pytest.raises(SGLangServerError, match=url):
+                    engine.release_memory_occupation()
+                assert time.monotonic() - start < 5
+            finally:
+                if engine.process.is_alive():
+                    engine.process.kill()
