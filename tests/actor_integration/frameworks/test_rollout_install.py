@@ -68,6 +68,6 @@ def test_rays_setup_hook_reaches_an_actor_with_its_own_runtime_env(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path
     )
-    line = next((l for l in proc.stdout.splitlines() if l.startswith("BASES")), None)
+    line = next((out for out in proc.stdout.splitlines() if out.startswith("BASES")), None)
     assert line is not None, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "SlimeRolloutMixin" in line and "LifecycleSGLangEngine" in line, line
