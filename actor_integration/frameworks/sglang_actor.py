@@ -48,6 +48,7 @@ from typing import Any, ClassVar
 
 from actor_integration.errors import (
     FollowerCallError,
+    RouterError,
     SGLangServerError,
     SGLangServerTimeout,
     StaleWeightsError,
@@ -408,6 +409,15 @@ class SGLangActorLifecycle:
         self.__dict__["_lc_admitted"] = False
         self._lc_event(Event.ROUTER, action="left", worker=router.worker_url, router=router.router_url)
 
+    def _lc_leave_if_failed(self) -> None:
+        """A FAILED engine (its server dead, or in an unknown state) is taken out of the router, best effort."""
+        if self._lc is None or self._lc.state is not State.FAILED or not self.__dict__.get("_lc_admitted"):
+            return
+        try:
+            self._lc_leave_router()
+        except RouterError as exc:
+            self._lc_event(Event.ROUTER, "warning", action="leave failed", reason=str(exc))
+
     def _lc_rejoin(self) -> None:
         """The end of a wake: continue generation and rejoin the router when the weights can be
         served; otherwise the server stays paused and out (logged)."""
@@ -479,6 +489,7 @@ class SGLangActorLifecycle:
             with memory.together(pause=batch):
                 lifecycle.sleep(targets)
         finally:
+            self._lc_leave_if_failed()
             self._lc_publish()
 
     def _lc_wake(self, tags: Sequence[str] | None, call: str) -> None:
@@ -493,6 +504,7 @@ class SGLangActorLifecycle:
             with memory.together(resume=batch):
                 lifecycle.wake_up(targets)
         finally:
+            self._lc_leave_if_failed()
             self._lc_publish()
 
     def _lc_targets(self, tags: Sequence[str] | None, call: str) -> tuple[str, ...]:
@@ -648,6 +660,7 @@ class SGLangActorLifecycle:
             return True
         lifecycle = self.lifecycle
         if lifecycle.state is State.FAILED:
+            self._lc_leave_if_failed()
             raise LifecycleFailedError(
                 f"{self._lc_url()} is FAILED ({lifecycle.failure}): reported unhealthy so the rollout's fault "
                 "tolerance can restart it; or lifecycle_recover() it",

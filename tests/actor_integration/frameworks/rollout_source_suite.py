@@ -293,6 +293,7 @@ class RolloutSourceSuite:
             world.engine.release_memory_occupation()
         assert time.monotonic() - start < 5 and url in str(dead.value)
         assert world.engine.lifecycle.state is State.FAILED
+        assert world.router.urls() == []  # the router told
         with pytest.raises(LifecycleError):  # the health monitor is told: unhealthy, restart it
             world.engine.health_generate(timeout=1.0)
 
