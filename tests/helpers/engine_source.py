@@ -86,8 +86,14 @@ def _kill_process_tree(launched: Launched) -> Any:
     return kill
 
 
-def _common(launched: Launched, server_fields: set[str], framework: str) -> None:
-    requests_stand_in.install()
+def _common(launched: Launched, server_fields: set[str] | None, framework: str) -> None:
+    try:
+        import requests  # noqa: F401 - the real one where it is installed (the GPU machine)
+    except ImportError:
+        requests_stand_in.install()
+    _frameworks_helpers(framework)
+    if server_fields is None:
+        return  # the real sglang
     stand_in_module("sglang", __path__=[])
     stand_in_module("sglang.srt", __path__=[])
     stand_in_module("sglang.srt.server_args", ServerArgs=_server_args_class(server_fields))
@@ -96,6 +102,9 @@ def _common(launched: Launched, server_fields: set[str], framework: str) -> None
     from tests.helpers.sglang_server import launch_server
 
     stand_in_module("sglang.srt.entrypoints.http_server", launch_server=launch_server)
+
+
+def _frameworks_helpers(framework: str) -> None:
     for package in (framework, f"{framework}.utils", f"{framework}.ray", f"{framework}.backends"):
         stand_in_module(package, __path__=[])
     stand_in_module(f"{framework}.backends.sglang_utils", __path__=[])
@@ -139,12 +148,16 @@ def installed(
     framework: str,
     source: FrameworkSource,
     *,
-    server_fields: set[str],
+    server_fields: set[str] | None,
     version: str = "0.5.17",
     launch: str = "in_process",
     router_version: str = "0.3.2",
 ) -> Iterator[tuple[types.ModuleType, Launched]]:
-    """(the framework's sglang_engine module run from its source, the in-process servers)."""
+    """(the framework's sglang_engine module run from its source, the in-process servers).
+
+    `server_fields=None`: the installed sglang itself (the GPU machine), launched by the framework."""
+    if server_fields is None:
+        launch = "spawn"
     if framework not in ENGINE_MODULE or launch not in ("in_process", "spawn"):
         raise ValueError(f"installed({framework!r}, launch={launch!r})")
     before = dict(sys.modules)
