@@ -143,6 +143,35 @@ def _miles_stand_ins(router_version: str) -> None:
     stand_in_module("miles.utils.multi_lora", is_multi_lora_enabled=lambda args: False)
 
 
+def _launch_without_host_write(engine_module: Any) -> Any:
+    """The framework's `launch_server_process` less its `server_args.host = server_args.host.strip("[]")`,
+    which SGLang 0.5.17's resolved `ServerArgs` refuses ("assigned after resolution; server_args is
+    read-only"): the same spawn of SGLang's `launch_server` and the framework's own health wait."""
+
+    def launch_server_process(server_args: Any) -> Any:
+        import multiprocessing
+
+        from sglang.srt.entrypoints.http_server import launch_server
+
+        if server_args.host != server_args.host.strip("[]"):
+            raise ValueError(
+                f"an IPv6 host {server_args.host!r}: SGLang 0.5.17 cannot take the framework's rewrite"
+            )
+        os.environ.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+        os.environ.pop("PYTORCH_ALLOC_CONF", None)
+        multiprocessing.set_start_method("spawn", force=True)
+        process = multiprocessing.Process(target=launch_server, args=(server_args,))
+        process.start()
+        if getattr(server_args, "node_rank", 0) != 0:
+            return process
+        engine_module._wait_server_healthy(
+            base_url=server_args.url(), api_key=server_args.api_key, is_process_alive=process.is_alive
+        )
+        return process
+
+    return launch_server_process
+
+
 @contextlib.contextmanager
 def installed(
     framework: str,
@@ -176,6 +205,8 @@ def installed(
             module.__file__ = f"<{framework} {source.commit}>/{path}"
             exec(compile(source.read(path), module.__file__, "exec"), module.__dict__)
         engine_module = sys.modules[ENGINE_MODULE[framework]]
+        if server_fields is None:
+            engine_module.launch_server_process = _launch_without_host_write(engine_module)
         if launch == "in_process":
             original_wait = engine_module._wait_server_healthy
 
