@@ -3,9 +3,10 @@ SGLang 0.5.17 HTTP server (`python -m sglang.launch_server`'s `launch_server`, t
 `launch_server_process`) on the GPU, behind a local router (`FakeRouter`: sglang_router is not in
 the GPU machine's wheel set). The test process plays slime's trainer: it holds two weight sets on
 the same GPU and pushes them slime's way (FlattenedTensorBucket over CUDA IPC through the engine's
-`update_weights_from_tensor`) and, in the last phase, through our sender (`WeightSender` into
-`RolloutActor(SGLangHTTPEngine)` on the same server). Not a Ray actor: the engine class runs in
-this process.
+`update_weights_from_tensor`). Not a Ray actor: the engine class runs in this process.
+Our sender's sync into the same server is not here: it needs the receiving `RolloutActor` in a
+process of its own (a process cannot open the CUDA IPC handles it exported: "invalid device
+context", seen on the H200 2026-12-04 when both sat in this one).
 
 Run (scripts/gpu_slime_rollout.sh sets sglang up): RL_LIFECYCLE_SLIME_SOURCE=<slime tree> \
     python -m pytest -m gpu -q -s tests/gpu/test_slime_rollout_gpu.py
@@ -361,60 +362,6 @@ def test_4_requests_sent_all_along_are_never_served_on_released_or_stale_weights
     }
     record("slime_rollout_client", figures)
     assert served and not wrong and not figures["other"], figures
-
-
-def test_5_sync_through_our_sender_against_slimes_push_into_the_same_server(rig: Any) -> None:
-    """`RolloutActor(SGLangHTTPEngine)` on the same server (the wrapped engine idle, awake): our
-    sender's sync of the same set beside slime's push (test_2's median)."""
-    from actor_integration.rollout import RolloutActor
-    from actor_integration.rollout.sglang_http import SGLangHTTPEngine
-    from actor_integration.weight_sync import RankSlot, WeightSender
-    from actor_integration.weight_sync.cuda_ipc import CudaIpcSender
-    from lifecycle.errors import IllegalTransitionError
-
-    actor = RolloutActor(SGLangHTTPEngine(rig["url"]), max_new_tokens=NEW_TOKENS)
-    transport = CudaIpcSender(device=0)
-    sender = WeightSender(
-        RankSlot.single(0),
-        None,
-        transport,
-        rank=0,
-        engine_call=actor.update_weights,
-        bucket_bytes=BUCKET,
-        deadline_s=300,
-    )
-    try:
-        syncs, sleeps, wakes, same = [], [], [], []
-        for cycle in range(6):
-            name = "B" if cycle % 2 == 0 else "A"
-            t0 = time.perf_counter()
-            actor.sleep()
-            t1 = time.perf_counter()
-            actor.wake_up(["weights"])
-            t2 = time.perf_counter()
-            with pytest.raises(IllegalTransitionError):
-                actor.generate(PROMPTS[:1])
-            rig["version"] += 1
-            t3 = time.perf_counter()
-            sender.send(rig["version"], rig["sets"][name].items())
-            t4 = time.perf_counter()
-            actor.wake_up(["kv_cache"])  # RolloutActor over the HTTP engine tracks weights and kv_cache
-            t5 = time.perf_counter()
-            same.append(actor.generate(PROMPTS) == rig["tokens"][name])
-            syncs.append((t4 - t3) * 1e3)
-            sleeps.append((t1 - t0) * 1e3)
-            wakes.append((t2 - t1 + t5 - t4) * 1e3)
-    finally:
-        sender.close()
-    figures = {
-        "ours_sync_ms": round(statistics.median(syncs[1:]), 2),
-        "slime_push_ms": rig["figures"].get("wrapped", {}).get("push_ms"),
-        "ours_sleep_ms": round(statistics.median(sleeps[1:]), 2),
-        "ours_wake_ms": round(statistics.median(wakes[1:]), 2),
-        "same_tokens_as_slimes_push": all(same),
-    }
-    record("slime_rollout_sync", figures)
-    assert all(same), figures
 
 
 def test_6_a_killed_server_is_a_typed_error_naming_it_and_the_router_is_told(rig: Any) -> None:
