@@ -9,6 +9,8 @@
 # Then:
 #   run(carry=[".sgw/batch1"], command="bash scripts/gpu_slime_rollout.sh stage")
 #   run(carry=[".sgw/batch2", ".gpuw/r33"], command="bash scripts/gpu_slime_rollout.sh run")
+# (The device tool sends the session's checkout: from a helper's worktree, lay the tree, with .sgw/batch2
+# and .gpuw/r33 inside it, in an ignored folder of that checkout, carry it, and cd there first.)
 # `run` installs once per machine, runs the test (figures as JSON in $OUT), then `lifecycle check` on
 # the engine's log.
 set -u
