@@ -48,7 +48,7 @@ def test_rays_setup_hook_reaches_an_actor_with_its_own_runtime_env(tmp_path):
     script = textwrap.dedent(
         f"""
         import ray
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env={{
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env={{
             "worker_process_setup_hook": "tests.helpers.rollout_module_like.install",
             "env_vars": {{"PYTHONPATH": {str(ROOT)!r}, "RL_LIFECYCLE_LOG_DIR": "off"}},
         }})
@@ -64,7 +64,8 @@ def test_rays_setup_hook_reaches_an_actor_with_its_own_runtime_env(tmp_path):
         ray.shutdown()
         """
     )
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # a job of its own, not the tests' cluster
+    env.update(PYTHONPATH=str(ROOT), RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled")
     proc = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path
     )
