@@ -64,7 +64,9 @@ def test_rays_setup_hook_reaches_an_actor_with_its_own_runtime_env(tmp_path):
         ray.shutdown()
         """
     )
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # a job of its own, not the tests' cluster
+    env = {
+        k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"
+    }  # a job of its own, not the tests' cluster
     env.update(PYTHONPATH=str(ROOT), RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled")
     proc = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path
