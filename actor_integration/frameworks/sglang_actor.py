@@ -46,18 +46,12 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar
 
-from actor_integration.errors import (
-    FollowerCallError,
-    RouterError,
-    SGLangServerError,
-    SGLangServerTimeout,
-    StaleWeightsError,
-)
+from actor_integration.errors import FollowerCallError, RouterError, StaleWeightsError
 from actor_integration.frameworks.router import RouterWorkers
 from actor_integration.rollout.engine import EngineGeneration
 from actor_integration.rollout.sglang_http import SGLangHTTPEngine
 from lifecycle import Contents, Hooks, Lifecycle, LifecyclePolicy, Residency, State
-from lifecycle.errors import IllegalTransitionError, LifecycleError, LifecycleFailedError
+from lifecycle.errors import IllegalTransitionError, LifecycleFailedError
 from lifecycle.events import configure_rank_log, log_path
 from lifecycle.logs import Event
 
@@ -349,7 +343,7 @@ class SGLangActorLifecycle:
         """The snapshot `LifecycleGroup` reads, plus `admitted` (in the router), `served_version`
         and `loading`; a follower answers node 0's, with its own `node_rank`."""
         if getattr(self, "node_rank", 0) != 0:
-            leader = self._lc_leader_entry("lifecycle_state", wait=False)
+            leader = self._lc_leader_entry()
             return {**(leader or {}), "node_rank": self.node_rank, "follower": True}
         return {
             **self.lifecycle.snapshot(),
@@ -647,7 +641,7 @@ class SGLangActorLifecycle:
     def _lc_health(self, timeout: float, check: Callable[[], Any]) -> Any:
         """The framework's health check where a generation is safe; else a liveness probe."""
         if self.node_rank != 0:
-            leader = self._lc_leader_entry("health_generate", wait=False)
+            leader = self._lc_leader_entry()
             if leader is None or leader.get("url") is None:
                 raise self._lc_follower_error(
                     "health_generate", "node 0's actor has not published its server yet"
@@ -682,7 +676,7 @@ class SGLangActorLifecycle:
     # ------------------------------------------------------------------ followers
 
     def _lc_follower_error(self, call: str, why: str) -> FollowerCallError:
-        leader = self._lc_leader_entry(call, wait=False)
+        leader = self._lc_leader_entry()
         url = None if leader is None else leader.get("url")
         return FollowerCallError(
             f"{call} on a follower actor (rank {getattr(self, 'rank', '?')}, node_rank {self.node_rank}): {why}. "
@@ -693,7 +687,8 @@ class SGLangActorLifecycle:
             leader=url,
         )
 
-    def _lc_leader_entry(self, call: str, *, wait: bool) -> dict[str, Any] | None:
+    def _lc_leader_entry(self) -> dict[str, Any] | None:
+        """What node 0's actor last published for this engine (None: nothing yet)."""
         directory: EngineDirectory | None = self.__dict__.get("_lc_directory")
         if directory is None or self._lc_key is None:
             return None
@@ -704,7 +699,7 @@ class SGLangActorLifecycle:
         deadline = time.monotonic() + self.lifecycle_follow_deadline_s
         backoff = 0.01
         while True:
-            leader = self._lc_leader_entry(call, wait=True)
+            leader = self._lc_leader_entry()
             if leader is not None:
                 if leader.get("state") == State.FAILED.value:
                     raise self._lc_follower_error(
@@ -732,7 +727,3 @@ def _as_int(version: Any, default: int | None = 0) -> int:
         return int(str(version))
     except (TypeError, ValueError):
         return 0 if default is None else default
-
-
-# Errors the lifecycle's own requests raise, typed, naming the server.
-SERVER_ERRORS = (SGLangServerError, SGLangServerTimeout, LifecycleError)
