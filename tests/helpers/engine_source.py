@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import multiprocessing
 import os
 import signal
 import sys
@@ -189,7 +190,10 @@ def installed(
         launch = "spawn"
     if framework not in ENGINE_MODULE or launch not in ("in_process", "spawn"):
         raise ValueError(f"installed({framework!r}, launch={launch!r})")
+    with contextlib.suppress(ImportError):
+        import requests  # noqa: F401 - a real one is imported once and kept (it does not survive a re-import)
     before = dict(sys.modules)
+    children = set(multiprocessing.active_children())
     environ = os.environ.get(VERSION_ENV)
     os.environ[VERSION_ENV] = version
     launched = Launched(options={"version": version})
@@ -232,6 +236,9 @@ def installed(
         yield engine_module, launched
     finally:
         launched.close()
+        for child in set(multiprocessing.active_children()) - children:  # servers a failed test left running
+            child.kill()
+            child.join(10)
         if environ is None:
             os.environ.pop(VERSION_ENV, None)
         else:
@@ -302,9 +309,12 @@ def start_engine(
 def slime_like_installed() -> Iterator[tuple[types.ModuleType, Any]]:
     """(a module whose `SGLangEngine` is `slime_engine_like.SlimeLikeEngine`, its servers by pid), with
     `requests` stood in; for CI, where slime's source is not reachable. Undone on exit."""
+    with contextlib.suppress(ImportError):
+        import requests  # noqa: F401 - as in `installed`
     before = dict(sys.modules)
     try:
-        requests_stand_in.install()
+        if "requests" not in sys.modules:
+            requests_stand_in.install()
         sys.modules.pop("tests.helpers.slime_engine_like", None)
         import importlib
 
