@@ -248,6 +248,28 @@ class CrossNodeTransportError(PlacementError):
     two nodes; refused before anything is exported. Fields: requested, sender_node, receiver_node."""
 
 
+# ------------------------------------------- a framework's SGLang engine actors (slime, miles)
+
+
+class RouterError(LifecycleError, RuntimeError):
+    """The router refused or could not be reached while an engine actor added or removed its server.
+
+    Fields: router (its URL), worker (the server's URL), operation ("add" or "remove"), path,
+    status (None: unreachable), answer. The server's own state is unchanged by the failed call.
+    """
+
+
+class StaleWeightsError(LifecycleError, RuntimeError):
+    """A server reports weights other than the version its actor saw loaded whole (`/model_info`'s
+    weight_version): it is kept out of the router. Fields: url, reported, expected."""
+
+
+class FollowerCallError(LifecycleError, RuntimeError):
+    """A call that drives an engine's server was made on a follower actor (`node_rank != 0`), which
+    sends nothing: the server is driven by the engine's node-0 actor. Fields: node_rank, call,
+    leader (the server's URL when known, else None)."""
+
+
 # Every class above; `lifecycle.errors.MOVED_TO_ADAPTERS` names those 0.1 defined in the core.
 __all__ = sorted(
     name

@@ -53,6 +53,8 @@ class Event(str, enum.Enum):
     BUDGET = "lifecycle.budget"  # a sleep's memory-budget plan: what it releases and keeps, and why
     BUDGET_CHECKED = "lifecycle.budget_checked"  # after that sleep: the need free, or how short
     RANKS_LOST = "ranks.lost"  # the driver told this actor that ranks were lost with their node
+    ROUTER = "rollout.router"  # a framework's engine actor took its server out of the router, or put it back
+    ABSORBED = "rollout.absorbed"  # a framework's call the engine actor answered without sending it (and why)
 
     def __str__(self) -> str:
         return self.value

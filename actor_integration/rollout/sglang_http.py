@@ -14,6 +14,7 @@ and JSON field against that version's server source (test_sglang_http.py).
 
 from __future__ import annotations
 
+import http.client
 import json
 import urllib.error
 import urllib.parse
@@ -86,6 +87,23 @@ class SGLangHTTPEngine(SGLangWeights):
             "waiting": sum(int(load.get("num_waiting_reqs", 0)) for load in loads),
         }
 
+    def served_weight_version(self) -> str | None:
+        """The weight version the server reports (`/model_info`; `/get_weight_version` where that
+        route still answers: SGLang 0.5.17 answers it with 404 and points to /model_info)."""
+        try:
+            _status, body = self._request("GET", "/model_info", None)
+        except SGLangServerError as exc:
+            if exc.fields.get("status") != 404:
+                raise
+            _status, body = self._request("GET", "/get_weight_version", None)
+        version = body.get("weight_version") if isinstance(body, dict) else None
+        return None if version is None else str(version)
+
+    def alive(self) -> None:
+        """Raise `SGLangServerError` / `SGLangServerTimeout` unless the server answers `/model_info`,
+        which touches no scheduler memory (a generation, `/health_generate` too, reads the KV cache)."""
+        self._request("GET", "/model_info", None)
+
     def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int = 8) -> list[list[int]]:
         self._refuse_mixed("SGLangHTTPEngine")
         _status, outputs = self._request(
@@ -155,6 +173,17 @@ class SGLangHTTPEngine(SGLangWeights):
             ) from None
         except TimeoutError as exc:
             raise self._timeout(method, path, timeout) from exc
+        except (http.client.HTTPException, ConnectionError) as exc:
+            # The server closed the connection without an answer: SGLang's process tree is killed
+            # when its scheduler dies (the request that killed it gets no response).
+            raise SGLangServerError(
+                f"SGLang at {self.url} closed the connection on {method} {path} without answering ({exc!r}): "
+                "the server died or is shutting down; check its log",
+                method=method,
+                path=path,
+                status=None,
+                answer=repr(exc),
+            ) from exc
         except urllib.error.URLError as exc:
             if isinstance(exc.reason, TimeoutError):
                 raise self._timeout(method, path, timeout) from exc

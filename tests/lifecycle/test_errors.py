@@ -70,6 +70,17 @@ EXAMPLES: list[LifecycleError] = [
     adapter_errors.SGLangServerTimeout(
         "late", method="POST", path="/flush_cache", timeout_s=5.0, missing=["http://127.0.0.1:30000"]
     ),
+    adapter_errors.RouterError(
+        "refused",
+        router="http://127.0.0.1:3000",
+        worker="http://127.0.0.1:15000",
+        operation="remove",
+        path="/workers",
+        status=500,
+        answer="boom",
+    ),
+    adapter_errors.StaleWeightsError("stale", url="http://127.0.0.1:15000", reported="default", expected="3"),
+    adapter_errors.FollowerCallError("follower", node_rank=1, call="release_memory_occupation", leader=None),
 ]
 
 

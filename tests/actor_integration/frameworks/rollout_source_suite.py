@@ -1,0 +1,444 @@
+"""The tests slime's and miles' rollout halves share, run on each framework's own `SGLangEngine`
+from its source (test_slime_rollout_source.py, test_miles_rollout_source.py set the framework).
+
+Each engine launches a `FakeSGLangServer` (answering as the pinned SGLang does, dying where it
+dies) and registers with a `FakeRouter`, all over real HTTP on localhost; the calls are the ones
+the framework's own rollout manager, trainer, health monitor and rollout function make
+(`tests/helpers/rollout_calls.py`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+from actor_integration.errors import FollowerCallError, SGLangServerError, StaleWeightsError
+from actor_integration.frameworks.sglang_actor import LocalDirectory
+from lifecycle import Contents, Residency, State
+from lifecycle.checker import check_files
+from lifecycle.errors import IllegalTransitionError, LifecycleError
+from tests.helpers import rollout_calls
+from tests.helpers.engine_source import engine_args, installed, start_engine
+from tests.helpers.framework_source import free_port
+from tests.helpers.method_sequences import explore, render
+from tests.helpers.rollout_calls import METHODS, check, started
+from tests.helpers.sglang_server import FakeRouter, encode_names
+from tests.helpers.sglang_source import SourceTree, cached_wheel, fetch_wheel, request_problem
+
+PLAIN_DEPTH = 3
+WRAPPED_DEPTH = 2  # every wrapped call sends the lifecycle's own requests too
+SLOW_WRAPPED_DEPTH = 3
+
+
+class Env:
+    def __init__(
+        self, framework: str, module: Any, launched: Any, router: FakeRouter, tree: SourceTree
+    ) -> None:
+        self.framework, self.module, self.launched, self.router, self.tree = (
+            framework,
+            module,
+            launched,
+            router,
+            tree,
+        )
+        self.plain = module.SGLangEngine
+        self.wrapped = importlib.import_module(
+            f"actor_integration.frameworks.{framework}_rollout"
+        ).lifecycle_engine(module.SGLangEngine)
+        self.worlds: list[rollout_calls.World] = []
+
+    def world(self, wrapped: bool = True) -> rollout_calls.World:
+        world = started(self.framework, self.wrapped if wrapped else self.plain, self.launched, self.router)
+        self.worlds.append(world)
+        return world
+
+    def fresh(self, wrapped: bool) -> Any:
+        def make() -> rollout_calls.World:
+            for world in self.worlds:
+                world.close()
+            self.worlds.clear()
+            return self.world(wrapped)
+
+        return make
+
+    def close(self) -> None:
+        for world in self.worlds:
+            world.close()
+        self.worlds.clear()
+
+
+class RolloutSourceSuite:
+    framework: ClassVar[str]
+    version: ClassVar[str]  # the SGLang the framework's calls are written for
+    source: ClassVar[Any]
+    reproductions: ClassVar[tuple[tuple[tuple[str, ...], str], ...]]
+
+    def installed(self, tree: SourceTree) -> Any:
+        """The engine class's module and its servers: the framework's source (this suite's default)."""
+        return installed(
+            self.framework, self.source, server_fields=tree.server_args_fields(), version=self.version
+        )
+
+    @pytest.fixture(scope="class")
+    def env(self):
+        logging.getLogger(f"{self.framework}.backends.sglang_utils.sglang_engine").setLevel(logging.ERROR)
+        tree = SourceTree(cached_wheel(self.version) or fetch_wheel(self.version), self.version)
+        router = FakeRouter()
+        with self.installed(tree) as (module, launched):
+            env = Env(self.framework, module, launched, router, tree)
+            yield env
+            env.close()
+        router.close()
+        tree.close()
+
+    @pytest.fixture
+    def world(self, env):
+        world = env.world()
+        yield world
+        world.close()
+
+    # ------------------------------------------------------------------ the model check
+
+    def test_plain_breaks_in_exactly_the_listed_ways(self, env):
+        """Every sequence of the job's calls up to a length, on the framework's own class: the
+        shortest way to each kind of damage is listed (a found one missing, or a listed one not found, fails)."""
+        search = explore(env.fresh(wrapped=False), METHODS[self.framework], PLAIN_DEPTH, check)
+        print(
+            f"\nplain {self.framework}, every sequence of the job's calls after start-up up to length {PLAIN_DEPTH}:"
+        )
+        print(render(self.framework, search))
+        found = {(finding.sequence, finding.kind) for finding in search.shortest.values()}
+        assert found == set(self.reproductions)
+
+    def test_each_reproduction_breaks_plain_and_runs_clean_wrapped(self, env):
+        for sequence, kind in self.reproductions:
+            for wrapped in (False, True):
+                world = env.world(wrapped)
+                refused = []
+                for name in sequence:
+                    try:
+                        METHODS[self.framework][name](world)
+                    except LifecycleError as exc:
+                        refused.append(f"{name}: {type(exc).__name__}")
+                found = check(world)
+                alive = world.server.alive
+                world.close()
+                if wrapped:
+                    assert found is None and alive, (sequence, found, refused)
+                else:
+                    assert found == kind, (sequence, found)
+
+    def test_no_sequence_breaks_under_the_wrap(self, env):
+        search = explore(env.fresh(wrapped=True), METHODS[self.framework], WRAPPED_DEPTH, check)
+        print(f"\nunder the wrap, up to length {WRAPPED_DEPTH}:\n{render(self.framework, search)}")
+        assert search.violations == 0, render(self.framework, search)
+
+    @pytest.mark.slow
+    def test_no_longer_sequence_breaks_under_the_wrap(self, env):
+        search = explore(env.fresh(wrapped=True), METHODS[self.framework], SLOW_WRAPPED_DEPTH, check)
+        assert search.violations == 0, render(self.framework, search)
+
+    # ------------------------------------------------------------------ the driver's loop
+
+    def test_the_drivers_loop_serves_every_step_on_its_version(self, world):
+        """generate (requests through the router) → offload → onload_weights → push → onload_kv, 20
+        steps: every request served on the step's version whole, the same tokens whenever it is the same."""
+        methods = METHODS[self.framework]
+        tokens: dict[str, list[Any]] = {}
+        for _ in range(20):
+            before = len(world.server.served)
+            for _ in range(3):
+                methods["generate"](world)
+            assert len(world.server.served) == before + 3
+            methods["offload"](world)
+            methods["onload_weights"](world)
+            rollout_calls.update_weights(world)
+            methods["onload_kv"](world)
+        assert check(world) is None and not world.errors, world.errors
+        for served in world.server.served:
+            if served["path"] == "/generate":
+                tokens.setdefault(served["current"], []).append(served["labels"])
+        assert len(tokens) == 20
+        assert world.engine.lifecycle_state()["served_version"] == "21"
+
+    # ------------------------------------------------------------------ weight validity
+
+    def test_out_of_the_router_from_the_release_until_a_whole_version_is_awake(self, world):
+        methods, url = METHODS[self.framework], world.engine.lifecycle_state()["url"]
+        assert world.router.urls() == [url]
+        methods["offload"](world)
+        assert world.router.urls() == []
+        methods["onload_weights"](world)
+        assert world.router.urls() == []
+        rollout_calls.update_weights(world)
+        assert world.router.urls() == [] and world.server.paused
+        methods["onload_kv"](world)
+        assert world.router.urls() == [url] and not world.server.paused
+        state = world.engine.lifecycle_state()
+        assert state["served_version"] == world.server.weight_version == "2"
+
+    def test_requests_sent_all_along_are_never_served_on_released_or_stale_weights(self, world):
+        """A client sending the rollout's requests through the router without pause, through sleeps,
+        syncs and wakes: each is served on the current version whole, or refused (no worker)."""
+        methods, stop, answers = METHODS[self.framework], threading.Event(), []
+
+        def client() -> None:
+            import requests
+
+            while not stop.is_set():
+                payload = {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2}}
+                try:
+                    answers.append(
+                        requests.post(f"{world.router.url}/generate", json=payload, timeout=30).status_code
+                    )
+                except Exception as exc:
+                    answers.append(type(exc).__name__)
+
+        thread = threading.Thread(target=client, daemon=True)
+        thread.start()
+        for _ in range(5):
+            time.sleep(0.02)
+            methods["offload"](world)
+            methods["onload_weights"](world)
+            rollout_calls.update_weights(world)
+            methods["onload_kv"](world)
+        time.sleep(0.05)
+        stop.set()
+        thread.join(30)
+        generated = [s for s in world.server.served if s["path"] == "/generate"]
+        print(
+            f"\n{len(answers)} requests: {answers.count(200)} served, {answers.count(503)} found no worker; "
+            f"served on the current version whole: {sum(s['ok'] for s in generated)}/{len(generated)}"
+        )
+        assert check(world) is None and generated and all(s["ok"] for s in generated)
+        assert set(answers) <= {200, 503}
+
+    def test_a_wake_without_a_push_keeps_the_server_out(self, world):
+        methods = METHODS[self.framework]
+        methods["offload"](world)
+        methods["onload"](world)
+        assert world.router.urls() == [] and world.server.paused
+        methods["generate"](world)
+        assert world.router.routed[-1] == (None, 503)
+        assert world.engine.lifecycle.contents["weights"] is Contents.DISCARDED
+        rollout_calls.update_weights(world)  # the push makes it servable: back in
+        assert world.router.urls() and check(world) is None
+
+    def test_a_server_reporting_another_version_stays_out(self, world):
+        methods = METHODS[self.framework]
+        methods["offload"](world)
+        methods["onload_weights"](world)
+        rollout_calls.update_weights(world)
+        world.server.weight_version = "someone-else's"
+        with pytest.raises(LifecycleError) as refused:
+            methods["onload_kv"](world)
+        assert isinstance(refused.value, StaleWeightsError) or "StaleWeightsError" in str(refused.value)
+        assert world.router.urls() == [] and world.server.paused
+
+    def test_a_restarted_engine_joins_only_with_the_current_version(self, world):
+        methods = METHODS[self.framework]
+        methods["recover"](world)  # the old engine shut down, a new one launched on its checkpoint
+        assert world.router.urls() == [] and world.server.labels["embed"] == "garbage"
+        methods["generate"](world)
+        assert world.router.routed[-1] == (None, 503)
+        rollout_calls.update_weights(world)
+        methods["onload_kv"](world)
+        assert world.router.urls() == [world.engine.lifecycle_state()["url"]] and check(world) is None
+
+    def test_a_push_without_the_trainers_pause_pauses_generation_first(self, world):
+        engine = world.engine
+        if self.framework == "miles":
+            engine.begin_weight_update()  # SGLang 0.5.23 loads inside a session only
+        engine.update_weights_from_tensor(
+            [encode_names(["embed"])], load_format="flattened_bucket", weight_version="7"
+        )
+        assert world.server.paused and engine.lifecycle.contents["weights"] is Contents.UNKNOWN
+        methods = METHODS[self.framework]
+        methods["generate"](world)  # held by SGLang's pause, not served on the half-written model
+        assert check(world) is None
+
+    # ------------------------------------------------------------------ refusals and idempotency
+
+    def test_release_and_resume_are_idempotent(self, world):
+        methods = METHODS[self.framework]
+        for name in ("offload", "offload", "onload_weights", "onload_weights"):
+            methods[name](world)
+        assert world.server.alive and not world.errors
+        calls = [p for _, p, _ in world.server.requests if "memory_occupation" in p]
+        assert calls[-2:] == ["/release_memory_occupation", "/resume_memory_occupation"]
+
+    def test_a_push_into_released_weights_is_refused_naming_the_state_and_the_way_out(self, world):
+        METHODS[self.framework]["offload"](world)
+        with pytest.raises(IllegalTransitionError) as refused:
+            world.engine.update_weights_from_tensor([encode_names(["embed"])], weight_version="9")
+        assert refused.value.fields["state"] is State.PAUSED
+        assert "resume_memory_occupation(tags=['weights'])" in str(refused.value)
+        assert world.server.alive and world.server.labels["embed"] == "garbage"
+
+    # ------------------------------------------------------------------ faults
+
+    def test_a_killed_server_is_a_typed_error_naming_it_within_the_deadline(self, world):
+        world.server.close(wait=True)  # the server process killed
+        url = world.engine.lifecycle_state()["url"]
+        start = time.monotonic()
+        with pytest.raises(SGLangServerError) as dead:
+            world.engine.release_memory_occupation()
+        assert time.monotonic() - start < 5 and url in str(dead.value)
+        assert world.engine.lifecycle.state is State.FAILED
+        assert world.router.urls() == []  # the router told
+        with pytest.raises(LifecycleError):  # the health monitor is told: unhealthy, restart it
+            world.engine.health_generate(timeout=1.0)
+
+    def test_a_refused_update_leaves_the_weights_unknown_and_the_server_out(self, world):
+        methods = METHODS[self.framework]
+        methods["offload"](world)
+        methods["onload_weights"](world)
+        world.server.refuse_weights = "Failed to update weights: shape mismatch"
+        rollout_calls.update_weights(world)  # the framework's own call raises; recorded
+        assert any("update_weights_from_tensor" in e for e in world.errors)
+        assert world.engine.lifecycle.contents["weights"] is Contents.UNKNOWN
+        methods["onload_kv"](world)
+        assert world.router.urls() == []
+        world.server.refuse_weights = None
+        rollout_calls.update_weights(world)
+        assert world.router.urls() and check(world) is None
+
+    def test_a_failing_release_leaves_the_engine_failed_and_unhealthy(self, world):
+        world.server.fail_next["/release_memory_occupation"] = (500, {"error": {"message": "boom"}})
+        with pytest.raises(SGLangServerError):
+            world.engine.release_memory_occupation()
+        lifecycle = world.engine.lifecycle
+        assert lifecycle.state is State.FAILED and Residency.UNKNOWN in lifecycle.residency.values()
+        with pytest.raises(LifecycleError):
+            world.engine.health_generate(timeout=1.0)
+        assert world.router.urls() == [] and world.server.alive
+
+    # ------------------------------------------------------------------ followers and slots
+
+    def test_a_follower_follows_node_0_instead_of_answering_none(self, env):
+        args = engine_args(self.framework, router=env.router, rollout_num_gpus_per_engine=2)
+        address = f"127.0.0.1:{free_port()}"
+        LocalDirectory.entries.clear()
+        leader = start_engine(env.wrapped, args, rank=0, router=env.router, dist_init_addr=address)
+        follower = start_engine(env.wrapped, args, rank=1, router=env.router, dist_init_addr=address)
+        plain = start_engine(
+            env.plain, args, rank=1, router=env.router, dist_init_addr=f"127.0.0.1:{free_port()}"
+        )
+        assert (leader.node_rank, follower.node_rank) == (0, 1)
+        assert plain.release_memory_occupation() is None  # plain: success for a request never sent
+        done = []
+        thread = threading.Thread(
+            target=lambda: done.append(follower.release_memory_occupation()), daemon=True
+        )
+        thread.start()
+        time.sleep(0.1)
+        assert not done  # waits for node 0's release
+        leader.release_memory_occupation()
+        thread.join(10)
+        assert done == [None] and follower.lifecycle_state()["state"] == State.PAUSED.value
+        assert follower.health_generate(timeout=2.0) is True
+        with pytest.raises(FollowerCallError):
+            follower.update_weights_from_tensor([encode_names(["embed"])], weight_version="2")
+        follower.lifecycle_follow_deadline_s = 0.2  # type: ignore[misc]
+        with pytest.raises(FollowerCallError, match="did not show"):
+            follower.resume_memory_occupation(tags=["weights"])  # node 0 never resumed
+
+    # ------------------------------------------------------------------ the wire and the logs
+
+    def test_every_request_matches_the_pinned_servers_routes_and_structs(self, env, world):
+        methods = METHODS[self.framework]
+        for name in methods:
+            if name != "recover":
+                with contextlib.suppress(LifecycleError):
+                    methods[name](world)
+        requests = [r for server in world.servers for r in server.requests]
+        problems = [request_problem(env.tree, m, p, b) for m, p, b in requests]
+        assert len(requests) > 20 and not [p for p in problems if p], problems
+
+    def test_each_engine_writes_its_json_lifecycle_log(self, env, tmp_path, monkeypatch):
+        """Unless the process configured its logging: the tests' conftest did, so it is reset here."""
+        import io
+
+        import lifecycle
+        from lifecycle.events import reset_logging
+
+        monkeypatch.setenv("RL_LIFECYCLE_LOG_DIR", str(tmp_path))
+        reset_logging()
+        try:
+            world = env.world()
+            methods = METHODS[self.framework]
+            for name in ("offload", "offload", "onload_weights", "update_weights", "onload_kv", "health"):
+                methods[name](world)
+            path = Path(world.engine.lifecycle_log_path())
+            world.close()
+        finally:
+            reset_logging()
+            lifecycle.configure_logging(stream=io.StringIO(), level="warning")
+        assert path.parent == tmp_path
+        events = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        names = [e["event"] for e in events]
+        assert "lifecycle.noop" in names  # the second offload
+        assert [e["action"] for e in events if e["event"] == "rollout.router"] == ["joined", "left", "joined"]
+        assert check_files([path]) == []  # the log checker replays it against the table: clean
+        assert path.name == "rollout-rank0.jsonl"
+        events = [json.loads(line)["event"] for line in path.read_text().splitlines() if line.strip()]
+        assert "lifecycle.transition" in events and "rollout.router" in events
+
+    # ------------------------------------------------------------------ the framework's own launch
+
+    def test_the_frameworks_own_launch_spawns_the_server_the_wrap_drives(self, env):
+        """`launch="spawn"`: the framework's `launch_server_process` spawns SGLang's `launch_server`
+        (the fake's) in a child process and waits for `/health_generate`; one cycle over HTTP to that
+        process, then the process killed: a typed error naming the server, at once."""
+        if self.source is None:
+            pytest.skip("the shaped class has no launch_server_process of its own")
+        import os
+        import signal
+
+        from tests.helpers.sglang_server import fake_state
+
+        with installed(
+            self.framework,
+            self.source,
+            server_fields=env.tree.server_args_fields(),
+            version=self.version,
+            launch="spawn",
+        ) as (module, _launched):
+            cls = importlib.import_module(
+                f"actor_integration.frameworks.{self.framework}_rollout"
+            ).lifecycle_engine(module.SGLangEngine)
+            args = engine_args(self.framework, router=env.router)
+            engine = start_engine(cls, args, router=env.router)
+            url = engine.lifecycle_state()["url"]
+            try:
+                engine.release_memory_occupation()
+                engine.release_memory_occupation()
+                engine.resume_memory_occupation(tags=["weights"])
+                world = rollout_calls.World(
+                    self.framework, cls, None, env.router, args, version=0, engine=engine
+                )
+                rollout_calls.update_weights(world)
+                engine.resume_memory_occupation(tags=["kv_cache", "cuda_graph"])
+                state = fake_state(url)
+                assert state["alive"] and not state["deaths"] and not world.errors, (
+                    state["deaths"],
+                    world.errors,
+                )
+                assert state["labels"] == dict.fromkeys(state["labels"], "1") and url in env.router.urls()
+                os.kill(engine.process.pid, signal.SIGKILL)
+                engine.process.join(10)
+                start = time.monotonic()
+                with pytest.raises(SGLangServerError, match=url):
+                    engine.release_memory_occupation()
+                assert time.monotonic() - start < 5
+            finally:
+                if engine.process.is_alive():
+                    engine.process.kill()

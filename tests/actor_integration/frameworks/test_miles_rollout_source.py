@@ -1,0 +1,62 @@
+"""miles' real `SGLangEngine` (its source at the pinned commit) under `MilesRolloutMixin`, against
+a local server that answers as SGLang 0.5.23's does: miles 31f1ca96's trainer opens a weight-update
+session (`/begin_weight_update`), which 0.5.17 has no route for. The suite is `rollout_source_suite`.
+
+Needs miles' source: CI has no network, so the suite skips there; run it with
+
+    RL_LIFECYCLE_MILES_SOURCE=/path/to/miles python -m pytest -s tests/actor_integration/frameworks/test_miles_rollout_source.py
+"""
+
+from __future__ import annotations
+
+from tests.actor_integration.frameworks.rollout_source_suite import RolloutSourceSuite
+from tests.helpers.framework_source import suite_source
+from tests.helpers.miles_source import MilesSource
+from tests.helpers.rollout_calls import GARBAGE, METHODS, check
+
+SOURCE, pytestmark, _source_readable = suite_source(MilesSource, "miles'")
+
+KILLS = "kills the server: "
+
+
+class TestMilesRollout(RolloutSourceSuite):
+    framework = "miles"
+    version = "0.5.23"
+    source = SOURCE
+    reproductions = (
+        (("onload",), KILLS + "a resume of a resident tag (KeyError)"),
+        (("onload_weights",), KILLS + "a resume of a resident tag (KeyError)"),
+        (("onload_kv",), KILLS + "a resume of a resident tag (KeyError)"),
+        (("offload", "offload"), KILLS + "a second release (torch_memory_saver exits)"),
+        (("offload", "offload_kv"), KILLS + "a second release (torch_memory_saver exits)"),
+        (("offload", "generate"), KILLS + "a generation on released memory (Triton)"),
+        (("offload", "health"), KILLS + "a generation on released memory (Triton)"),
+        (("offload", "update_weights"), KILLS + "weights written into released memory"),
+        (("offload", "onload", "generate"), GARBAGE),
+    )
+
+    def test_the_kv_only_offload_loop_of_miles_own_driver(self, env):
+        """miles' train.py with `--offload-rollout-level kv_cache`: offload(cuda_graph, kv_cache) →
+        onload_weights → push → onload_kv. Plain miles resumes resident weights (KeyError: the
+        server exits) at the first step; under the wrap five steps run, the weights never released."""
+        methods = METHODS["miles"]
+        for wrapped in (False, True):
+            world = env.world(wrapped)
+            start = len(world.server.requests)
+            step = ["generate", "offload_kv", "onload_weights", "update_weights", "onload_kv"]
+            for name in step * 5:
+                methods[name](world)
+                if check(world) is not None:
+                    break  # plain miles' next flush_cache would retry a dead server for 60 s
+            found = check(world)
+            world.close()
+            if wrapped:
+                assert found is None and world.server.labels == dict.fromkeys(world.server.labels, "6")
+                releases = [
+                    b["tags"]
+                    for _, p, b in world.server.requests[start:]
+                    if p == "/release_memory_occupation"
+                ]
+                assert len(releases) == 5 and all("weights" not in tags for tags in releases), releases
+            else:
+                assert found == KILLS + "a resume of a resident tag (KeyError)"

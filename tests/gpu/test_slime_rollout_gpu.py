@@ -1,0 +1,397 @@
+"""slime's own `SGLangEngine` (its source at 624b824a) under `SlimeRolloutMixin`, launching a real
+SGLang 0.5.17 HTTP server (`python -m sglang.launch_server`'s `launch_server`, through slime's own
+`launch_server_process`) on the GPU, behind a local router (`FakeRouter`: sglang_router is not in
+the GPU machine's wheel set). The test process plays slime's trainer: it holds two weight sets on
+the same GPU and pushes them slime's way (FlattenedTensorBucket over CUDA IPC through the engine's
+`update_weights_from_tensor`). Not a Ray actor: the engine class runs in this process.
+Our sender's sync into the same server is not here: it needs the receiving `RolloutActor` in a
+process of its own (a process cannot open the CUDA IPC handles it exported: "invalid device
+context", seen on the H200 2026-12-04 when both sat in this one).
+
+Run (scripts/gpu_slime_rollout.sh sets sglang up): RL_LIFECYCLE_SLIME_SOURCE=<slime tree> \
+    python -m pytest -m gpu -q -s tests/gpu/test_slime_rollout_gpu.py
+The tests share one server and run in file order; the last one kills it.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers.gpu_results import record
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("sglang")
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+REPO = Path(__file__).resolve().parents[2]
+MODEL = REPO / "configs" / "qwen2-0.5b"
+CYCLES = int(os.environ.get("SLIME_CYCLES", "20"))
+PROMPTS = [[11, 12, 13, 14], [100, 2000, 30000], [7] * 9, [151, 152, 153, 154, 155, 156]]
+NEW_TOKENS = 16
+BUCKET = 512 << 20
+GIB = 1 << 30
+REST = ["kv_cache", "cuda_graph"]
+# What slime's ServerGroup.start_engines puts in an engine actor's environment.
+SLIME_ENV = {
+    "SGLANG_JIT_DEEPGEMM_PRECOMPILE": "false",
+    "SGL_DISABLE_TP_MEMORY_INBALANCE_CHECK": "true",
+    "SGLANG_DISABLE_TP_MEMORY_INBALANCE_CHECK": "true",
+    "SGLANG_MEMORY_SAVER_CUDA_GRAPH": "true",
+    "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "false",
+    "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "false",
+}
+
+
+def free_gib() -> float:
+    free, _total = torch.cuda.mem_get_info()
+    return free / GIB
+
+
+def slime_push(engine: Any, named: dict[str, Any], version: int) -> float:
+    """slime's colocated push (`_send_to_colocated_engine`): one FlattenedTensorBucket per 512 MiB of
+    tensors, serialized with SGLang's MultiprocessingSerializer, through the engine's own
+    `update_weights_from_tensor`; ms."""
+    from sglang.srt.utils import MultiprocessingSerializer
+    from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket
+
+    chunks: list[list[tuple[str, Any]]] = [[]]
+    size = 0
+    for name, tensor in named.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if chunks[-1] and size + nbytes > BUCKET:
+            chunks.append([])
+            size = 0
+        chunks[-1].append((name, tensor))
+        size += nbytes
+    start = time.perf_counter()
+    for chunk in chunks:
+        bucket = FlattenedTensorBucket(named_tensors=chunk)
+        data = {"flattened_tensor": bucket.get_flattened_tensor(), "metadata": bucket.get_metadata()}
+        payload = MultiprocessingSerializer.serialize(data, output_str=True)
+        engine.update_weights_from_tensor(
+            [payload], load_format="flattened_bucket", weight_version=str(version)
+        )
+        del data, bucket
+    torch.cuda.ipc_collect()
+    return (time.perf_counter() - start) * 1e3
+
+
+def router_generate(router_url: str) -> tuple[int, Any]:
+    import requests
+
+    body = {"input_ids": PROMPTS, "sampling_params": {"temperature": 0.0, "max_new_tokens": NEW_TOKENS}}
+    reply = requests.post(f"{router_url}/generate", json=body, timeout=120)
+    return reply.status_code, reply.json() if reply.status_code == 200 else reply.text
+
+
+def tokens_of(answer: Any) -> list[list[int]]:
+    return [list(out["output_ids"]) for out in answer]
+
+
+@pytest.fixture(scope="module")
+def rig() -> Any:
+    from actor_integration.frameworks.slime_rollout import lifecycle_engine
+    from actor_integration.models.qwen2 import QwenConfig, QwenLM
+    from tests.helpers.engine_source import engine_args, installed
+    from tests.helpers.framework_source import SourceUnavailable, free_port
+    from tests.helpers.sglang_server import FakeRouter
+    from tests.helpers.slime_source import SlimeSource
+
+    try:
+        source = SlimeSource.find()
+    except SourceUnavailable as exc:
+        pytest.skip(str(exc))
+    os.environ.update(SLIME_ENV)
+    torch.cuda.set_device(0)
+    router = FakeRouter()
+    with installed("slime", source, server_fields=None) as (module, _launched):
+        args = engine_args(
+            "slime",
+            router=router,
+            hf_checkpoint=str(MODEL),
+            sglang_load_format="dummy",
+            sglang_skip_tokenizer_init=True,
+            sglang_mem_fraction_static=0.2,
+            sglang_attention_backend="triton",
+            sglang_sampling_backend="pytorch",
+            sglang_disable_cuda_graph=True,
+            sglang_context_length=4096,
+            sglang_dtype="bfloat16",
+        )
+        cls = lifecycle_engine(module.SGLangEngine)
+        engine = cls(
+            args, rank=0, base_gpu_id=0, sglang_overrides={"enable_metrics": False}, num_gpus_per_engine=1
+        )
+        free_before = free_gib()
+        started = time.monotonic()
+        engine.init(
+            dist_init_addr=f"127.0.0.1:{free_port()}",
+            port=free_port(),
+            nccl_port=free_port(),
+            host="127.0.0.1",
+            router_ip=router.host,
+            router_port=router.port,
+        )
+        config = QwenConfig.from_json(MODEL)
+        sets = {n: QwenLM(config, seed=s, device="cuda").named_weights() for n, s in (("A", 1), ("B", 2))}
+        plain = module.SGLangEngine(args, rank=0)
+        plain.node_rank, plain.server_host, plain.server_port = 0, engine.server_host, engine.server_port
+        plain.router_ip = None
+        rig = {
+            "module": module,
+            "engine": engine,
+            "plain": plain,
+            "router": router,
+            "sets": sets,
+            "url": engine.lifecycle_state()["url"],
+            "version": 0,
+            "figures": {
+                "server_up_s": round(time.monotonic() - started, 1),
+                "server_gib": round(free_before - free_gib(), 2),
+            },
+            "tokens": {},
+        }
+        yield rig
+        if engine.process.is_alive():
+            engine.shutdown()
+    router.close()
+
+
+def test_1_slimes_own_calls_on_the_server(rig: Any) -> None:
+    """slime's class, plain, on the same server: offload → onload_weights → push → onload_kv, timed (the baseline)."""
+    plain, sets = rig["plain"], rig["sets"]
+    times: dict[str, list[float]] = {
+        "release_ms": [],
+        "resume_weights_ms": [],
+        "resume_kv_ms": [],
+        "push_ms": [],
+    }
+    for cycle in range(6):
+        t0 = time.perf_counter()
+        plain.release_memory_occupation()
+        t1 = time.perf_counter()
+        plain.resume_memory_occupation(tags=["weights"])
+        t2 = time.perf_counter()
+        plain.pause_generation()
+        plain.flush_cache()
+        times["push_ms"].append(slime_push(plain, sets["A" if cycle % 2 else "B"], 1000 + cycle))
+        plain.continue_generation()
+        t3 = time.perf_counter()
+        plain.resume_memory_occupation(tags=REST)
+        t4 = time.perf_counter()
+        times["release_ms"].append((t1 - t0) * 1e3)
+        times["resume_weights_ms"].append((t2 - t1) * 1e3)
+        times["resume_kv_ms"].append((t4 - t3) * 1e3)
+    figures = {k: round(statistics.median(v[1:]), 2) for k, v in times.items()}
+    figures["sleep_wake_ms"] = round(
+        figures["release_ms"] + figures["resume_weights_ms"] + figures["resume_kv_ms"], 2
+    )
+    rig["figures"]["slime_own"] = figures
+    record("slime_rollout_plain", figures)
+
+
+def one_cycle(rig: Any, name: str) -> dict[str, float]:
+    """The rollout manager's and trainer's calls on the wrapped engine, timed."""
+    engine = rig["engine"]
+    rig["version"] += 1
+    t0 = time.perf_counter()
+    engine.release_memory_occupation()  # offload
+    t1 = time.perf_counter()
+    engine.resume_memory_occupation(tags=["weights"])  # onload_weights
+    t2 = time.perf_counter()
+    engine.pause_generation()
+    engine.flush_cache()
+    push = slime_push(engine, rig["sets"][name], rig["version"])
+    engine.continue_generation()
+    t3 = time.perf_counter()
+    engine.resume_memory_occupation(tags=REST)  # onload_kv
+    t4 = time.perf_counter()
+    rig["version_set"] = {**rig.get("version_set", {}), str(rig["version"]): name}
+    return {
+        "release_ms": (t1 - t0) * 1e3,
+        "resume_weights_ms": (t2 - t1) * 1e3,
+        "resume_kv_ms": (t4 - t3) * 1e3,
+        "push_ms": push,
+    }
+
+
+def test_2_cycles_of_slimes_sequence_under_the_wrap(rig: Any) -> None:
+    """>= 20 cycles of slime's offload / onload / update sequence, the two weight sets alternating:
+    greedy tokens through the router identical whenever the same set is loaded; memory released."""
+    engine, router = rig["engine"], rig["router"]
+    started = time.monotonic()
+    one_cycle(rig, "A")
+    status, answer = router_generate(router.url)  # the first generation JIT-compiles SGLang's kernels
+    assert status == 200, answer
+    rig["figures"]["first_generate_s"] = round(time.monotonic() - started, 1)
+    rig["tokens"]["A"] = tokens_of(answer)
+    phases, freed = [], []
+    for cycle in range(CYCLES):
+        name = "B" if cycle % 2 == 0 else "A"
+        awake = free_gib()
+        timing = one_cycle(rig, name)
+        status, answer = router_generate(router.url)
+        assert status == 200, (cycle, answer)
+        out = tokens_of(answer)
+        assert all(len(o) == NEW_TOKENS for o in out)
+        assert answer[0]["meta_info"].get("weight_version", str(rig["version"])) == str(rig["version"])
+        if name in rig["tokens"]:
+            assert out == rig["tokens"][name], f"cycle {cycle}: set {name} generated other tokens"
+        else:
+            rig["tokens"][name] = out
+        phases.append(timing)
+        engine.release_memory_occupation()
+        freed.append(free_gib() - awake)
+        engine.resume_memory_occupation(tags=["weights"])
+        engine.pause_generation()
+        slime_push(engine, rig["sets"][name], rig["version"] + 1000)  # the same set, a new version
+        rig["version"] += 1000
+        rig["version_set"][str(rig["version"])] = name
+        engine.continue_generation()
+        engine.resume_memory_occupation(tags=REST)
+    assert rig["tokens"]["A"] != rig["tokens"]["B"]
+    median = {k: round(statistics.median(p[k] for p in phases), 2) for k in phases[0]}
+    median["sleep_wake_ms"] = round(
+        median["release_ms"] + median["resume_weights_ms"] + median["resume_kv_ms"], 2
+    )
+    figures = {
+        **rig["figures"],
+        "cycles": CYCLES,
+        "wrapped_median": median,
+        "freed_by_release_gib": round(statistics.median(freed), 2),
+        "tokens_A": rig["tokens"]["A"][0],
+        "tokens_B": rig["tokens"]["B"][0],
+        "admitted": engine.lifecycle_state()["admitted"],
+    }
+    own = rig["figures"].get("slime_own")
+    if own:
+        figures["wrapped_minus_slime_sleep_wake_ms"] = round(
+            median["sleep_wake_ms"] - own["sleep_wake_ms"], 2
+        )
+    rig["figures"]["wrapped"] = median
+    record("slime_rollout_cycles", figures)
+    assert statistics.median(freed) > 1.0, figures
+
+
+def test_3_the_three_killing_sequences_are_absorbed_and_the_server_lives(rig: Any) -> None:
+    """As a slime job makes them: a second offload; the health monitor's check and a rollout request
+    through the router while released; an onload_kv on an awake server."""
+    from actor_integration.rollout.sglang_http import SGLangHTTPEngine
+
+    engine, router = rig["engine"], rig["router"]
+    probe = SGLangHTTPEngine(rig["url"], codec=lambda named: None, multi_dtype_buckets=False, timeout_s=30)
+    engine.release_memory_occupation()
+    engine.release_memory_occupation()  # plain: torch_memory_saver exits the scheduler
+    healthy = engine.health_generate(timeout=5.0)  # plain: /health_generate on released memory
+    status, _ = router_generate(router.url)  # plain: routed to the released server
+    probe.alive()
+    name = rig["version_set"][str(rig["version"])]
+    one_cycle(rig, name)
+    engine.resume_memory_occupation(tags=REST)  # plain: KeyError in the scheduler
+    engine.resume_memory_occupation(tags=["weights"])
+    probe.alive()
+    status_after, answer = router_generate(router.url)
+    figures = {
+        "health_while_released": healthy,
+        "router_while_released": status,
+        "router_after": status_after,
+        "same_tokens": status_after == 200 and tokens_of(answer) == rig["tokens"][name],
+    }
+    record("slime_rollout_killers", figures)
+    assert healthy is True and status == 503 and figures["same_tokens"], figures
+
+
+def test_4_requests_sent_all_along_are_never_served_on_released_or_stale_weights(rig: Any) -> None:
+    """A client sending the rollout's requests through the router without pause across 5 cycles:
+    each answer is a version loaded whole, with that version's tokens; the rest find no worker."""
+    import requests
+
+    router, stop, answers = rig["router"], threading.Event(), []
+
+    def client() -> None:
+        body = {
+            "input_ids": PROMPTS[:1],
+            "sampling_params": {"temperature": 0.0, "max_new_tokens": NEW_TOKENS},
+        }
+        while not stop.is_set():
+            try:
+                reply = requests.post(f"{router.url}/generate", json=body, timeout=120)
+                answers.append((reply.status_code, reply.json() if reply.status_code == 200 else None))
+            except Exception as exc:
+                answers.append((type(exc).__name__, None))
+
+    thread = threading.Thread(target=client, daemon=True)
+    thread.start()
+    for cycle in range(5):
+        one_cycle(rig, "A" if cycle % 2 else "B")
+        time.sleep(0.05)
+    stop.set()
+    thread.join(120)
+
+    def aborted(answer: Any) -> bool:  # in flight when the sleep paused generation (abort): not served
+        finish = answer[0].get("meta_info", {}).get("finish_reason")
+        return isinstance(finish, dict) and finish.get("type") == "abort"
+
+    served = [a for s, a in answers if s == 200 and not aborted(a)]
+    wrong = []
+    for answer in served:
+        version = answer[0].get("meta_info", {}).get("weight_version")
+        out = [list(answer[0]["output_ids"])]
+        if version is None:  # the server does not say: the tokens must be one set's
+            ok = any(out == tokens[:1] for tokens in rig["tokens"].values())
+        else:
+            name = rig["version_set"].get(str(version))
+            ok = name is not None and out == rig["tokens"][name][:1]
+        if not ok:
+            wrong.append(version)
+    figures = {
+        "requests": len(answers),
+        "served": len(served),
+        "aborted": sum(1 for s, a in answers if s == 200 and aborted(a)),
+        "no_worker": sum(1 for s, _ in answers if s == 503),
+        "other": sorted({str(s) for s, _ in answers} - {"200", "503"}),
+        "served_wrong": len(wrong),
+    }
+    record("slime_rollout_client", figures)
+    assert served and not wrong and not figures["other"], figures
+
+
+def test_6_a_killed_server_is_a_typed_error_naming_it_and_the_router_is_told(rig: Any) -> None:
+    """The server's process tree killed while it serves (awake, in the router): the rollout
+    manager's next offload is a typed error naming it within the deadline, the router no longer
+    lists it, and the health monitor's check reports it unhealthy (fault tolerance restarts it)."""
+    from sglang.srt.utils import kill_process_tree
+
+    from actor_integration.errors import SGLangServerError
+    from lifecycle import State
+    from lifecycle.errors import LifecycleError
+
+    engine, router = rig["engine"], rig["router"]
+    listed_before = rig["url"] in router.urls()
+    kill_process_tree(engine.process.pid)
+    engine.process.join(30)
+    start = time.monotonic()
+    with pytest.raises(SGLangServerError) as dead:
+        engine.release_memory_occupation()
+    waited = time.monotonic() - start
+    with pytest.raises(LifecycleError):
+        engine.health_generate(timeout=5.0)
+    figures = {
+        "listed_before": listed_before,
+        "typed_error_s": round(waited, 3),
+        "error": type(dead.value).__name__,
+        "names_the_server": rig["url"] in str(dead.value),
+        "state": engine.lifecycle.state.value,
+        "router_lists_it": rig["url"] in router.urls(),
+    }
+    record("slime_rollout_kill", figures)
+    assert waited < 10 and figures["names_the_server"] and engine.lifecycle.state is State.FAILED, figures
+    assert listed_before and not figures["router_lists_it"], figures
