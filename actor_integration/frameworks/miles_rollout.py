@@ -32,8 +32,7 @@ import importlib
 import sys
 from typing import Any, ClassVar
 
-from actor_integration.frameworks.sglang_actor import SGLangActorLifecycle
-from actor_integration.frameworks.slime_rollout import install_into
+from actor_integration.frameworks.sglang_actor import SGLangActorLifecycle, install_into, wrapped_engine
 from lifecycle import Contents
 
 __all__ = ["MILES_COMMIT", "MilesRolloutMixin", "install", "lifecycle_engine"]
@@ -207,16 +206,9 @@ def _engine_base(cls: type) -> type:
     raise TypeError(f"{cls.__name__} has no miles SGLangEngine among its bases")
 
 
-_BUILT: dict[type, type] = {}
-
-
 def lifecycle_engine(engine_class: type) -> type:
     """`class LifecycleSGLangEngine(MilesRolloutMixin, engine_class)`, once per class (Ray pickles it by value)."""
-    built = _BUILT.get(engine_class)
-    if built is None:
-        built = type("LifecycleSGLangEngine", (MilesRolloutMixin, engine_class), {"__module__": __name__})
-        _BUILT[engine_class] = built
-    return built
+    return wrapped_engine(MilesRolloutMixin, engine_class, __name__)
 
 
 def install() -> type:

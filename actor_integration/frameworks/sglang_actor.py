@@ -727,3 +727,26 @@ def _as_int(version: Any, default: int | None = 0) -> int:
         return int(str(version))
     except (TypeError, ValueError):
         return 0 if default is None else default
+
+
+_BUILT: dict[tuple[type, type], type] = {}
+
+
+def wrapped_engine(mixin: type, engine_class: type, module: str) -> type:
+    """`class LifecycleSGLangEngine(mixin, engine_class)`, built once per pair (Ray pickles it by
+    value; `module` is the framework adapter's, where the class says it comes from)."""
+    built = _BUILT.get((mixin, engine_class))
+    if built is None:
+        built = type("LifecycleSGLangEngine", (mixin, engine_class), {"__module__": module})
+        _BUILT[(mixin, engine_class)] = built
+    return built
+
+
+def install_into(module: Any, wrap: Callable[[type], type]) -> type:
+    """`module.SGLangEngine = wrap(module.SGLangEngine)`, once (a wrapped class is left as it is)."""
+    current = module.SGLangEngine
+    if isinstance(current, type) and issubclass(current, SGLangActorLifecycle):
+        return current
+    module.SGLangEngine = wrap(current)
+    wrapped: type = module.SGLangEngine
+    return wrapped

@@ -35,7 +35,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, ClassVar
 
-from actor_integration.frameworks.sglang_actor import SGLangActorLifecycle
+from actor_integration.frameworks.sglang_actor import SGLangActorLifecycle, install_into, wrapped_engine
 
 __all__ = ["SLIME_COMMIT", "SlimeRolloutMixin", "install", "lifecycle_engine"]
 
@@ -121,17 +121,12 @@ class SlimeRolloutMixin(SGLangActorLifecycle):
         return self._lc_reads_weights("check_weights", lambda: self._own("check_weights")(action))
 
 
-_BUILT: dict[type, type] = {}
 ROLLOUT_MODULE = "slime.ray.rollout"  # where slime's ServerGroup.start_engines reads SGLangEngine
 
 
 def lifecycle_engine(engine_class: type) -> type:
     """`class LifecycleSGLangEngine(SlimeRolloutMixin, engine_class)`, once per class (Ray pickles it by value)."""
-    built = _BUILT.get(engine_class)
-    if built is None:
-        built = type("LifecycleSGLangEngine", (SlimeRolloutMixin, engine_class), {"__module__": __name__})
-        _BUILT[engine_class] = built
-    return built
+    return wrapped_engine(SlimeRolloutMixin, engine_class, __name__)
 
 
 def install() -> type:
@@ -142,13 +137,3 @@ def install() -> type:
         ray.init(runtime_env={"worker_process_setup_hook": "actor_integration.frameworks.slime_rollout.install"})
     """
     return install_into(importlib.import_module(ROLLOUT_MODULE), lifecycle_engine)
-
-
-def install_into(module: Any, wrap: Any) -> type:
-    """`module.SGLangEngine = wrap(module.SGLangEngine)`, once."""
-    current = module.SGLangEngine
-    if isinstance(current, type) and issubclass(current, SGLangActorLifecycle):
-        return current
-    module.SGLangEngine = wrap(current)
-    wrapped: type = module.SGLangEngine
-    return wrapped
