@@ -46,10 +46,6 @@ class MilesRolloutMixin(SGLangActorLifecycle):
 
     lifecycle_framework: ClassVar[str] = "miles"
 
-    def _own(self, name: str) -> Any:
-        """miles's own method `name` (the class after this mixin in the bases)."""
-        return getattr(super(), name)
-
     def lifecycle_router_api(self) -> str:
         """miles' own choice, by sglang_router's version and `--use-miles-router`."""
         from packaging.version import parse
@@ -60,25 +56,11 @@ class MilesRolloutMixin(SGLangActorLifecycle):
             return "legacy"
         return "workers_by_url" if version < parse("0.3.0") else "workers"
 
-    def init(self, dist_init_addr: str, port: int, nccl_port: int, *args: Any, **kwargs: Any) -> Any:
-        result = self._own("init")(dist_init_addr, port, nccl_port, *args, **kwargs)
-        self._lc_after_init(dist_init_addr)
-        return result
-
-    def _init_normal(self, server_args_dict: dict[str, Any]) -> Any:
-        return self._lc_init_normal(self._own("_init_normal"), server_args_dict)
-
     def release_memory_occupation(self, tags: list[str] | None = None) -> None:
         self._lc_sleep(tags, "release_memory_occupation")
 
-    def resume_memory_occupation(self, tags: list[str] | None = None) -> None:
-        self._lc_wake(tags, "resume_memory_occupation")
-
     def pause_generation(self, mode: str = "retract") -> Any:
         return self._lc_pause("pause_generation", lambda: self._own("pause_generation")(mode=mode))
-
-    def continue_generation(self) -> Any:
-        return self._lc_continue("continue_generation", self._own("continue_generation"))
 
     def _lc_pause_mode(self) -> str:
         return str(getattr(self.args, "pause_generation_mode", "abort") or "abort")
@@ -141,19 +123,6 @@ class MilesRolloutMixin(SGLangActorLifecycle):
             ),
         )
 
-    def update_weights_from_disk(
-        self, model_path: str, load_format: str | None = None, weight_version: str | None = None
-    ) -> Any:
-        result = self._lc_push(
-            "update_weights_from_disk",
-            weight_version if weight_version is not None else f"disk:{model_path}",
-            lambda: self._own("update_weights_from_disk")(
-                model_path, load_format=load_format, weight_version=weight_version
-            ),
-        )
-        self._lc_version_end("update_weights_from_disk")  # a checkpoint loads whole in one call
-        return result
-
     def update_weight_version(self, weight_version: str) -> Any:
         """miles' relabel of the loaded weights (no bytes move): the served version follows it."""
         if self.node_rank != 0:
@@ -172,9 +141,6 @@ class MilesRolloutMixin(SGLangActorLifecycle):
             self.__dict__["_lc_served"] = label
             self._lc_publish()
         return result
-
-    def health_generate(self, timeout: float = 5.0) -> Any:
-        return self._lc_health(timeout, lambda: self._own("health_generate")(timeout=timeout))
 
     def check_weights(
         self,

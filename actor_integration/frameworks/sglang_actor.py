@@ -232,6 +232,42 @@ class SGLangActorLifecycle:
     _lc: Lifecycle | None = None
     _lc_key: str | None = None
 
+    # ------------------------------------------------------------------ the calls both frameworks make alike
+
+    def _own(self, name: str) -> Any:
+        """The framework's own method `name`: the engine class after the lifecycle's in the bases."""
+        return getattr(super(), name)
+
+    def init(self, dist_init_addr: str, port: int, nccl_port: int, *args: Any, **kwargs: Any) -> Any:
+        result = self._own("init")(dist_init_addr, port, nccl_port, *args, **kwargs)
+        self._lc_after_init(dist_init_addr)
+        return result
+
+    def _init_normal(self, server_args_dict: dict[str, Any]) -> Any:
+        return self._lc_init_normal(self._own("_init_normal"), server_args_dict)
+
+    def resume_memory_occupation(self, tags: list[str] | None = None) -> None:
+        self._lc_wake(tags, "resume_memory_occupation")
+
+    def continue_generation(self) -> Any:
+        return self._lc_continue("continue_generation", self._own("continue_generation"))
+
+    def update_weights_from_disk(
+        self, model_path: str, load_format: str | None = None, weight_version: str | None = None
+    ) -> Any:
+        result = self._lc_push(
+            "update_weights_from_disk",
+            weight_version if weight_version is not None else f"disk:{model_path}",
+            lambda: self._own("update_weights_from_disk")(
+                model_path, load_format=load_format, weight_version=weight_version
+            ),
+        )
+        self._lc_version_end("update_weights_from_disk")  # a checkpoint loads whole in one call
+        return result
+
+    def health_generate(self, timeout: float = 5.0) -> Any:
+        return self._lc_health(timeout, lambda: self._own("health_generate")(timeout=timeout))
+
     # ------------------------------------------------------------------ configuration
 
     def lifecycle_router_api(self) -> str:
