@@ -86,7 +86,10 @@ def _gather(args: argparse.Namespace) -> int:
     problem = unreachable(args.address, min(args.timeout_s, 10.0))  # Ray retries an absent GCS for minutes
     if problem is not None:
         args.parser.error(f"--address {args.address}: {problem}")
-    ray.init(address=args.address, logging_level=logging.ERROR, log_to_driver=False)
+    try:
+        ray.init(address=args.address, logging_level=logging.ERROR, log_to_driver=False)
+    except ConnectionError as exc:  # "auto" with no cluster on this host: Ray's own words, one line
+        args.parser.error(f"--address {args.address}: {str(exc).splitlines()[0]}")
     try:
         print(f"joined Ray cluster at {args.address}: {describe_cluster()}", file=sys.stderr)
         gathered = gather_logs(args.output, directory=args.dir, timeout_s=args.timeout_s)

@@ -5,7 +5,9 @@ and a fuzz pass over the fault-spec parser."""
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -141,3 +143,20 @@ class TestFaultSpecs:
             assert "expected [trainer:|rollout:]HOOK@STEP" in str(exc)
         else:
             assert role in ("trainer", "rollout") and hook in {h.value for h in Hook} and step >= 0
+
+
+def test_gather_with_no_cluster_on_this_host_is_one_line(tmp_path):
+    """`lifecycle gather` defaults to the cluster on this host; with none there it says so, exit 2."""
+    pytest.importorskip("ray")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["RAY_TMPDIR"] = str(tmp_path / "no-cluster-here")  # where Ray looks for this host's cluster
+    proc = subprocess.run(
+        [sys.executable, "-m", "actor_integration.tools.cli", "gather", "-o", str(tmp_path / "logs")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    line = one_line_error(proc, "gather")
+    assert "--address auto: Could not find any running Ray instance" in line
+    assert not (tmp_path / "logs").exists()
