@@ -33,11 +33,8 @@ import contextlib
 import itertools
 import os
 import signal
-import tempfile
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
@@ -48,10 +45,14 @@ from actor_integration.errors import (
     MemoryStateError,
     SGLangServerTimeout,
 )
-from actor_integration.rollout import sglang_receiver
 from actor_integration.rollout.engine import GENERATION_MODES, NamedTensors
+from actor_integration.rollout.sglang_scheduler import (
+    SCHEDULER_LOADER,
+    SchedulerReceiverCalls,
+    reply_directory,
+)
 from actor_integration.weight_sync.buckets import BucketManifest, dtype_from_name
-from actor_integration.weight_sync.wire import CorruptBucketError, RankPayload, WeightSyncError
+from actor_integration.weight_sync.wire import WeightSyncError
 
 Codec = Callable[[NamedTensors], Any]
 BucketCodec = Callable[[torch.Tensor, BucketManifest], Any]
@@ -59,7 +60,6 @@ T = TypeVar("T")
 
 SGLANG_TAGS = ("weights", "kv_cache", "cuda_graph")  # SGLang's GPU_MEMORY_ALL_TYPES
 SUPPORTED_VERSIONS = ("0.5.17", "0.5.23")  # the oldest and newest release the adapter is checked on
-SCHEDULER_LOADER = sglang_receiver.LOADER
 _TMS_PRELOAD = "torch_memory_saver_hook_mode_preload"
 
 
@@ -230,7 +230,7 @@ class SGLangWeights:
         )
 
 
-class SGLangEngine(SGLangWeights):
+class SGLangEngine(SchedulerReceiverCalls, SGLangWeights):
     """Adapts `sglang.Engine` to `RolloutEngine`. Pass an engine, or keyword arguments to build one
     (the scheduler-side receiver is then added to `custom_weight_loader`, unless
     `scheduler_receiver=False`).
@@ -284,12 +284,11 @@ class SGLangEngine(SGLangWeights):
         self._watched = self._watch_processes()
         self._died: EngineDiedError | None = None
         self._calls = itertools.count()
-        self._reply_dir = Path(tempfile.mkdtemp(prefix="rl-lifecycle-sglang-", dir=_shm_dir()))
+        self._reply_dir = reply_directory("rl-lifecycle-sglang-")
         self.scheduler_receiver = SCHEDULER_LOADER in list(getattr(args, "custom_weight_loader", None) or [])
         self.scheduler_pids: list[int] = []
         if self.scheduler_receiver:
-            hello = self._scheduler("hello", timeout_s=self.call_timeout_s)
-            self.scheduler_pids = [int(r["pid"]) for r in hello["ranks"]]
+            self.scheduler_pids = self.scheduler_hello()
         self._memory_gb = self._memory_usage()  # fixed at start-up: asked once, not in every release
 
     # ------------------------------------------------------------------ what the engine is
@@ -449,64 +448,6 @@ class SGLangEngine(SGLangWeights):
         return str(checksum)
 
     # ------------------------------------------------------------------ weights
-
-    def accepts_payloads(self, transport: str) -> bool:
-        """Whether a round by `transport` goes to the schedulers unopened (`load_payloads`)."""
-        return self.scheduler_receiver and transport in sglang_receiver.TRANSPORTS
-
-    def check_payloads(self, payloads: Sequence[RankPayload]) -> None:
-        """Refuse a round before anything is sent (the caller still holds its buffers' grants)."""
-        self._require_resident("update_weights", ["weights"])
-        if len(payloads) != self.tp_size:
-            raise ValueError(
-                f"SGLangEngine: the round carries {len(payloads)} payloads but the engine has {self.tp_size} TP "
-                "ranks: the trainer's slot and the engine disagree on the number of GPUs"
-            )
-
-    def load_payloads(
-        self, version: int, payloads: Sequence[RankPayload], *, round_index: int, final: bool
-    ) -> dict[str, Any]:
-        """One round, received by SGLang's schedulers themselves: each opens and verifies its TP
-        rank's buffers and loads only if every rank verified. Raises `CorruptBucketError` (nothing
-        written, the previous weights stay) or `WeightSyncError` (see `written`)."""
-        self.check_payloads(payloads)
-        started = time.perf_counter()
-        try:
-            reply = self._scheduler(
-                "round",
-                payloads=payloads,
-                timeout_s=self.weights_timeout_s,
-                version=version,
-                round_index=round_index,
-                final=final,
-            )
-        except (CorruptBucketError, WeightSyncError) as error:
-            if error.fields.get("written", True) or round_index > 0:
-                self._mixed = version  # written in part now, or in an earlier round of the version
-            raise
-        except BaseException:
-            self._mixed = version  # the call may have loaded some ranks before it failed
-            raise
-        if final:
-            self.weight_version = version
-            self._mixed = None
-        # The engine's phases: verify/load/close inside the scheduler, the scheduler's whole share,
-        # and the call as this process saw it (the difference is SGLang's request round trip).
-        timings = {
-            **reply.get("timings", {}),
-            "scheduler_ms": reply.get("ms"),
-            "call_ms": round((time.perf_counter() - started) * 1e3, 3),
-            "load_path": reply.get("load"),  # SGLang's loaders, or their recorded copies (load_plan.py)
-        }
-        return {"nbytes": sum(p.nbytes for p in payloads), "timings": timings}
-
-    def release_payload_handles(self) -> int:
-        """Close the trainer buffers the schedulers hold open (the rollout calls it when it sleeps,
-        so no cached handle pins trainer memory: slime #1731). The number closed."""
-        if not self.scheduler_receiver or self._died is not None:
-            return 0
-        reply = self._scheduler("release", timeout_s=self.call_timeout_s)
-        return sum(int(r.get("released", 0)) for r in reply["ranks"])
 
     def load_buckets(
         self,
@@ -688,6 +629,15 @@ class SGLangEngine(SGLangWeights):
         )
         _check(answer, what)
 
+    def _serialize_names(self, names: Sequence[str]) -> Any:
+        from sglang.srt.utils import MultiprocessingSerializer
+
+        # An empty tensor pickles without shared memory, and SGLang calls .to(device) on each.
+        return MultiprocessingSerializer.serialize([(name, torch.empty(0)) for name in names])
+
+    def _receiver_gone(self) -> bool:
+        return self._died is not None
+
     def _session(self, begin: bool) -> None:
         """0.5.23 loads weights only between begin_weight_update() and end_weight_update()."""
         from sglang.srt.managers import io_struct
@@ -721,64 +671,6 @@ class SGLangEngine(SGLangWeights):
             raise
         if final:
             self._session(begin=False)
-
-    def _scheduler(
-        self,
-        op: str,
-        *,
-        timeout_s: float,
-        payloads: Sequence[RankPayload] | None = None,
-        version: int | None = None,
-        round_index: int = 0,
-        final: bool = True,
-    ) -> dict[str, Any]:
-        """One call of the scheduler-side receiver (`sglang_receiver.receive`); its reply. A round
-        carries `version`'s payloads; any other op is a call of its own (its own session)."""
-        from sglang.srt.utils import MultiprocessingSerializer
-
-        call = f"{os.getpid()}-{next(self._calls)}-{uuid.uuid4().hex[:6]}"
-        reply_path = self._reply_dir / f"{call}.json"
-        names = sglang_receiver.encode_request(
-            op, call=call, reply=str(reply_path), ranks=self.tp_size, payloads=payloads
-        )
-        # An empty tensor pickles without shared memory, and SGLang calls .to(device) on each.
-        serialized = MultiprocessingSerializer.serialize([(name, torch.empty(0)) for name in names])
-        with self._weight_session(round_index=round_index, final=final):
-            self._send_update(
-                [serialized] * self.tp_size,
-                load_format=SCHEDULER_LOADER,
-                ends_version=version if final else None,
-                timeout_s=timeout_s,
-                what=f"the lifecycle's {op} call",
-            )
-            reply = sglang_receiver.read_reply(reply_path)
-            if reply is not None and not reply["ok"] and version is not None:
-                self._raise_refusal(version, reply)
-        if reply is None:
-            raise WeightSyncError(
-                f"SGLang answered the lifecycle's {op} call but its receiver left no reply in {reply_path}: "
-                f"the engine was not started with custom_weight_loader=[{SCHEDULER_LOADER!r}] (SGLangEngine "
-                "adds it when it builds the engine), or its scheduler cannot import actor_integration",
-                op=op,
-            )
-        return reply
-
-    def _raise_refusal(self, version: int, reply: dict[str, Any]) -> None:
-        failed = [r for r in reply["ranks"] if not r.get("ok")]
-        first: dict[str, Any] = failed[0] if failed else {"error": "unknown", "message": "no rank said why"}
-        written = any(r.get("written") for r in failed)
-        if written:
-            self._mixed = version
-        ranks = [i for i, r in enumerate(reply["ranks"]) if not r.get("ok")]
-        message = f"SGLang's scheduler (TP rank(s) {ranks}) refused version {version}: {first['message']}" + (
-            "; its weights were partly written and are not valid until a version loads whole"
-            if written
-            else "; nothing was written: the previous weights stay loaded"
-        )
-        fields = {**(first.get("fields") or {}), "version": version, "written": written, "tp_ranks": ranks}
-        if first.get("error") == "CorruptBucketError":
-            raise CorruptBucketError(message, **fields)
-        raise WeightSyncError(message, **{**fields, "error": first.get("error")})
 
 
 def check_engine_arguments(kwargs: dict[str, Any]) -> None:
@@ -823,10 +715,6 @@ def _pid_alive(pid: int) -> bool:
         return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
     except psutil.NoSuchProcess:
         return False
-
-
-def _shm_dir() -> str | None:
-    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 
 
 def _version_tuple(version: str) -> tuple[int, ...]:

@@ -7,28 +7,46 @@ not be reached (`SGLangServerError`, status None), or did not answer in time
 requests remain, and `flush_cache()` returns False then, as the offline adapter does.
 
 Weights go through `/update_weights_from_tensor` in the flattened-bucket format, one base64
-payload per TP rank (CUDA IPC handles inside: the server must be on the trainer's node).
+payload per TP rank (CUDA IPC handles inside: the server must be on the trainer's node). With
+`scheduler_receiver=True` (a server started with
+`--custom-weight-loader actor_integration.rollout.sglang_receiver.receive`) a round goes to the
+server's schedulers unopened instead (`LoadsPayloads`, as `SGLangEngine` does): each scheduler opens
+the trainer's staging buffers itself, verifies them and loads through SGLang's weight loaders, in
+one call per round; this process then never maps the trainer's memory.
 Written against the SGLang pinned in pyproject's `sglang` extra; CI checks every route, method
 and JSON field against that version's server source (test_sglang_http.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import http.client
+import itertools
 import json
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 from actor_integration.errors import SGLangServerError, SGLangServerTimeout
 from actor_integration.rollout.engine import GENERATION_MODES
 from actor_integration.rollout.sglang import Codec, SGLangWeights
+from actor_integration.rollout.sglang_scheduler import (
+    SCHEDULER_LOADER,
+    SchedulerReceiverCalls,
+    reply_directory,
+)
 
 
-class SGLangHTTPEngine(SGLangWeights):
-    """Adapts a running SGLang server (`python -m sglang.launch_server`) to `RolloutEngine`."""
+class SGLangHTTPEngine(SchedulerReceiverCalls, SGLangWeights):
+    """Adapts a running SGLang server (`python -m sglang.launch_server`) to `RolloutEngine`.
+
+    `scheduler_receiver=True` asks the server (`/server_info`) whether it lists the lifecycle's
+    receiver in `custom_weight_loader` and starts it in every scheduler (`ValueError` naming the
+    flag to add if not); `serialize_names` replaces SGLang's serializer for the receiver's calls
+    (tests without sglang)."""
 
     def __init__(
         self,
@@ -39,6 +57,8 @@ class SGLangHTTPEngine(SGLangWeights):
         api_key: str | None = None,
         codec: Codec | None = None,
         multi_dtype_buckets: bool | None = None,
+        scheduler_receiver: bool = False,
+        serialize_names: Callable[[Sequence[str]], Any] | None = None,
     ) -> None:
         parsed = urllib.parse.urlsplit(url)
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
@@ -56,14 +76,47 @@ class SGLangHTTPEngine(SGLangWeights):
         self._headers = {"Content-Type": "application/json"}
         if api_key is not None:
             self._headers["Authorization"] = f"Bearer {api_key}"
+        self.call_timeout_s = timeout_s
+        self.scheduler_receiver = False
+        self.tp_size = 1
+        self.scheduler_pids: list[int] = []
+        self._names_serializer = serialize_names
+        self._calls = itertools.count()
+        self._reply_dir = Path(".")
+        self._kv_resident = True  # as this client's own releases and resumes left it
+        self._sessions = False  # SGLang 0.5.23's weight-update sessions (asked with the receiver)
+        if scheduler_receiver:
+            self._start_scheduler_receiver()
+
+    def _start_scheduler_receiver(self) -> None:
+        _status, info = self._request("GET", "/server_info", None)
+        info = info if isinstance(info, dict) else {}
+        loaders = list(info.get("custom_weight_loader") or [])
+        if SCHEDULER_LOADER not in loaders:
+            raise ValueError(
+                f"SGLangHTTPEngine(scheduler_receiver=True): the server at {self.url} was not started with the "
+                f"lifecycle's receiver (its custom_weight_loader is {loaders}); start it with "
+                f"--custom-weight-loader {SCHEDULER_LOADER} (the slime and miles wraps add it themselves), "
+                "or pass scheduler_receiver=False to send flattened buckets"
+            )
+        self.tp_size = int(info.get("tp_size") or 1)
+        version = str(info.get("version") or "0")
+        self._sessions = tuple(int(p) for p in version.split(".")[:3] if p.isdigit()) >= (0, 5, 23)
+        self._reply_dir = reply_directory("rl-lifecycle-sglang-http-")
+        self.scheduler_receiver = True
+        self.scheduler_pids = self.scheduler_hello()
 
     # ------------------------------------------------------------------ memory and generation
 
     def release_memory_occupation(self, tags: Sequence[str] | None = None) -> None:
         self._request("POST", "/release_memory_occupation", {"tags": None if tags is None else list(tags)})
+        if tags is None or "kv_cache" in tags:
+            self._kv_resident = False
 
     def resume_memory_occupation(self, tags: Sequence[str] | None = None) -> None:
         self._request("POST", "/resume_memory_occupation", {"tags": None if tags is None else list(tags)})
+        if tags is None or "kv_cache" in tags:
+            self._kv_resident = True
 
     def pause_generation(self, mode: str = "abort") -> None:
         if mode not in GENERATION_MODES:
@@ -141,6 +194,77 @@ class SGLangHTTPEngine(SGLangWeights):
                 status=status,
                 answer=str(message),
             )
+
+    # ------------------------------------------------------------------ the scheduler-side receiver
+
+    def _send_update(
+        self, payloads: list[Any], *, load_format: str, ends_version: int | None, timeout_s: float, what: str
+    ) -> None:
+        """One `/update_weights_from_tensor` call of the receiver; the call that ends a version tags
+        the server with it and flushes the radix cache where the KV cache is resident."""
+        body: dict[str, Any] = {
+            "serialized_named_tensors": payloads,
+            "load_format": load_format,
+            "flush_cache": ends_version is not None and self._kv_resident,
+        }
+        if ends_version is not None:
+            body["weight_version"] = str(ends_version)
+        status, answer = self._request(
+            "POST", "/update_weights_from_tensor", body, refused_ok=True, timeout_s=timeout_s
+        )
+        if status != 200 or not (isinstance(answer, dict) and answer.get("success")):
+            message = answer.get("message", answer) if isinstance(answer, dict) else answer
+            raise SGLangServerError(
+                f"SGLang at {self.url} refused {what}: {message}",
+                method="POST",
+                path="/update_weights_from_tensor",
+                status=status,
+                answer=str(message),
+            )
+
+    def _serialize_names(self, names: Sequence[str]) -> Any:
+        if self._names_serializer is not None:
+            return self._names_serializer(names)
+        import torch
+        from sglang.srt.utils import MultiprocessingSerializer
+
+        # An empty tensor pickles without shared memory; over HTTP the payload is base64 text.
+        return MultiprocessingSerializer.serialize([(n, torch.empty(0)) for n in names], output_str=True)
+
+    @contextlib.contextmanager
+    def _weight_session(self, *, round_index: int, final: bool) -> Iterator[None]:
+        """The receiver's calls of a version inside one weight-update session (SGLang 0.5.23's
+        `/begin_weight_update` ... `/end_weight_update`; 0.5.17 has none), closed at once on failure."""
+        if not self._sessions:
+            yield
+            return
+        if round_index == 0:
+            self._session_call("/begin_weight_update")
+        try:
+            yield
+        except BaseException:
+            with contextlib.suppress(SGLangServerError):
+                self._session_call("/end_weight_update")
+            raise
+        if final:
+            self._session_call("/end_weight_update")
+
+    def _session_call(self, path: str) -> None:
+        status, answer = self._request("POST", path, {}, refused_ok=True)
+        if status != 200 or not (isinstance(answer, dict) and answer.get("success")):
+            raise SGLangServerError(
+                f"SGLang at {self.url} refused {path}: {_message(answer)}",
+                method="POST",
+                path=path,
+                status=status,
+                answer=_message(answer),
+            )
+
+    def _require_resident(self, what: str, tags: Sequence[str]) -> None:
+        pass  # the server does not say; the lifecycle in front of this client guards residency
+
+    def _receiver_gone(self) -> bool:
+        return False
 
     # ------------------------------------------------------------------ HTTP
 

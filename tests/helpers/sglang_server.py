@@ -16,6 +16,12 @@ kills this one: the request gets no answer and every later connection is refused
   Triton pointer error); a weight load into released weights, and a release with requests in the
   scheduler (0.5.17 asserts an idle scheduler) die as well.
 
+A server started with the lifecycle's receiver in `custom_weight_loader` runs it as SGLang's
+scheduler does: an `/update_weights_from_tensor` whose `load_format` names it goes to
+`sglang_receiver.receive(model, named_tensors)` on the fake's `model` (one TP rank; the names
+serialized with `encode_names`, as `SGLangHTTPEngine(serialize_names=encode_names)` sends them),
+which opens the trainer's buffers (shm on CPU), verifies and loads them, and writes its reply file.
+
 Generation waits while paused (SGLang's tokenizer manager holds requests on `is_pause`), and
 `/health_generate` answers 503 after its timeout then, without reaching the scheduler. Each
 generation that runs is recorded with the weights it read (`served`): per parameter, the version
@@ -93,8 +99,12 @@ class FakeSGLangServer:
         health_timeout_s: float = 20.0,
         exit_on_death: bool = False,
         routes: dict[str, frozenset[str]] | None = None,
+        custom_weight_loader: list[str] | None = None,
+        model: Any = None,
     ) -> None:
         self.version = version
+        self.custom_weight_loader = list(custom_weight_loader or [])
+        self.model = model  # SGLang's model for the receiver (a `receiving_model()` on first use)
         self.names = names
         self.cuda_graph = cuda_graph
         self.weights_cpu_backup = weights_cpu_backup
@@ -258,6 +268,8 @@ class FakeSGLangServer:
                 "version": self.version,
                 "weight_version": self.weight_version,
                 "internal_states": [{}],
+                "tp_size": 1,
+                "custom_weight_loader": list(self.custom_weight_loader),
             }
         if path == "/v1/loads":
             loads = [
@@ -376,6 +388,8 @@ class FakeSGLangServer:
                 }
             if self.refuse_weights is not None:
                 return 400, {"success": False, "message": self.refuse_weights}
+            if body.get("load_format") in self.custom_weight_loader:
+                return self._custom_load(body)
             if "names" in body:
                 names: list[str] = list(body["names"])
             else:
@@ -389,6 +403,25 @@ class FakeSGLangServer:
             if version is not None:
                 self.weight_version = str(version)
         return 200, {"success": True, "message": "Succeeded to update model weights."}
+
+    def _custom_load(self, body: dict[str, Any]) -> tuple[int, Any]:
+        """SGLang's `custom_loader(model, named_tensors)` (the lifecycle's receiver), one TP rank.
+        Every parameter is labelled as the flattened-bucket path labels it: by the call's version."""
+        from unittest import mock
+
+        from actor_integration.rollout import sglang_receiver
+
+        if self.model is None:
+            self.model = receiving_model()
+        payloads = body.get("serialized_named_tensors") or [None]
+        names = _decode_names(payloads[0]) or []
+        with mock.patch.object(sglang_receiver, "_tp", lambda: (0, None)):  # no sglang: one rank
+            sglang_receiver.receive(self.model, [(name, None) for name in names])
+        version = body.get("weight_version")
+        self.labels = dict.fromkeys(self.names, "unversioned" if version is None else str(version))
+        if version is not None:
+            self.weight_version = str(version)
+        return 200, {"success": True, "message": "Success"}
 
     def _generate(self, path: str, body: dict[str, Any], *, health: bool = False) -> tuple[int, Any]:
         started = time.monotonic()
@@ -442,6 +475,25 @@ class FakeSGLangServer:
         return 404, {"detail": "Not Found"}
 
 
+def receiving_model() -> Any:
+    """SGLang's model (an nn.Module) as its weight loaders see it: `load_weights(named_tensors)`,
+    which keeps a copy of each tensor (`loaded`) and counts the calls (`loads`)."""
+    import torch
+
+    class ReceivingModel(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.loaded: dict[str, Any] = {}
+            self.loads = 0
+
+        def load_weights(self, weights: Any) -> None:
+            self.loads += 1
+            for name, tensor in weights:
+                self.loaded[name] = tensor.clone()
+
+    return ReceivingModel()
+
+
 def launch_server(server_args: Any) -> None:
     """SGLang's `launch_server(server_args)` for a spawned process: serve until killed or dead."""
     version = os.environ.get(VERSION_ENV, "0.5.17")
@@ -451,6 +503,7 @@ def launch_server(server_args: Any) -> None:
         port=int(server_args.port),
         weights_cpu_backup=bool(getattr(server_args, "enable_weights_cpu_backup", False)),
         exit_on_death=True,
+        custom_weight_loader=getattr(server_args, "custom_weight_loader", None),
     )
     server.thread.join()
 
