@@ -32,6 +32,14 @@ and miles too, but answer every call with success; here they follow the node-0 a
 0's server, and a call only node 0 can make (a weight push: one coordinator per engine slot) is a
 `FollowerCallError`.
 
+Weights from the lifecycle's own `WeightSender` go through `lifecycle_update_weights(version,
+payloads)`, the sender's `engine_call`: the same guard as the framework's pushes, with the round
+sent to the server's schedulers unopened (the wrap starts the server with the lifecycle's receiver
+in `custom_weight_loader`; `lifecycle_scheduler_receiver = False` leaves it out): each scheduler
+opens the trainer's staging buffers by CUDA IPC handle, verifies every bucket's checksum and
+loads through SGLang's loaders. A version's final round ends it, as `continue_generation` does;
+the sleep closes the trainer buffers the schedulers hold open.
+
 What is not covered: a client that sends requests to the server directly, bypassing the router,
 while it is awake (its requests wait while generation is paused, and are served after the wake,
 on the new version); LoRA adapter loads; frameworks' calls not listed in the subclasses.
@@ -50,6 +58,8 @@ from actor_integration.errors import FollowerCallError, RouterError, StaleWeight
 from actor_integration.frameworks.router import RouterWorkers
 from actor_integration.rollout.engine import EngineGeneration
 from actor_integration.rollout.sglang_http import SGLangHTTPEngine
+from actor_integration.rollout.sglang_scheduler import SCHEDULER_LOADER
+from actor_integration.weight_sync.wire import CorruptBucketError, RankPayload, WeightSyncError
 from lifecycle import Contents, Hooks, Lifecycle, LifecyclePolicy, Residency, State
 from lifecycle.errors import IllegalTransitionError, LifecycleFailedError
 from lifecycle.events import configure_rank_log, log_path
@@ -210,6 +220,8 @@ class SGLangActorLifecycle:
     `lifecycle_timeout_s`: the deadline of every request the lifecycle itself sends.
     `lifecycle_follow_deadline_s`: how long a follower waits for node 0's actor.
     `lifecycle_log_dir`: where `rollout-rank<rank>.jsonl` goes (see `configure_rank_log`).
+    `lifecycle_scheduler_receiver`: start the server with the lifecycle's receiver in
+    `custom_weight_loader`, so `lifecycle_update_weights` can load the trainer's buffers there.
     """
 
     lifecycle_framework: ClassVar[str] = "sglang"
@@ -218,6 +230,7 @@ class SGLangActorLifecycle:
     lifecycle_timeout_s: ClassVar[float] = 60.0
     lifecycle_follow_deadline_s: ClassVar[float] = 600.0
     lifecycle_log_dir: ClassVar[str | None] = None
+    lifecycle_scheduler_receiver: ClassVar[bool] = True
 
     # The framework's own attributes (set by its __init__ / init).
     args: Any
@@ -290,6 +303,10 @@ class SGLangActorLifecycle:
 
     def _lc_init_normal(self, launch: Callable[[dict[str, Any]], Any], server_args: dict[str, Any]) -> Any:
         """The framework's `_init_normal`, with its router registration held back under "after_sync"."""
+        if self.lifecycle_scheduler_receiver:
+            loaders = list(server_args.get("custom_weight_loader") or [])
+            if SCHEDULER_LOADER not in loaders:
+                server_args["custom_weight_loader"] = [*loaders, SCHEDULER_LOADER]
         self.__dict__["_lc_server_args"] = dict(server_args)
         hold_back = self._lc_admission() == "after_sync"
         router = (self.router_ip, self.router_port)
@@ -515,6 +532,7 @@ class SGLangActorLifecycle:
             )
         batch = [t for t in targets if lifecycle.residency[t] is Residency.RESIDENT]
         memory: ServerMemory = self.__dict__["_lc_memory"]
+        self._lc_close_trainer_buffers()
         try:
             with memory.together(pause=batch):
                 lifecycle.sleep(targets)
@@ -598,6 +616,106 @@ class SGLangActorLifecycle:
 
     def _lc_pause_mode(self) -> str:
         return "abort"
+
+    def lifecycle_update_weights(self, version: int, payloads: list[RankPayload]) -> dict[str, Any]:
+        """One round of the lifecycle's `WeightSender` (its `engine_call`): one payload per TP rank,
+        loaded by the server's schedulers from the trainer's buffers. Guarded as the framework's
+        pushes are (generation paused, the weights unknown until the version's final round); the
+        final round ends the version and, where the server is awake, continues generation and puts
+        it back in the router. The engine's answer (bytes, its phases' timings)."""
+        if not payloads:
+            raise ValueError(f"lifecycle_update_weights(version={version}): no payloads")
+        self._lc_check_receiver()
+        first = payloads[0]
+
+        def load() -> dict[str, Any]:
+            started = time.perf_counter()
+            client = self._lc_receiver()  # started here, past the guard: with the weights resident
+            try:
+                answer = client.load_payloads(version, payloads, round_index=first.round, final=first.final)
+            except (CorruptBucketError, WeightSyncError) as error:
+                self._lc_event(
+                    Event.SYNC_LOADED,
+                    "error",
+                    version=version,
+                    bytes=sum(p.nbytes for p in payloads),
+                    checksum_ok=not isinstance(error, CorruptBucketError),
+                    written=bool(error.fields.get("written")),
+                    duration_ms=round((time.perf_counter() - started) * 1e3, 3),
+                    transport=first.transport,
+                    ok=False,
+                )
+                raise
+            if first.final:  # inside the sync body, as every engine's `weight_sync.loaded`
+                self._lc_event(
+                    Event.SYNC_LOADED,
+                    version=version,
+                    bytes=answer["nbytes"],
+                    checksum_ok=True,
+                    duration_ms=round((time.perf_counter() - started) * 1e3, 3),
+                    transport=first.transport,
+                    ok=True,
+                    engine_ms=answer["timings"],
+                )
+            return answer
+
+        if first.round == 0:  # the sender's first round opens the version, as the trainer's pause does
+            self.__dict__.update(_lc_update_open=True, _lc_loading=None, _lc_interrupted=False)
+        answer: dict[str, Any] = self._lc_push("lifecycle_update_weights", version, load)
+        if first.final:
+            self._lc_continue("lifecycle_update_weights", self._lc_server().continue_generation)
+        return answer
+
+    def _lc_check_receiver(self) -> None:
+        """Refuse, before anything is sent, a sync this engine cannot take (a follower; a server
+        started without the lifecycle's receiver)."""
+        if self.node_rank != 0:
+            raise self._lc_follower_error(
+                "lifecycle_update_weights",
+                "weights go to the engine's node-0 actor: one coordinator per slot",
+            )
+        if SCHEDULER_LOADER not in (self.lifecycle_server_args().get("custom_weight_loader") or []):
+            raise ValueError(
+                f"{type(self).__name__}.lifecycle_update_weights: the server was started without the "
+                f"lifecycle's receiver ({type(self).__name__}.lifecycle_scheduler_receiver is False): push "
+                "with the framework's update_weights_from_tensor, or set it True and restart the engine"
+            )
+
+    def _lc_receiver(self) -> SGLangHTTPEngine:
+        """The client of the server's scheduler-side receiver, started on first use."""
+        client: SGLangHTTPEngine | None = self.__dict__.get("_lc_receiver_client")
+        if client is None:
+            client = SGLangHTTPEngine(
+                self._lc_url(),
+                timeout_s=self.lifecycle_timeout_s,
+                api_key=self.lifecycle_server_args().get("api_key"),
+                codec=_no_codec,
+                multi_dtype_buckets=False,
+                scheduler_receiver=True,
+                serialize_names=self.lifecycle_serialize_names(),
+            )
+            self.__dict__["_lc_receiver_client"] = client
+        return client
+
+    def lifecycle_serialize_names(self) -> Callable[[Sequence[str]], Any] | None:
+        """How the receiver's calls are serialized (None: SGLang's own serializer)."""
+        return None
+
+    def _lc_close_trainer_buffers(self) -> None:
+        """Before a release: the schedulers close the trainer buffers they hold open (best effort:
+        a dead server fails the release itself, typed)."""
+        client: SGLangHTTPEngine | None = self.__dict__.get("_lc_receiver_client")
+        if client is None or self.lifecycle.state is State.FAILED:
+            return
+        try:
+            closed = client.release_payload_handles()
+        except Exception as exc:
+            self._lc_event(Event.ABSORBED, "warning", call="release_payload_handles", reason=repr(exc))
+            return
+        if closed:
+            self._lc_event(
+                Event.ABSORBED, call="release_payload_handles", reason=f"{closed} trainer buffers closed"
+            )
 
     def _lc_version_end(self, call: str) -> None:
         """The trainer says the version is whole: valid at it, unless a release interrupted its load."""

@@ -29,6 +29,7 @@ from tests.helpers import requests_stand_in
 from tests.helpers.framework_source import FrameworkSource, free_port, stand_in_module
 from tests.helpers.sglang_server import VERSION_ENV, FakeSGLangServer
 
+OWN_PACKAGES = ("actor_integration.", "lifecycle.", "tests.")
 SLIME_MODULES = ("slime/ray/ray_actor.py", "slime/backends/sglang_utils/sglang_engine.py")
 MILES_MODULES = ("miles/ray/ray_actor.py", "miles/backends/sglang_utils/sglang_engine.py")
 ENGINE_MODULE = {
@@ -219,6 +220,7 @@ def installed(
                     host=server_args.host.strip("[]"),
                     port=int(server_args.port),
                     weights_cpu_backup=bool(getattr(server_args, "enable_weights_cpu_backup", False)),
+                    custom_weight_loader=getattr(server_args, "custom_weight_loader", None),
                     **launched.options,
                 )
                 pid = launched.next_pid
@@ -243,8 +245,9 @@ def installed(
             os.environ.pop(VERSION_ENV, None)
         else:
             os.environ[VERSION_ENV] = environ
-        for name in [n for n in sys.modules if n not in before]:
-            del sys.modules[name]
+        for name in [n for n in sys.modules if n not in before and not n.startswith(OWN_PACKAGES)]:
+            del sys.modules[name]  # the stand-ins and the framework's modules; the project's own stay
+            # imported (a second copy of a module would make a second class of each of its types)
         sys.modules.update(before)
 
 
@@ -326,6 +329,7 @@ def slime_like_installed() -> Iterator[tuple[types.ModuleType, Any]]:
             server.close()
         like.SERVERS.clear()
     finally:
-        for name in [n for n in sys.modules if n not in before]:
-            del sys.modules[name]
+        for name in [n for n in sys.modules if n not in before and not n.startswith(OWN_PACKAGES)]:
+            del sys.modules[name]  # the stand-ins and the framework's modules; the project's own stay
+            # imported (a second copy of a module would make a second class of each of its types)
         sys.modules.update(before)

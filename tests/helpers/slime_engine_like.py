@@ -63,7 +63,11 @@ class SlimeLikeEngine:
         self._init_normal(server_args)
 
     def _init_normal(self, server_args_dict: dict[str, Any]) -> None:
-        server = FakeSGLangServer(host=server_args_dict["host"], port=int(server_args_dict["port"]))
+        server = FakeSGLangServer(
+            host=server_args_dict["host"],
+            port=int(server_args_dict["port"]),
+            custom_weight_loader=server_args_dict.get("custom_weight_loader"),
+        )
         pid = -len(SERVERS) - 1
         SERVERS[pid] = server
         self.process = types.SimpleNamespace(pid=pid, is_alive=lambda: server.alive)

@@ -221,6 +221,123 @@ class RolloutSourceSuite:
         assert check(world) is None and generated and all(s["ok"] for s in generated)
         assert set(answers) <= {200, 503}
 
+    def test_the_lifecycles_sender_loads_through_the_servers_receiver_under_the_guard(self, world, tmp_path):
+        """`WeightSender` (shm here, CUDA IPC on the GPU) → `lifecycle_update_weights`, the sender's
+        engine call, for 3 steps of offload / onload_weights / sync / onload_kv: the server's receiver
+        loads exactly the trainer's tensors; the server stays out of the router until the version is
+        whole and awake; a sync into released weights is refused before anything reaches the server."""
+        import torch
+
+        from actor_integration.weight_sync import RankSlot, WeightSender
+        from actor_integration.weight_sync.shm import ShmSender
+
+        methods, engine, url = METHODS[self.framework], world.engine, world.engine.lifecycle_state()["url"]
+        engine.lifecycle_serialize_names = lambda: encode_names  # no sglang here: the fake's encoding
+        sender = WeightSender(
+            RankSlot.single(0),
+            None,
+            ShmSender(),
+            rank=0,
+            engine_call=engine.lifecycle_update_weights,
+            bucket_bytes=1 << 11,
+            deadline_s=10,
+        )
+        try:
+            methods["offload"](world)
+            before = len(world.server.requests)
+            with pytest.raises(LifecycleError) as refused:
+                sender.send(90, [("w", torch.ones(4))])
+            assert "weights" in str(refused.value) and len(world.server.requests) == before
+            assert engine.lifecycle.state is not State.FAILED
+            for step in range(3):
+                if step:
+                    methods["offload"](world)
+                methods["onload_weights"](world)
+                version = 100 + step
+                world.server.trainer_version = str(version)
+                g = torch.Generator().manual_seed(step)
+                sent = {"embed": torch.randn(48, 8, generator=g), "lm_head": torch.randn(48, 8, generator=g)}
+                sender.send(version, sent.items())
+                assert world.router.urls() == []  # awake weights, KV cache still released: not servable
+                loaded = world.server.model.loaded
+                assert all(torch.equal(loaded[n], t) for n, t in sent.items())
+                methods["onload_kv"](world)
+                assert world.router.urls() == [url] and not world.server.paused
+                assert (
+                    engine.lifecycle_state()["served_version"] == world.server.weight_version == str(version)
+                )
+                methods["generate"](world)
+                assert world.server.served[-1]["ok"]
+        finally:
+            sender.close()
+        assert check(world) is None and not world.errors, world.errors
+
+    def test_a_corrupt_round_from_the_sender_is_refused_and_the_version_sent_again_is_served(self, world):
+        """A round whose bucket fails its checksum in the server's receiver: `CorruptBucketError`,
+        nothing written, the weights unknown and the server kept out of the router (no request is
+        served on them) until the version is sent again whole."""
+        import dataclasses
+
+        import torch
+
+        from actor_integration.weight_sync import RankSlot, WeightSender
+        from actor_integration.weight_sync.shm import ShmSender
+        from actor_integration.weight_sync.wire import CorruptBucketError
+
+        methods, engine, url = METHODS[self.framework], world.engine, world.engine.lifecycle_state()["url"]
+        engine.lifecycle_serialize_names = lambda: encode_names
+
+        def corrupting(version, payloads):
+            first = payloads[0].buckets[0]
+            bad = dataclasses.replace(first, checksum=first.checksum ^ 1)
+            return engine.lifecycle_update_weights(
+                version,
+                [dataclasses.replace(payloads[0], buckets=(bad, *payloads[0].buckets[1:])), *payloads[1:]],
+            )
+
+        def sender(call):
+            return WeightSender(
+                RankSlot.single(0),
+                None,
+                ShmSender(),
+                rank=0,
+                engine_call=call,
+                bucket_bytes=1 << 11,
+                deadline_s=10,
+                corrupt_resends=0,
+            )
+
+        good, bad = sender(engine.lifecycle_update_weights), sender(corrupting)
+        sent = {"embed": torch.full((48, 8), 2.0), "lm_head": torch.full((48, 8), 3.0)}
+        try:
+            methods["offload"](world)
+            methods["onload_weights"](world)
+            world.server.trainer_version = "7"
+            good.send(7, sent.items())
+            methods["onload_kv"](world)
+            assert world.router.urls() == [url]
+            loaded = {n: t.clone() for n, t in world.server.model.loaded.items()}
+            methods["offload"](world)
+            methods["onload_weights"](world)
+            world.server.trainer_version = "8"
+            with pytest.raises(CorruptBucketError):
+                bad.send(8, {n: t + 1 for n, t in sent.items()}.items())
+            assert all(
+                torch.equal(world.server.model.loaded[n], t) for n, t in loaded.items()
+            )  # nothing written
+            methods["onload_kv"](world)
+            state = engine.lifecycle_state()
+            assert state["state"] != State.FAILED.value, state  # a refused round is not a broken engine
+            assert state["contents"]["weights"] != Contents.VALID.value and world.router.urls() == [], state
+            good.send(8, {n: t + 1 for n, t in sent.items()}.items())  # the way out: the version again
+            assert world.router.urls() == [url]
+            assert engine.lifecycle_state()["served_version"] == "8"
+            methods["generate"](world)
+            assert world.server.served[-1]["ok"]
+        finally:
+            good.close()
+            bad.close()
+
     def test_a_wake_without_a_push_keeps_the_server_out(self, world):
         methods = METHODS[self.framework]
         methods["offload"](world)
