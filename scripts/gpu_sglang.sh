@@ -7,6 +7,11 @@
 #   bench     benchmarks/bench_sglang_sync.py (our sync vs slime's into the same engine, 0.5B and 7B)
 #   demo      lifecycle demo --engine sglang (a fault, a skipped sync, a corrupt round), lifecycle check
 #   kill      lifecycle demo --engine sglang --kill-engine 2 (SGLang's scheduler killed), lifecycle check
+#   budget    lifecycle demo on the GPU (reference engine, real torch_memory_saver) with the memory
+#             budget (its default) and with --no-memory-budget, same arguments, lifecycle check on each
+#   slime     tests/gpu/test_slime_rollout_gpu.py: slime's SGLangEngine (its source exported here to
+#             .gpuw/r33/slime with FrameworkSource.export, never committed) as a wrapped Ray actor on
+#             a real server, slime's push and ours; lifecycle check on the actor's log
 # e.g. `bash scripts/gpu_sglang.sh stage install tests bench`. Each step's output goes to
 # $WORK/<step>.log (default /tmp/gpu-sglang); the tail is printed; results-*.tgz lands in $OUT.
 set -u
@@ -18,6 +23,7 @@ PY=${PY:-python3}
 mkdir -p "$WORK"
 export PYTHONPATH=$SITE:$PSITE:$PWD HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TVM_FFI_CACHE_DIR=$HOME/sgw/tvmffi
 export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1 LIFECYCLE_GPU_OUT=$WORK
+export RL_LIFECYCLE_SLIME_SOURCE=${RL_LIFECYCLE_SLIME_SOURCE:-$PWD/.gpuw/r33/slime}
 
 step() {
     local name=$1 limit=$2
@@ -29,7 +35,7 @@ step() {
     echo "=== $name: rc=$rc in $((SECONDS - start)) s"
     tail -n "${TAIL:-15}" "$WORK/$name.log"
     echo "$name rc=$rc $((SECONDS - start))s" >>"$WORK/summary.txt"
-    [[ -n ${OUT:-} ]] && tar -czf "$OUT/results.tgz" -C "$WORK" . 2>/dev/null
+    [[ -n ${OUT:-} ]] && tar -czf "$OUT/results.tgz" --exclude=checkpoints --exclude=timeline.png -C "$WORK" . 2>/dev/null
     return 0
 }
 
@@ -88,12 +94,27 @@ for part in "$@"; do
             --model-config configs/qwen2-tiny --steps 3 --kill-engine 2 --out "$WORK/demo-kill" --no-progress
         step demo_sglang_kill_check 40 "$PY" -m actor_integration.tools.cli check "$WORK/demo-kill/logs"
         ;;
+    budget)
+        for way in budget no-budget; do
+            flag=""
+            [[ $way == no-budget ]] && flag=--no-memory-budget
+            TAIL=30 step "demo_$way" 150 "$PY" -m actor_integration.tools.cli demo --steps 5 --save-every 2 \
+                --inject-fault memory.pause@3 --skip-sync 2 --hidden 1024 --layers 8 $flag \
+                --out "$WORK/demo-$way" --no-progress
+            step "demo_${way}_check" 40 "$PY" -m actor_integration.tools.cli check "$WORK/demo-$way/logs"
+        done
+        ;;
+    slime)
+        TAIL=40 step test_slime_rollout_gpu 420 \
+            "$PY" -m pytest -m gpu -q -s -p no:cacheprovider tests/gpu/test_slime_rollout_gpu.py
+        step slime_rollout_check 40 "$PY" -m actor_integration.tools.cli check "$WORK/rollout-logs"
+        ;;
     *) echo "unknown part $part" ;;
     esac
 done
 if [[ -n ${OUT:-} ]]; then
     cp "$WORK/summary.txt" "$OUT/summary.txt" 2>/dev/null
-    cat "$WORK"/sglang_*.json "$WORK"/bench_sglang_sync.json >"$OUT/figures.txt" 2>/dev/null
+    cat "$WORK"/sglang_*.json "$WORK"/slime_*.json "$WORK"/bench_sglang_sync.json >"$OUT/figures.txt" 2>/dev/null
     [[ -d $TVM_FFI_CACHE_DIR ]] && tar -czf "$OUT/tvmffi.tgz" -C "$TVM_FFI_CACHE_DIR" . 2>/dev/null
 fi
 cat "$WORK/summary.txt" 2>/dev/null
