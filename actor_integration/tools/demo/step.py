@@ -27,6 +27,11 @@ from actor_integration.tools.demo.placement import Placement
 from actor_integration.tools.demo.progress import Progress
 from lifecycle.errors import IllegalTransitionError, InvalidWeightsError
 
+# The trainer's hooks a memory budget skips when the rollout's need fits (nothing released, no
+# clear_memory, the communicators kept), and of those the ones a wake runs.
+WAKE_HOOKS = frozenset({"memory.resume", "process_groups.reload"})
+BUDGET_SKIPS = frozenset({"clear_memory", "process_groups.destroy", "memory.pause"}) | WAKE_HOOKS
+
 PROMPTS, PROMPT_LEN = 8, 8
 
 
@@ -53,6 +58,14 @@ class StepDriver:
         self._faults_by_step: dict[int, list[tuple[str, str]]] = {}
         for role, hook, step in self.args.inject_fault:
             self._faults_by_step.setdefault(step, []).append((role, hook))
+        # A fault in a hook the memory budget skips (it releases nothing when the rollout fits) needs
+        # a sleep that releases: those steps' trainer sleeps are full ones; a wake's hook, the step's
+        # before too (the wake restores what the last sleep released).
+        self._full_sleeps: set[int] = set()
+        for role, hook, step in self.args.inject_fault:
+            if role == "trainer" and hook in BUDGET_SKIPS:
+                self._full_sleeps.update((step - 1, step) if hook in WAKE_HOOKS else (step,))
+        self._need: int | None = None
         self._skip_sync = set(self.args.skip_sync)
         self._corrupt = set(getattr(self.args, "corrupt_sync", ()))
         self._sglang = self.placed.engine == "sglang"
@@ -90,7 +103,8 @@ class StepDriver:
         if not getattr(self.args, "no_memory_budget", False):
             needs = [n for n in self.placed.rollout_group.call("wake_need_bytes").values() if n is not None]
             if needs:
-                self.placed.trainer_group.call("lifecycle_expect", max(needs))
+                self._need = max(needs)
+                self.placed.trainer_group.call("lifecycle_expect", self._need)
                 self.log.note(f"memory budget: the rollout's wake needs {max(needs) / 2**20:.0f} MiB")
         if not self._sglang:
             return
@@ -102,6 +116,18 @@ class StepDriver:
         self.placed.trainer_group.call("update_weights", self.version)
         rollouts.wake_up(list(self.placed.wake_rest))
 
+    def declare_need(self, step: int) -> None:
+        """Before step `step`: the trainer's need for its sleep, changed only where it changes (the
+        rollout's need; none, so a full sleep, for a step whose armed fault needs one)."""
+        if self._need is None or (step in self._full_sleeps) == (step - 1 in self._full_sleeps):
+            return
+        full = step in self._full_sleeps
+        self.placed.trainer_group.call("lifecycle_expect", None if full else self._need)
+        if full:
+            self.log.note(
+                f"[yellow]step {step}: the trainer sleeps fully (no need declared): a fault is armed[/]"
+            )
+
     def run(self, step: int) -> dict[str, Any]:
         """Run step `step` (from 1) and return its record."""
         started = time.monotonic()
@@ -110,6 +136,7 @@ class StepDriver:
         record: dict[str, Any] = {"step": step}
         trainers.call("lifecycle_step", step)
         rollouts.call("lifecycle_step", step)
+        self.declare_need(step)
         for role, hook in self._faults_by_step.get(step, []):
             (trainers if role == "trainer" else rollouts).call("arm_fault", hook)
             log.note(f"[yellow]step {step}: armed a fault in {hook} on every {role} rank[/]")
