@@ -153,11 +153,11 @@ class TestBudgetedSleep:
         lc.sleep()  # the full sleep: destroys the groups, measured
         budget = lc._budget
         assert budget is not None
-        destroyed = budget.estimates.release_s[COMMUNICATORS]
+        destroyed = budget.estimates.release_s[(COMMUNICATORS, "destroy")]
         lc.run("sync", lambda: None)  # groups up, down again
-        assert budget.estimates.release_s[COMMUNICATORS] == destroyed
+        assert budget.estimates.release_s[(COMMUNICATORS, "destroy")] == destroyed
         lc.wake_up()
-        assert COMMUNICATORS in budget.estimates.restore_s
+        assert (COMMUNICATORS, "destroy") in budget.estimates.restore_s
 
 
 class TestShortfall:
