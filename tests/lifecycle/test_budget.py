@@ -88,7 +88,10 @@ class TestPlan:
         assert again == given_inputs and plan_releases(again) == plan_releases(given_inputs)
 
 
-def two_way_items(suspend: Way | None = Way("suspend", 6 * GIB, 0.5)) -> tuple[Releasable, ...]:
+SUSPEND = Way("suspend", 6 * GIB, 0.5)
+
+
+def two_way_items(suspend: Way | None = SUSPEND) -> tuple[Releasable, ...]:
     # weights 2 GiB / 0.1 s; the communicators destroyed (configured) 8 GiB / 1.2 s, suspended 6 GiB / 0.5 s
     return (
         Releasable.tag("weights", 2 * GIB, 0.1),
