@@ -4,16 +4,18 @@
     plan = plan_releases(BudgetInputs(need_bytes=..., free_bytes=..., margin_bytes=..., items=(...)))
 
 Each releasable item (a memory tag, the process groups' communicators) offers ways with what
-they free and what their round trip (release now, restore at the next wake) costs. The plan picks
+they free and what their round trip (release now, restore at the next wake) costs: a tag keep or
+release; the communicators keep, or each way the backend offers (destroy, suspend). The plan picks
 one way per item: the least total cost that frees `need + margin - free` bytes; nothing when the
 need already fits; each item's full way (today's full sleep) when even that cannot free enough.
 Ties go to fewer releases, then to the earlier item kept (so equal inputs give one plan).
 
 Ranks agree before acting: `agree` reduces the inputs of every rank (the least free memory, the
-largest need, each way's smallest frees and largest cost), and every rank plans from the reduced
-inputs, so a collective teardown is chosen on all ranks or none. `Estimates` learns the figures
-from previous cycles (the hooks' timings, the release audit's bytes); before a measurement an
-item is assumed to free nothing, so the first sleep that needs memory is the full sleep, which
+largest need, each way's smallest frees and largest cost; a way some rank lacks is dropped), and
+every rank plans from the reduced inputs, so a collective teardown is chosen on all ranks or none,
+the same way on all. `Estimates` learns the figures
+from previous cycles (the hooks' timings, the release audit's bytes), per way of the
+communicators; before a measurement an item (a way) is assumed to free nothing, so the first sleep that needs memory is the full sleep, which
 measures everything. Pure: no torch, no Ray.
 """
 
@@ -33,6 +35,7 @@ __all__ = [
     "Estimates",
     "MemoryBudget",
     "Releasable",
+    "Slot",
     "Way",
     "agree",
     "narrow",
@@ -109,9 +112,16 @@ class Releasable:
         return cls(name, (Way(KEEP, 0, 0.0), Way(RELEASE, frees_bytes, cost_s)), RELEASE)
 
     @classmethod
-    def communicators(cls, way: str, frees_bytes: int, cost_s: float) -> Releasable:
-        """The process groups: keep them alive, or release them the backend's way."""
-        return cls(COMMUNICATORS, (Way(KEEP, 0, 0.0), Way(way, frees_bytes, cost_s)), way)
+    def communicators(cls, way: str, frees_bytes: int, cost_s: float, *others: Way) -> Releasable:
+        """The process groups: keep them alive, release them the backend's configured `way` (the
+        full sleep's), or any of the `others` it also offers ("destroy", "suspend")."""
+        names = [way, *(w.name for w in others)]
+        if KEEP in names[1:] or len(set(names)) != len(names):
+            raise ValueError(
+                f"Releasable.communicators: ways {names} repeat a way or offer {KEEP!r} besides the "
+                "configured one (keep is always offered)"
+            )
+        return cls(COMMUNICATORS, (Way(KEEP, 0, 0.0), Way(way, frees_bytes, cost_s), *others), way)
 
     def way(self, name: str) -> Way:
         return next(w for w in self.ways if w.name == name)
@@ -253,39 +263,46 @@ def _full_plan(inputs: BudgetInputs) -> BudgetPlan:
 
 def agree(views: Sequence[BudgetInputs]) -> BudgetInputs:
     """The inputs every rank plans from: least free, largest need and margin, per way least frees
-    and largest cost. Ranks must offer the same items and ways (else ValueError: they would act apart)."""
+    and largest cost. A way that some rank does not offer (a communicators' way its backend cannot
+    take) is offered by none. Ranks must offer the same items, with the same full way (else
+    ValueError: they would act apart)."""
     if not views:
         raise ValueError("agree: no ranks' inputs given")
     first = views[0]
-    shape = [(i.name, tuple(w.name for w in i.ways), i.full) for i in first.items]
+    shape = [(i.name, i.full) for i in first.items]
     for rank, view in enumerate(views[1:], start=1):
-        other = [(i.name, tuple(w.name for w in i.ways), i.full) for i in view.items]
+        other = [(i.name, i.full) for i in view.items]
         if other != shape:
             raise ValueError(
                 f"agree: rank 0 offers {shape}, rank {rank} offers {other}; every rank of a group must offer "
                 "the same tags and communicators, or their sleeps would release different things"
             )
-    items = tuple(
-        Releasable(
-            item.name,
-            tuple(
-                Way(
-                    way.name,
-                    min(v.items[i].ways[j].frees_bytes for v in views),
-                    max(v.items[i].ways[j].cost_s for v in views),
-                )
-                for j, way in enumerate(item.ways)
-            ),
-            item.full,
-        )
-        for i, item in enumerate(first.items)
-    )
+    items = []
+    for i, item in enumerate(first.items):
+        offered = [_ways_by_name(v.items[i]) for v in views]
+        ways = []
+        for key in _ways_by_name(item):
+            each = [o[key] for o in offered if key in o]
+            if len(each) == len(views):
+                ways.append(Way(key[0], min(w.frees_bytes for w in each), max(w.cost_s for w in each)))
+        items.append(Releasable(item.name, tuple(ways), item.full))
     return BudgetInputs(
         max(v.need_bytes for v in views),
         min(v.free_bytes for v in views),
         max(v.margin_bytes for v in views),
-        items,
+        tuple(items),
     )
+
+
+def _ways_by_name(item: Releasable) -> dict[tuple[str, int], Way]:
+    """An item's ways by (name, how many of that name came before): a way is matched across ranks
+    by its name (a communicators' way configured as keep is named like the keep way before it)."""
+    seen: dict[str, int] = {}
+    out = {}
+    for way in item.ways:
+        n = seen[way.name] = seen.get(way.name, -1) + 1
+        out[(way.name, n)] = way
+    return out
 
 
 def narrow(
@@ -301,43 +318,50 @@ def narrow(
     return view, targets, present
 
 
-class Estimates:
-    """What each item freed and what its round trip cost on previous cycles (the latest figure).
+Slot = tuple[str, str]  # (item, way): what one figure of the estimates is about
 
-    Bytes come from the release audit (`memory.released`: `observe_freed`) or, for what it does
-    not measure, from the free memory before and after a sleep split over what that sleep released
-    (`observe_sleep`); seconds from the hooks' timings (`observe_hook`). Before a figure exists a
-    tag frees what its backend declares it holds (`declared`, may be None: nothing) and moves at
-    `budget.bandwidth`; the communicators free nothing and take `budget.communicators_s`.
+
+class Estimates:
+    """What each item's way freed and what its round trip cost on previous cycles (the latest figure).
+
+    Figures are kept per (item, way): a tag's release, and each way of the communicators apart
+    (destroy + reload, suspend + resume). Bytes come from the release audit (`memory.released`:
+    `observe_freed`) or, for what it does not measure, from the free memory before and after a
+    sleep split over what that sleep released (`observe_sleep`); seconds from the hooks' timings
+    (`observe_hook`). Before a figure exists a tag frees what its backend declares it holds
+    (`declared`, may be None: nothing) and moves at `budget.bandwidth`; each communicators' way
+    frees nothing (so a way never measured is never chosen over one measured) and takes
+    `budget.communicators_s`.
     """
 
     def __init__(self, budget: MemoryBudget) -> None:
         self.budget = budget
-        self.freed: dict[str, int] = {}
-        self.audited: set[str] = set()  # items whose bytes the release audit measured
-        self.release_s: dict[str, float] = {}
-        self.restore_s: dict[str, float] = {}
+        self.freed: dict[Slot, int] = {}
+        self.audited: set[Slot] = set()  # what the release audit measured
+        self.release_s: dict[Slot, float] = {}
+        self.restore_s: dict[Slot, float] = {}
 
-    def observe_hook(self, hook: Hook, tag: str | None, seconds: float) -> None:
-        """One hook call's duration: a pause/destroy is the release half, a resume/reload the restore."""
+    def observe_hook(self, hook: Hook, tag: str | None, seconds: float, way: str = "destroy") -> None:
+        """One hook call's duration: a pause/destroy is the release half, a resume/reload the restore;
+        `way` is what the process groups' destroy did (or what their reload undid)."""
         if hook is Hook.MEMORY_PAUSE and tag is not None:
-            self.release_s[tag] = seconds
+            self.release_s[(tag, RELEASE)] = seconds
         elif hook is Hook.MEMORY_RESUME and tag is not None:
-            self.restore_s[tag] = seconds
+            self.restore_s[(tag, RELEASE)] = seconds
         elif hook is Hook.PROCESS_GROUPS_DESTROY:
-            self.release_s[COMMUNICATORS] = seconds
+            self.release_s[(COMMUNICATORS, way)] = seconds
         elif hook is Hook.PROCESS_GROUPS_RELOAD:
-            self.restore_s[COMMUNICATORS] = seconds
+            self.restore_s[(COMMUNICATORS, way)] = seconds
 
     def observe_freed(self, item: str, freed_bytes: int) -> None:
-        """The release audit measured what releasing `item` freed."""
-        self.freed[item] = max(0, int(freed_bytes))
-        self.audited.add(item)
+        """The release audit measured what releasing tag `item` freed."""
+        self.freed[(item, RELEASE)] = max(0, int(freed_bytes))
+        self.audited.add((item, RELEASE))
 
-    def observe_sleep(self, released: Sequence[str], freed_bytes: int, prior: Mapping[str, int]) -> None:
-        """A sleep that released `released` raised the free memory by `freed_bytes`. What the audit
-        did not measure goes first to the items with an estimate (`prior`: what the plan assumed),
-        the rest evenly to the items without one; less than the estimates scales them down."""
+    def observe_sleep(self, released: Sequence[Slot], freed_bytes: int, prior: Mapping[Slot, int]) -> None:
+        """A sleep that released `released` (item, way) raised the free memory by `freed_bytes`.
+        What the audit did not measure goes first to those with an estimate (`prior`: what the plan
+        assumed), the rest evenly to those without one; less than the estimates scales them down."""
         audited = sum(self.freed.get(i, 0) for i in released if i in self.audited)
         rest = [i for i in released if i not in self.audited]
         if not rest:
@@ -359,23 +383,31 @@ class Estimates:
             for i in rest:
                 self.freed[i] = left // len(rest)
 
-    def cost(self, item: str, frees_bytes: int) -> float:
-        if item in self.release_s and item in self.restore_s:
-            return self.release_s[item] + self.restore_s[item]
-        if item == COMMUNICATORS:
+    def cost(self, slot: Slot, frees_bytes: int) -> float:
+        if slot in self.release_s and slot in self.restore_s:
+            return self.release_s[slot] + self.restore_s[slot]
+        if slot[0] == COMMUNICATORS:
             return self.budget.communicators_s
         return 2 * frees_bytes / self.budget.bandwidth
 
     def items(
-        self, tags: Iterable[str], declared: Mapping[str, int | None], communicators: str | None
+        self,
+        tags: Iterable[str],
+        declared: Mapping[str, int | None],
+        communicators: str | Sequence[str] | None,
     ) -> tuple[Releasable, ...]:
-        """The releasable items: the given tags (resident ones), then the communicators' way (None:
-        no groups to release)."""
+        """The releasable items: the given tags (resident ones), then the communicators' ways (None:
+        no groups to release; the first way is the backend's configured one, the full sleep's)."""
         out: list[Releasable] = []
         for tag in tags:
-            frees = self.freed.get(tag, declared.get(tag) or 0)
-            out.append(Releasable.tag(tag, frees, self.cost(tag, frees)))
+            frees = self.freed.get((tag, RELEASE), declared.get(tag) or 0)
+            out.append(Releasable.tag(tag, frees, self.cost((tag, RELEASE), frees)))
         if communicators is not None:
-            frees = self.freed.get(COMMUNICATORS, 0)
-            out.append(Releasable.communicators(communicators, frees, self.cost(COMMUNICATORS, frees)))
+            names = (communicators,) if isinstance(communicators, str) else tuple(communicators)
+            ways = []
+            for name in names:
+                frees = self.freed.get((COMMUNICATORS, name), 0)
+                ways.append(Way(name, frees, self.cost((COMMUNICATORS, name), frees)))
+            full = ways[0]
+            out.append(Releasable.communicators(full.name, full.frees_bytes, full.cost_s, *ways[1:]))
         return tuple(out)

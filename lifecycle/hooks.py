@@ -53,7 +53,10 @@ class ProcessGroupsBackend(Protocol):
     """destroy() on sleep, reload() on wake. A backend may also declare `communicators`
     ("destroy", "suspend" or "keep": what its destroy does to the communicators; absent means
     "destroy"), `is_alive()` (asked by recover) and, for "keep", `held_bytes()` (the GPU memory
-    the kept communicators hold, or None when it cannot be measured)."""
+    the kept communicators hold, or None when it cannot be measured). A backend that can take
+    both "destroy" and "suspend" may declare `communicators_ways` (the ways it offers, its
+    configured one among them) and `use_communicators(way)` (the way of the next destroy, called
+    by the memory budget before each sleep that destroys; reload undoes the way that ran)."""
 
     def destroy(self) -> None:
         """Take the process groups down for sleep (what it does to the communicators: `communicators`)."""
@@ -155,6 +158,7 @@ class Hooks:
                 )
         if self.process_groups is not None:
             self.communicators  # noqa: B018 - a declaration the table cannot read fails here, not at sleep
+            self.communicators_ways  # noqa: B018 - likewise
 
     @property
     def present(self) -> frozenset[Hook]:
@@ -190,6 +194,41 @@ class Hooks:
                 f"{declared!r}; the lifecycle knows {[c.value for c in Communicators]} (what a sleep does to "
                 "the NCCL communicators). Fix the backend's `communicators` attribute, or remove it to destroy"
             ) from None
+
+    @property
+    def communicators_ways(self) -> tuple[Communicators, ...]:
+        """The ways the process groups offer a sleep, the configured one (`communicators`) first; the
+        backend's `communicators_ways` (absent: the configured way alone). Empty without process groups."""
+        configured = self.communicators
+        if configured is None:
+            return ()
+        declared = getattr(self.process_groups, "communicators_ways", None)
+        if declared is None:
+            return (configured,)
+        name = type(self.process_groups).__name__
+        try:
+            ways = tuple(dict.fromkeys(Communicators(w) for w in declared))
+        except (TypeError, ValueError):
+            raise TypeError(
+                f"Hooks: process_groups ({name}) declares communicators_ways={declared!r}; each must be one "
+                f"of {[c.value for c in Communicators]}"
+            ) from None
+        if configured not in ways:
+            raise TypeError(
+                f"Hooks: process_groups ({name}) offers communicators_ways={[w.value for w in ways]} without "
+                f"its configured communicators={configured.value!r}"
+            )
+        others = tuple(w for w in ways if w is not configured)
+        if others and (
+            Communicators.KEEP in ways
+            or not callable(getattr(self.process_groups, "use_communicators", None))
+        ):
+            raise TypeError(
+                f"Hooks: process_groups ({name}) offers communicators_ways={[w.value for w in ways]}: several "
+                "ways must be 'destroy' and 'suspend' (keep is the budget's own choice), and the backend "
+                "needs use_communicators(way) to take the one a sleep chose"
+            )
+        return (configured, *others)
 
     def slots(self) -> Iterator[tuple[str, Any]]:
         """(slot name, value) for every slot, in declaration order."""

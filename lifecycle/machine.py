@@ -113,6 +113,10 @@ class Lifecycle:
         self._groups: Groups | None = None
         # What a process_groups.destroy leaves (destroyed, suspended or kept): the backend declares it.
         self._communicators = hooks.communicators or Communicators.DESTROY
+        # The ways the groups offer (the configured one first); under a budget each sleep may take
+        # another (`_take_way`). `_way`: what the groups' last destroy did, so what their reload undoes.
+        self._ways = hooks.communicators_ways
+        self._way = self._communicators
         if hooks.process_groups is not None:
             destroyed = initial is State.PAUSED and policy.destroy_process_groups
             self._groups = ASLEEP[self._communicators] if destroyed else Groups.ALIVE
@@ -569,8 +573,11 @@ class Lifecycle:
             if self._budget is not None and edge.plan is SLEEP and edge.operation != "recover":
                 # recover releases the rest: never narrowed.
                 view, planned, present = self._budget.narrowed(
-                    view, targets, present, self._residency, self._groups, self._communicators.value
+                    view, targets, present, self._residency, self._groups, [w.value for w in self._ways]
                 )
+                self._take_way(self._budget.communicators_way)
+            elif edge.plan is SLEEP:
+                self._take_way(None)
             elif self._budget is not None and edge.plan is GROUPS_UP:
                 self._sync_reloaded = self._groups in ASLEEP_GROUPS
             elif self._budget is not None and edge.plan is GROUPS_DOWN and not self._sync_reloaded:
@@ -607,16 +614,26 @@ class Lifecycle:
                 },
             )
 
+    def _take_way(self, chosen: str | None) -> None:
+        """Before a sleep with the groups alive: the way their destroy takes, the plan's `chosen` one
+        where the backend offers it, else the configured one. Told to a backend offering several."""
+        if self._groups is not Groups.ALIVE:
+            return  # asleep (or unknown) already: their reload undoes the way they went with
+        way = next((w for w in self._ways if w.value == chosen), self._communicators)
+        if len(self._ways) > 1:
+            self.hooks.process_groups.use_communicators(way.value)  # type: ignore[union-attr]
+        self._way = way
+
     def _record(self, record: HookRecord) -> None:
         """A hook call's effect on contents and process groups (the table's rules)."""
         if record.call.hook in _MEMORY_HOOKS:
             update_contents(record.call, record.ok, self._view, self._contents)
         if self._budget is not None and record.ok and self._budget_learns:
-            self._budget.observe_hook(record.call.hook, record.call.tag, record.seconds)
+            self._budget.observe_hook(record.call.hook, record.call.tag, record.seconds, self._way.value)
         if not record.ok:
             self._groups = mark_unknown(record.call, self._residency, self._groups)
         elif record.call.hook in _RESOURCE_HOOKS:
-            self._groups = apply_call(record.call, self._residency, self._groups, self._communicators)
+            self._groups = apply_call(record.call, self._residency, self._groups, self._way)
 
     def _callable(self, call: Call) -> Callable[[], Any]:
         """The zero-argument callable for one hook call, built on first use."""
@@ -680,7 +697,7 @@ class Lifecycle:
             self._residency,
             self._contents,
             self._groups,
-            self._communicators,
+            self._way,
             lambda reason: self._failed_error("recover", reason),
         )
         if resolved:

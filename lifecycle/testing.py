@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -209,7 +209,9 @@ class FakeProcessGroups:
 
     `communicators` declares what destroy does to the communicators, as a real backend does
     ("destroy", "suspend" or "keep"): the machine reads it, `state` tells it back while asleep,
-    and `held_bytes` is what kept communicators would hold.
+    and `held_bytes` is what kept communicators would hold. `ways` (besides `communicators`):
+    the other ways a memory budget may choose per sleep (`use_communicators`); `way` is the one
+    the next (or the last) destroy takes, and reload undoes it.
     """
 
     def __init__(
@@ -219,8 +221,14 @@ class FakeProcessGroups:
         faults: FaultInjector | None = None,
         communicators: Communicators | str = Communicators.DESTROY,
         held_bytes: int | None = None,
+        ways: Sequence[Communicators | str] = (),
     ) -> None:
         self.communicators = Communicators(communicators).value
+        if ways:
+            self.communicators_ways = tuple(
+                dict.fromkeys([self.communicators, *(Communicators(w).value for w in ways)])
+            )
+        self.way = self.communicators
         self._held_bytes = held_bytes
         self.alive = True
         self.log = log if log is not None else CallLog()
@@ -239,6 +247,16 @@ class FakeProcessGroups:
         if self.faults:
             self.faults.check("process_groups.destroy", after_effect=True)
 
+    def use_communicators(self, way: Communicators | str) -> None:
+        """The way of the next destroy (one of `communicators_ways`); only while the groups are alive."""
+        way = Communicators(way).value
+        if way not in getattr(self, "communicators_ways", (self.communicators,)):
+            raise ProtocolViolation(f"use_communicators({way!r}): this backend offers no such way")
+        if not self.alive and way != self.way:
+            raise ProtocolViolation(f"use_communicators({way!r}) on {self.state} process groups")
+        self.log.add("process_groups", f"use_{way}")
+        self.way = way
+
     def reload(self) -> None:
         self.log.add("process_groups", "reload")
         if self.faults:
@@ -256,10 +274,10 @@ class FakeProcessGroups:
     @property
     def state(self) -> str:
         """ "alive", or how the groups sleep: "destroyed", "suspended" or "kept"."""
-        return "alive" if self.alive else ASLEEP[Communicators(self.communicators)].value
+        return "alive" if self.alive else ASLEEP[Communicators(self.way)].value
 
     def held_bytes(self) -> int | None:
-        return self._held_bytes if self.communicators == Communicators.KEEP else 0
+        return self._held_bytes if self.way == Communicators.KEEP else 0
 
     def use(self) -> None:
         if not self.alive:
@@ -269,8 +287,8 @@ class FakeProcessGroups:
 class FakeDevice:
     """A `MemoryProbe` over a device of `total_bytes`: what is free follows the fakes' residency.
 
-    Each tag of `memory` holds `tag_bytes[tag]` while resident, live `groups` hold `groups_bytes`,
-    and `taken_bytes` is what another process allocated (set it to take memory meanwhile).
+    Each tag of `memory` holds `tag_bytes[tag]` while resident, live `groups` hold `groups_bytes`
+    (suspended ones `suspended_bytes`: what NCCL's suspend does not release), and `taken_bytes` is what another process allocated (set it to take memory meanwhile).
     `declared` says whether `expected_bytes(tag)` answers the tags' sizes (the release audit's
     estimate before it measured) or None. `agreement` reduces the inputs over fake ranks.
     """
@@ -283,6 +301,7 @@ class FakeDevice:
         *,
         groups: FakeProcessGroups | None = None,
         groups_bytes: int = 0,
+        suspended_bytes: int = 0,
         taken_bytes: int = 0,
         declared: bool = True,
         agreement: FakeAgreement | None = None,
@@ -292,6 +311,7 @@ class FakeDevice:
         self.tag_bytes = dict(tag_bytes)
         self.groups = groups
         self.groups_bytes = groups_bytes
+        self.suspended_bytes = suspended_bytes
         self.taken_bytes = taken_bytes
         self.declared = declared
         self.agreement = agreement
@@ -300,6 +320,8 @@ class FakeDevice:
         used = sum(b for t, b in self.tag_bytes.items() if not self.memory.paused.get(t, False))
         if self.groups is not None and self.groups.alive:
             used += self.groups_bytes
+        elif self.groups is not None and self.groups.way == Communicators.SUSPEND:
+            used += self.suspended_bytes
         return self.total_bytes - used - self.taken_bytes
 
     def expected_bytes(self, tag: str | None) -> int | None:

@@ -27,6 +27,8 @@ def describe_backends(hooks: Hooks, communicators: Communicators) -> dict[str, A
     if hooks.process_groups is None:
         return described
     described["communicators"] = communicators.value
+    if len(hooks.communicators_ways) > 1:  # a memory budget chooses among them per sleep
+        described["communicators_ways"] = [w.value for w in hooks.communicators_ways]
     held = getattr(hooks.process_groups, "held_bytes", None)
     if communicators is Communicators.KEEP and callable(held):
         described["communicators_held_bytes"] = held()  # stays on the GPU while asleep

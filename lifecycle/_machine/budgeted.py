@@ -7,7 +7,7 @@ inputs over the ranks when the probe can, logs `lifecycle.budget` before the sle
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from lifecycle.budget import (
@@ -17,6 +17,7 @@ from lifecycle.budget import (
     BudgetPlan,
     Estimates,
     MemoryBudget,
+    Slot,
     narrow,
     plan_releases,
 )
@@ -40,7 +41,7 @@ class BudgetedSleep:
         self._emit = emit
         self._plan: BudgetPlan | None = None
         self._free_before: int | None = None  # this rank's, when the running sleep was planned
-        self._prior: dict[str, int] = {}  # what the plan assumed each released item frees
+        self._prior: dict[Slot, int] = {}  # what the plan assumed each released (item, way) frees
 
     def expect(self, need_bytes: int | None) -> None:
         if need_bytes is not None and (
@@ -56,10 +57,11 @@ class BudgetedSleep:
         present: frozenset[Hook],
         residency: Mapping[str, Residency],
         groups: Groups | None,
-        communicators: str,
+        communicators: Sequence[str],
     ) -> tuple[PolicyView, tuple[str, ...], frozenset[Hook]]:
         """The sleep's plan inputs under the budget (unchanged where it cannot plan: no need declared,
-        free memory unknown on some rank)."""
+        free memory unknown on some rank). `communicators`: the ways the process groups offer, the
+        configured one first; `communicators_way` then says which one the plan chose."""
         self._plan = self._free_before = None
         local = _free(self.probe)
         resident = [t for t in targets if residency[t] is Residency.RESIDENT]
@@ -106,9 +108,16 @@ class BudgetedSleep:
         )
         return narrow(plan, view, targets, present)
 
+    @property
+    def communicators_way(self) -> str | None:
+        """The way the running sleep's plan chose for the communicators (None: no plan, or none offered)."""
+        if self._plan is None:
+            return None
+        return dict(self._plan.choices).get(COMMUNICATORS)
+
     def _remember(self, inputs: BudgetInputs, plan: BudgetPlan, local: int) -> None:
         self._plan, self._free_before = plan, local
-        self._prior = {i.name: i.way(i.full).frees_bytes for i in inputs.items}
+        self._prior = {(i.name, plan.way(i.name)): i.way(plan.way(i.name)).frees_bytes for i in inputs.items}
 
     def check(self, residency: Mapping[str, Residency], groups: Groups | None) -> None:
         """After the sleep's releases: the need is free on every rank, or `MemoryBudgetShortError`."""
@@ -116,7 +125,8 @@ class BudgetedSleep:
         self._plan = self._free_before = None
         local = _free(self.probe)
         if plan is not None and before is not None and before >= 0 and local >= 0:
-            self.estimates.observe_sleep(plan.released, local - before, self._prior)
+            released = [(name, way) for name, way in plan.choices if way != KEEP]
+            self.estimates.observe_sleep(released, local - before, self._prior)
         if self.need_bytes is None:
             self._agree(BudgetInputs(0, -1, 0, ()))  # as in `narrowed`: take part, as one that cannot judge
             return
@@ -151,8 +161,8 @@ class BudgetedSleep:
                 groups=groups,
             )
 
-    def observe_hook(self, hook: Hook, tag: str | None, seconds: float) -> None:
-        self.estimates.observe_hook(hook, tag, seconds)
+    def observe_hook(self, hook: Hook, tag: str | None, seconds: float, way: str) -> None:
+        self.estimates.observe_hook(hook, tag, seconds, way)
 
     def observe_event(self, name: str, fields: Mapping[str, Any]) -> None:
         """The release audit's `memory.released` says what one tag's release freed."""

@@ -30,7 +30,7 @@ def configured(replay: Replay, key: Key, line: int, d: dict[str, Any]) -> Replay
         replay.at(key, line, f"lifecycle.configured cannot be read ({exc}); this machine is not replayed")
         return None
     m = ReplayedMachine(policy.view(), policy.tags, present, state, residency, groups, line)
-    m.communicators = communicators
+    m.communicators = m.way = communicators
     m.budgeted = policy.memory_budget is not None
     if contents is not None:
         m.contents = {t: contents.get(t, Contents.UNKNOWN) for t in policy.tags}

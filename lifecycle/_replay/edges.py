@@ -100,7 +100,7 @@ def transition(replay: Replay, key: Key, m: ReplayedMachine, line: int, d: dict[
             f"{edge_name(edge)} completed, yet hook {fmt_call(failed_ok[0])} is logged ok=false",
         )
     for call in expected:
-        m.groups = apply_call(call, m.residency, m.groups, m.communicators)
+        m.groups = apply_call(call, m.residency, m.groups, m.way)
         m.apply(call, True, line)
     replay.compare_after(key, m, line, edge_name(edge), residency, groups)
     replay.compare_contents(key, m, line, edge_name(edge), d)

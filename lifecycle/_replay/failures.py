@@ -84,7 +84,7 @@ def failed(replay: Replay, key: Key, m: ReplayedMachine, line: int, d: dict[str,
         return
     for call, ok in logged:
         if ok:
-            m.groups = apply_call(call, m.residency, m.groups, m.communicators)
+            m.groups = apply_call(call, m.residency, m.groups, m.way)
         else:
             m.groups = mark_unknown(call, m.residency, m.groups)
         m.apply(call, ok, line)

@@ -11,7 +11,7 @@ from typing import Any
 
 from lifecycle import logs
 from lifecycle._replay.messages import fmt_res
-from lifecycle.budget import BudgetPlan, narrow
+from lifecycle.budget import COMMUNICATORS, BudgetPlan, narrow
 from lifecycle.errors import LogFieldError
 from lifecycle.logs import Event
 from lifecycle.table import (
@@ -71,6 +71,7 @@ class ReplayedMachine:
     held_line: int | None = None  # where the first hold of the open scope was taken
     releasing: bool = False  # a release ran its sleep (or failed in it); its lifecycle.release follows
     communicators: Communicators = Communicators.DESTROY  # what a process_groups.destroy leaves
+    way: Communicators = Communicators.DESTROY  # what the groups' last destroy did (a budget may choose)
     budget: BudgetPlan | None = None  # the memory budget's plan for the next sleep (lifecycle.budget)
     budgeted: bool = False  # the policy has a memory budget
     sync_reloaded: bool = True  # the open sync's groups_up reloaded the groups (the machine's rule)
@@ -173,6 +174,14 @@ def plan(m: ReplayedMachine, edge: Edge, targets: tuple[str, ...]) -> list[Call]
     if edge.plan is None:
         return []
     view, present = m.policy, m.present
+    if edge.plan is SLEEP and m.groups is Groups.ALIVE:
+        # The machine's rule: the groups go down the plan's way for the communicators where it
+        # chose a release way (the logged inputs offered it), else the configured one.
+        narrowed = m.budget is not None and edge.operation != "recover"
+        chosen = dict(m.budget.choices).get(COMMUNICATORS) if narrowed and m.budget is not None else None
+        m.way = m.communicators
+        if chosen in (Communicators.DESTROY.value, Communicators.SUSPEND.value):
+            m.way = Communicators(chosen)
     if m.budget is not None and edge.plan is SLEEP and edge.operation != "recover":
         view, targets, present = narrow(m.budget, view, targets, present)
     elif m.budgeted and edge.plan is GROUPS_UP:

@@ -15,6 +15,7 @@ from lifecycle.budget import (
     Estimates,
     MemoryBudget,
     Releasable,
+    Way,
     agree,
     narrow,
     plan_releases,
@@ -87,6 +88,100 @@ class TestPlan:
         assert again == given_inputs and plan_releases(again) == plan_releases(given_inputs)
 
 
+SUSPEND = Way("suspend", 6 * GIB, 0.5)
+
+
+def two_way_items(suspend: Way | None = SUSPEND) -> tuple[Releasable, ...]:
+    # weights 2 GiB / 0.1 s; the communicators destroyed (configured) 8 GiB / 1.2 s, suspended 6 GiB / 0.5 s
+    return (
+        Releasable.tag("weights", 2 * GIB, 0.1),
+        Releasable.communicators("destroy", 8 * GIB, 1.2, *([suspend] if suspend else [])),
+    )
+
+
+class TestCommunicatorsWays:
+    @pytest.mark.parametrize(
+        ("short_gib", "weights", "groups"),
+        [
+            (1, "release", "keep"),  # the tag alone
+            (5, "keep", "suspend"),  # suspend (0.5 s) beats destroy (1.2 s)
+            (7, "release", "suspend"),  # suspend + the tag (0.6 s) beats destroy (1.2 s)
+            (9, "release", "destroy"),  # suspend + tag frees 8: only destroy + tag frees 9
+            (11, "release", "destroy"),  # nothing frees 11: the full sleep, the configured way
+        ],
+    )
+    def test_the_way_grows_with_the_need(self, short_gib: int, weights: str, groups: str) -> None:
+        """As the need grows the communicators go from kept to suspended to destroyed."""
+        plan = plan_releases(inputs(short_gib * GIB, 0, *two_way_items()))
+        assert plan.way("weights") == weights and plan.way(COMMUNICATORS) == groups
+        assert plan.feasible is (short_gib <= 10)
+
+    def test_ties_go_to_the_configured_way(self) -> None:
+        """A suspend as costly as the destroy and freeing as much is not chosen over the configured way."""
+        plan = plan_releases(inputs(5 * GIB, 0, *two_way_items(Way("suspend", 8 * GIB, 1.2))))
+        assert plan.way(COMMUNICATORS) == "destroy"
+
+    def test_several_ways_round_trip_through_the_logged_form(self) -> None:
+        given_inputs = inputs(5 * GIB, 0, *two_way_items())
+        again = BudgetInputs.from_dict(given_inputs.to_dict())
+        assert again == given_inputs and plan_releases(again).way(COMMUNICATORS) == "suspend"
+
+    def test_a_way_offered_twice_or_keep_offered_again_is_refused(self) -> None:
+        with pytest.raises(ValueError, match="repeat a way"):
+            Releasable.communicators("destroy", GIB, 1.0, Way("destroy", GIB, 1.0))
+        with pytest.raises(ValueError, match="repeat a way"):
+            Releasable.communicators("destroy", GIB, 1.0, Way("keep", 0, 0.0))
+
+    def test_an_unmeasured_way_is_not_chosen_over_a_measured_one(self) -> None:
+        """Destroy measured, suspend never run: suspend frees nothing by the estimates, so destroy is
+        planned; once a suspend was measured (its own hooks' timings and bytes) it can win."""
+        est = Estimates(MemoryBudget(communicators_s=0.1))
+        destroy, suspend = (COMMUNICATORS, "destroy"), (COMMUNICATORS, "suspend")
+        est.observe_sleep([destroy], 8 * GIB, {})
+        est.observe_hook(Hook.PROCESS_GROUPS_DESTROY, None, 0.7, "destroy")
+        est.observe_hook(Hook.PROCESS_GROUPS_RELOAD, None, 0.5, "destroy")
+        (groups,) = est.items([], {}, ["destroy", "suspend"])
+        assert groups.full == "destroy" and [w.name for w in groups.ways] == ["keep", "destroy", "suspend"]
+        assert groups.way("suspend").frees_bytes == 0 and groups.way("suspend").cost_s == 0.1
+        assert plan_releases(inputs(5 * GIB, 0, groups)).way(COMMUNICATORS) == "destroy"
+        est.observe_sleep([suspend], 7 * GIB, {})
+        est.observe_hook(Hook.PROCESS_GROUPS_DESTROY, None, 0.2, "suspend")
+        est.observe_hook(Hook.PROCESS_GROUPS_RELOAD, None, 0.3, "suspend")
+        (groups,) = est.items([], {}, ["destroy", "suspend"])
+        assert groups.way("destroy") == Way("destroy", 8 * GIB, 1.2)
+        assert groups.way("suspend") == Way("suspend", 7 * GIB, 0.5)
+        assert plan_releases(inputs(5 * GIB, 0, groups)).way(COMMUNICATORS) == "suspend"
+        assert plan_releases(inputs(7 * GIB + 1, 0, groups)).way(COMMUNICATORS) == "destroy"
+
+    def test_ranks_disagreeing_about_a_ways_figures_choose_the_same_way(self) -> None:
+        """Rank 1's suspend frees less and costs more: the agreed figures are the worst, and both ranks
+        plan destroy where rank 0 alone would have suspended."""
+        rank0 = inputs(5 * GIB, 0, *two_way_items(Way("suspend", 6 * GIB, 0.5)))
+        rank1 = inputs(5 * GIB, 0, *two_way_items(Way("suspend", 4 * GIB, 1.15)))
+        assert plan_releases(rank0).way(COMMUNICATORS) == "suspend"
+        agreed = agree([rank0, rank1])
+        assert agreed.items[1].way("suspend") == Way("suspend", 4 * GIB, 1.15)
+        assert plan_releases(agreed).way(COMMUNICATORS) == "destroy"
+        assert plan_releases(agree([rank1, rank0])).choices == plan_releases(agreed).choices
+
+    def test_a_way_missing_on_one_rank_is_offered_by_none(self) -> None:
+        """Rank 1's backend cannot suspend: the agreed inputs offer only keep and destroy."""
+        rank0 = inputs(5 * GIB, 0, *two_way_items())
+        rank1 = inputs(5 * GIB, 0, *two_way_items(None))
+        for views in ([rank0, rank1], [rank1, rank0]):
+            agreed = agree(views)
+            assert [w.name for w in agreed.items[1].ways] == ["keep", "destroy"]
+            assert plan_releases(agreed).way(COMMUNICATORS) == "destroy"
+
+    def test_ranks_configured_with_different_full_ways_are_refused(self) -> None:
+        other = (
+            Releasable.tag("weights", 2 * GIB, 0.1),
+            Releasable.communicators("suspend", 6 * GIB, 0.5, Way("destroy", 8 * GIB, 1.2)),
+        )
+        with pytest.raises(ValueError, match="same tags and communicators"):
+            agree([inputs(GIB, 0, *two_way_items()), inputs(GIB, 0, *other)])
+
+
 class TestAgree:
     def test_ranks_disagreeing_about_free_memory_plan_alike(self) -> None:
         """Rank 1 sees less free memory: both plan from the least free, and release the same things."""
@@ -142,10 +237,11 @@ class TestEstimates:
     def test_a_sleep_unaudited_credits_the_estimates_first(self) -> None:
         """12 GiB freed by two tags estimated at 2 and 6 GiB and unmeasured groups: the groups get 4."""
         est = Estimates(MemoryBudget())
-        est.observe_sleep(["a", "b", COMMUNICATORS], 12 * GIB, {"a": 2 * GIB, "b": 6 * GIB, COMMUNICATORS: 0})
-        assert est.freed == {"a": 2 * GIB, "b": 6 * GIB, COMMUNICATORS: 4 * GIB}
-        est.observe_sleep(["a", "b"], 4 * GIB, {"a": 2 * GIB, "b": 6 * GIB})  # less than estimated
-        assert est.freed["a"] == 1 * GIB and est.freed["b"] == 3 * GIB
+        a, b, groups = ("a", "release"), ("b", "release"), (COMMUNICATORS, "destroy")
+        est.observe_sleep([a, b, groups], 12 * GIB, {a: 2 * GIB, b: 6 * GIB, groups: 0})
+        assert est.freed == {a: 2 * GIB, b: 6 * GIB, groups: 4 * GIB}
+        est.observe_sleep([a, b], 4 * GIB, {a: 2 * GIB, b: 6 * GIB})  # less than estimated
+        assert est.freed[a] == 1 * GIB and est.freed[b] == 3 * GIB
 
     def test_unmeasured_items_free_what_is_declared_or_nothing(self) -> None:
         """Before a measurement a tag frees its declared size at the stated bandwidth; groups free nothing."""
@@ -162,7 +258,7 @@ class TestEstimates:
         est.observe_hook(Hook.MEMORY_PAUSE, "w", 0.05)
         est.observe_hook(Hook.MEMORY_RESUME, "w", 0.07)
         est.observe_sleep(
-            ["w", COMMUNICATORS], 11 * GIB, {"w": 3 * GIB}
+            [("w", "release"), (COMMUNICATORS, "destroy")], 11 * GIB, {("w", "release"): 3 * GIB}
         )  # what the audit did not count: the groups
         est.observe_hook(Hook.PROCESS_GROUPS_DESTROY, None, 0.6)
         est.observe_hook(Hook.PROCESS_GROUPS_RELOAD, None, 0.4)
@@ -201,12 +297,34 @@ small_inputs = st.builds(
         need * GIB,
         free * GIB,
         *(Releasable.tag(f"t{i}", s * GIB, c) for i, (s, c) in enumerate(tags)),
-        *([Releasable.communicators("destroy", groups[0] * GIB, groups[1])] if groups else []),
+        *(
+            [
+                Releasable.communicators(
+                    groups[0],
+                    groups[1][0] * GIB,
+                    groups[1][1],
+                    *(Way(name, s * GIB, c) for name, (s, c) in groups[2]),
+                )
+            ]
+            if groups
+            else []
+        ),
     ),
     sizes,
     sizes,
     st.lists(st.tuples(sizes, costs), max_size=5),
-    st.none() | st.tuples(sizes, costs),
+    # the communicators: their configured way, its figures, and the other way the backend offers (or none)
+    st.none()
+    | st.sampled_from(["destroy", "suspend"]).flatmap(
+        lambda full: st.tuples(
+            st.just(full),
+            st.tuples(sizes, costs),
+            st.lists(
+                st.tuples(st.just("suspend" if full == "destroy" else "destroy"), st.tuples(sizes, costs)),
+                max_size=1,
+            ),
+        )
+    ),
 )
 
 
@@ -228,7 +346,7 @@ class TestPlanProperties:
     def test_a_feasible_plan_meets_the_need(self, given_inputs: BudgetInputs) -> None:
         """Whenever the items can free the need, the plan's releases do; otherwise it is the full sleep."""
         plan = plan_releases(given_inputs)
-        everything = sum(i.way(i.full).frees_bytes for i in given_inputs.items)
+        everything = sum(max(w.frees_bytes for w in i.ways) for i in given_inputs.items)
         if given_inputs.free_bytes + everything >= given_inputs.need_bytes + given_inputs.margin_bytes:
             assert plan.feasible
             assert (

@@ -153,11 +153,95 @@ class TestBudgetedSleep:
         lc.sleep()  # the full sleep: destroys the groups, measured
         budget = lc._budget
         assert budget is not None
-        destroyed = budget.estimates.release_s[COMMUNICATORS]
+        destroyed = budget.estimates.release_s[(COMMUNICATORS, "destroy")]
         lc.run("sync", lambda: None)  # groups up, down again
-        assert budget.estimates.release_s[COMMUNICATORS] == destroyed
+        assert budget.estimates.release_s[(COMMUNICATORS, "destroy")] == destroyed
         lc.wake_up()
-        assert COMMUNICATORS in budget.estimates.restore_s
+        assert (COMMUNICATORS, "destroy") in budget.estimates.restore_s
+
+
+def two_way_trainer() -> tuple[Lifecycle, FakeProcessGroups, CallLog]:
+    """A trainer whose groups can be destroyed (configured: 8 GiB freed) or suspended (6 GiB freed, 2
+    stay), on a 20 GiB device: 4 GiB free while awake. The first sleep (no need: full) measures the
+    tags and destroy; the communicators' figures are then set: destroy 1.2 s, suspend 6 GiB 0.5 s."""
+    log = CallLog()
+    memory = FakeMemorySaver(TAGS, log=log)
+    groups = FakeProcessGroups(log=log, ways=("suspend",))
+    device = FakeDevice(20 * GIB, memory, SIZES, groups=groups, groups_bytes=8 * GIB, suspended_bytes=2 * GIB)
+    policy = LifecyclePolicy(memory_tags=TAGS, model_tag=None, memory_budget=MemoryBudget(margin_bytes=0))
+    hooks = Hooks(memory=memory, process_groups=groups, budget=device)
+    lc = Lifecycle(policy, hooks, role="trainer")
+    lc.sleep()
+    lc.wake_up()
+    assert lc._budget is not None
+    est = lc._budget.estimates
+    destroy, suspend = (COMMUNICATORS, "destroy"), (COMMUNICATORS, "suspend")
+    assert est.freed[destroy] == 8 * GIB and suspend not in est.freed  # suspend never ran: unmeasured
+    est.release_s[destroy], est.restore_s[destroy] = 0.7, 0.5
+    est.freed[suspend], est.release_s[suspend], est.restore_s[suspend] = 6 * GIB, 0.2, 0.3
+    log.clear()
+    return lc, groups, log
+
+
+class TestCommunicatorsWays:
+    def test_a_sleep_that_chose_suspend_suspends_and_its_wake_resumes(self) -> None:
+        """Needing 13 GiB more: both tags (8) and the suspend (6) do, cheaper than the destroy; the
+        backend is told the way, the groups sleep suspended, the wake undoes the suspend; then a need
+        of 15 GiB more is only met by destroying."""
+        with capture_events() as events:
+            lc, groups, log = two_way_trainer()
+            lc.expect(17 * GIB)
+            lc.sleep()
+            assert budget_event(events)["plan"][COMMUNICATORS] == "suspend"
+            names = log.names()
+            assert names.index("process_groups.use_suspend") < names.index("process_groups.destroy")
+            assert lc.groups is Groups.SUSPENDED and groups.state == "suspended"
+            lc.wake_up()
+            assert lc.groups is Groups.ALIVE and groups.alive and groups.way == "suspend"
+            lc.expect(19 * GIB)
+            lc.sleep()
+            assert budget_event(events)["plan"][COMMUNICATORS] == "destroy"
+            assert "process_groups.use_destroy" in log.names()
+            assert lc.groups is Groups.DESTROYED and groups.state == "destroyed"
+            lc.wake_up()
+        assert findings(events) == []
+
+    def test_the_checker_replays_the_way_the_plan_chose(self) -> None:
+        """A logged plan whose way its inputs do not give is a finding, and so is a suspended sleep
+        logged as destroyed."""
+        with capture_events() as events:
+            lc, _groups, _log = two_way_trainer()
+            lc.expect(17 * GIB)
+            lc.sleep()
+        tampered = [dict(e) for e in events]
+        budget_event(tampered)["plan"] = {**budget_event(tampered)["plan"], COMMUNICATORS: "destroy"}
+        assert any("is not the plan its inputs give" in f for f in findings(tampered))
+        last = [e for e in events if e["event"] == "lifecycle.transition"][-1]
+        assert last["groups"] == "suspended"
+        last["groups"] = "destroyed"
+        assert findings(events) != []
+
+    def test_a_backend_of_one_way_is_told_nothing_and_logs_one_way(self) -> None:
+        """Without other ways the items and the hook calls are today's: keep or the configured way."""
+        with capture_events() as events:
+            lc, _device, log = trainer(total=20 * GIB, groups_bytes=4 * GIB)
+            lc.sleep()
+            lc.wake_up()
+            lc.expect(17 * GIB)
+            lc.sleep()
+        (groups,) = [i for i in budget_event(events)["items"] if i["name"] == COMMUNICATORS]
+        assert [w["name"] for w in groups["ways"]] == ["keep", "destroy"] and groups["full"] == "destroy"
+        assert not any("use_" in name for name in log.names())
+        assert "communicators_ways" not in events[0]
+        assert findings(events) == []
+
+    def test_ways_without_a_way_to_take_them_are_refused(self) -> None:
+        class Declares(FakeProcessGroups):
+            communicators_ways = ("destroy", "suspend")
+            use_communicators = None  # type: ignore[assignment]
+
+        with pytest.raises(TypeError, match="use_communicators"):
+            Hooks(memory=FakeMemorySaver(), process_groups=Declares())
 
 
 class TestShortfall:

@@ -8,7 +8,7 @@ host), and the groups' events (`WayLog`), whose first teardown says why the way 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from actor_integration.backends.process_groups import _nccl
@@ -39,6 +39,39 @@ def choose_way(communicators: Communicators | str, backend: str) -> Communicator
         way = DestroyCommunicators()
     way.check(backend)
     return way
+
+
+def choose_ways(
+    configured: CommunicatorWay, ways: Sequence[Communicators | str] | None, backend: str
+) -> dict[str, CommunicatorWay]:
+    """The units a memory budget may choose among per sleep, by name, the `configured` one first;
+    each other one checked like it (suspend refused where NCCL cannot suspend). None: it alone."""
+    units: dict[str, CommunicatorWay] = {configured.name.value: configured}
+    if ways is None:
+        return units
+    if isinstance(ways, str):
+        raise ValueError(f"ways must be a sequence of ways, such as ('destroy', 'suspend'), got {ways!r}")
+    names = []
+    for way in ways:
+        try:
+            names.append(Communicators(way).value)
+        except ValueError:
+            raise ValueError(
+                f"ways must name ways of {[c.value for c in Communicators]}, got {way!r} in {list(ways)}"
+            ) from None
+    if configured.name.value not in names:
+        raise ValueError(
+            f"ways={names} must include the configured communicators={configured.name.value!r} (the full sleep's way)"
+        )
+    if Communicators.KEEP.value in names and len(set(names)) > 1:
+        raise ValueError(
+            f"ways={names}: a memory budget chooses among 'destroy' and 'suspend'; keeping the communicators "
+            "is always its own choice, not a way to offer"
+        )
+    for name in names:
+        if name not in units:
+            units[name] = choose_way(name, backend)
+    return units
 
 
 def why_this_way(way: CommunicatorWay, backend: str) -> str:

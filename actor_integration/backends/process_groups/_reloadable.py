@@ -9,7 +9,9 @@ them. The design, without monkey-patching torch.distributed:
   with `communicators=` (one unit each): "destroy" (the default, measured fastest: every group
   torn down concurrently, WORLD last, WORLD re-initialised as gloo so `dist.get_rank()` and CPU
   collectives keep working; rebuilt on reload, in registration order), "suspend" (NCCL 2.29.7+
-  releases their memory and keeps them) or "keep" (nothing freed). While asleep every handle,
+  releases their memory and keeps them) or "keep" (nothing freed). `ways=("destroy", "suspend")`
+  offers a memory budget both, to choose per sleep (`use_communicators`); reload undoes the
+  way the last destroy took. While asleep every handle,
   `world`, `new_group` and `connect` refuse with `ProcessGroupsAsleepError`, saying how they sleep.
 - Every WORLD generation rendezvouses under a fresh `PrefixStore` namespace of the one store kept
   from `init`, so stale keys of an earlier generation never collide.
@@ -32,7 +34,7 @@ from torch.distributed.distributed_c10d import PrefixStore, Store
 from torch.distributed.rendezvous import rendezvous
 
 from actor_integration.backends.process_groups import _teardown
-from actor_integration.backends.process_groups._choice import WayLog, choose_way
+from actor_integration.backends.process_groups._choice import WayLog, choose_way, choose_ways
 from actor_integration.backends.process_groups._rendezvous import (
     BARRIER_CAUSE,
     LIFECYCLE_CAUSE,
@@ -115,15 +117,20 @@ class ReloadableProcessGroups:
         communicators: Communicators | str = Communicators.DESTROY,
         eager_connect: bool = False,
         suspend: object = _REMOVED,
+        ways: Sequence[Communicators | str] | None = None,
         _way: CommunicatorWay | None = None,
+        _units: Mapping[str, CommunicatorWay] | None = None,
     ) -> None:
         # Use init() or adopt(); this constructor expects WORLD to be initialised on `store` already.
-        # `_way`: the unit init() chose and checked before WORLD existed (its check probes NCCL once).
+        # `_way`, `_units`: the units init() chose and checked before WORLD existed (a check probes NCCL once).
         _refuse_suspend_argument(suspend)
         if not isinstance(eager_connect, bool):
             raise ValueError(f"eager_connect must be a bool, got {eager_connect!r}")
         self._way = _way if _way is not None else choose_way(communicators, backend)
         self.communicators = self._way.name.value  # read by the lifecycle machine (which state sleep leaves)
+        self._units = dict(_units) if _units is not None else choose_ways(self._way, ways, backend)
+        # What a memory budget may choose among per sleep (`use_communicators`), the configured way first.
+        self.communicators_ways = tuple(self._units)
         self.eager_connect = eager_connect
         self._way_log = WayLog()  # the first destroy says at info which way ran and why
         self._store = store
@@ -157,6 +164,7 @@ class ReloadableProcessGroups:
         communicators: Communicators | str = Communicators.DESTROY,
         eager_connect: bool = False,
         suspend: object = _REMOVED,
+        ways: Sequence[Communicators | str] | None = None,
     ) -> ReloadableProcessGroups:
         """Initialise torch.distributed (WORLD on `backend`) and keep its rendezvous store.
 
@@ -168,10 +176,14 @@ class ReloadableProcessGroups:
         (`nccl_suspend_support()`). "keep": leave them (0 s; their memory stays held).
         `eager_connect`: every `reload()` ends with `connect()` (all NCCL communicators created
         at once) instead of leaving each to its group's first collective.
+        `ways`: the ways a memory budget may choose among per sleep, `communicators` among them:
+        ("destroy", "suspend") where both can work (suspend is refused as above); None: the
+        configured way alone, every sleep.
         """
         _refuse_suspend_argument(suspend)
         _check_backend(backend)
         way = choose_way(communicators, backend)  # refused before WORLD exists, so the call can be retried
+        units = choose_ways(way, ways, backend)
         if not isinstance(world_size, int) or world_size < 1:
             raise ValueError(f"world_size must be a positive int, got {world_size!r}")
         if not isinstance(rank, int) or not 0 <= rank < world_size:
@@ -202,6 +214,7 @@ class ReloadableProcessGroups:
             communicators=communicators,
             eager_connect=eager_connect,
             _way=way,
+            _units=units,
         )
 
     @classmethod
@@ -211,6 +224,7 @@ class ReloadableProcessGroups:
         timeout: timedelta = dist.default_pg_timeout,
         untracked_subgroups: bool = False,
         communicators: Communicators | str = Communicators.DESTROY,
+        ways: Sequence[Communicators | str] | None = None,
     ) -> ReloadableProcessGroups:
         """Take over an initialised default group and keep its store (`_get_default_store()`).
 
@@ -242,6 +256,7 @@ class ReloadableProcessGroups:
             timeout=timeout,
             device_id=dist.distributed_c10d._get_default_group().bound_device_id,
             communicators=communicators,
+            ways=ways,
         )
 
     # ------------------------------------------------------------------ groups
@@ -360,6 +375,21 @@ class ReloadableProcessGroups:
         self._meeting.meet(f"destroyed(generation {self.generation})", self.timeout, LIFECYCLE_CAUSE)
         self._state = ASLEEP[outcome.way].value
         self._log(Event.GROUPS_DESTROYED, t0, outcome)
+
+    def use_communicators(self, way: Communicators | str) -> None:
+        """The way the next `destroy()` takes, one of `communicators_ways` (a memory budget's choice for
+        this sleep); reload then undoes that way. Only while the groups are alive. Every rank must take
+        the same way (the budget's plan is agreed over the ranks)."""
+        unit = self._units.get(Communicators(way).value)
+        if unit is None:
+            raise ValueError(
+                f"ReloadableProcessGroups.use_communicators({way!r}): this backend offers "
+                f"{list(self.communicators_ways)} (pass ways= at init to offer more)"
+            )
+        if unit is self._way:
+            return
+        self._require(_ALIVE, "use_communicators")
+        self._way = unit
 
     def reload(self) -> None:
         """Wake: bring every communicator back the way it went (rebuild, resume, or nothing). Collective."""

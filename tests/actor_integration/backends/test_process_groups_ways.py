@@ -8,6 +8,7 @@ suspended, its rebuild, the handles) is the real code on real torch.distributed.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -17,9 +18,12 @@ import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import Store
 
+from actor_integration.backends.memory_budget import DeviceMemoryProbe
 from actor_integration.backends.process_groups import ReloadableProcessGroups, _nccl
 from actor_integration.errors import ProcessGroupsAsleepError
-from lifecycle import Communicators, Groups, Hooks, Lifecycle, LifecyclePolicy, capture_events
+from lifecycle import Communicators, Groups, Hooks, Lifecycle, LifecyclePolicy, MemoryBudget, capture_events
+from lifecycle.budget import COMMUNICATORS
+from lifecycle.checker import check_lines
 from lifecycle.testing import FakeMemorySaver
 from tests.helpers import fake_nccl
 from tests.helpers.spawn import no_crash, run_world
@@ -290,6 +294,103 @@ class TestSuspend:
 CYCLES = 10
 # name -> ranks; "pair" fails to suspend on rank 1 only, "lazy" has a communicator on rank 0 only.
 GROUPS: dict[str, tuple[int, ...]] = {"pair": (0, 1), "odd": (1, 3), "lazy": (0, 2), "all": (0, 1, 2, 3)}
+
+
+def _both(store: Store | None = None) -> ReloadableProcessGroups:
+    """Configured to destroy, offering suspend too: a memory budget chooses per sleep."""
+    assert not dist.is_initialized()
+    return ReloadableProcessGroups.init(
+        backend="gloo",
+        rank=0,
+        world_size=1,
+        store=store or dist.TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False),
+        timeout=timedelta(seconds=10),
+        communicators="destroy",
+        ways=("destroy", "suspend"),
+    )
+
+
+class TestWaysPerSleep:
+    def test_each_sleep_takes_the_way_it_is_told_and_its_wake_undoes_that_way(
+        self, closing: list[ReloadableProcessGroups], nccl_stand_in: None
+    ) -> None:
+        fake_nccl.install()
+        closing.append(groups := _both())
+        assert groups.communicators == "destroy" and groups.communicators_ways == ("destroy", "suspend")
+        handles = [groups.new_group([0], name=name) for name in ("tp", "dp")]
+        before = [h.group for h in handles]
+        groups.use_communicators("suspend")
+        groups.destroy()
+        assert groups.state == "suspended" and fake_nccl.calls("suspend") == ["WORLD", "tp", "dp"]
+        groups.reload()
+        assert fake_nccl.calls("resume") == ["WORLD", "tp", "dp"]
+        assert [h.group for h in handles] == before  # resumed, not rebuilt
+        groups.use_communicators("destroy")
+        groups.destroy()
+        assert groups.state == "destroyed" and len(fake_nccl.calls("suspend")) == 3
+        groups.reload()
+        assert all(h.group is not old for h, old in zip(handles, before, strict=True))  # rebuilt
+        assert all(_sum(h.group) == 1.0 for h in handles)
+
+    def test_the_way_cannot_change_while_asleep_nor_to_one_not_offered(
+        self, closing: list[ReloadableProcessGroups], nccl_stand_in: None
+    ) -> None:
+        fake_nccl.install()
+        closing.append(groups := _both())
+        with pytest.raises(ValueError, match="offers"):
+            groups.use_communicators("keep")
+        groups.use_communicators("suspend")
+        groups.destroy()
+        with pytest.raises(ProcessGroupsAsleepError):
+            groups.use_communicators("destroy")
+        groups.use_communicators("suspend")  # the way it sleeps in: nothing to change
+        groups.reload()
+        assert fake_nccl.calls("resume") == ["WORLD"]
+
+    def test_suspend_offered_where_nccl_cannot_suspend_is_refused_before_world_exists(self) -> None:
+        with pytest.raises(ValueError, match=r"communicators='suspend' cannot work here"):
+            _both()
+        assert not dist.is_initialized()
+
+    def test_one_way_offers_only_itself(self, closing: list[ReloadableProcessGroups]) -> None:
+        closing.append(groups := _single("destroy"))
+        assert groups.communicators_ways == ("destroy",)
+        hooks = Hooks(memory=FakeMemorySaver(), process_groups=groups)
+        assert hooks.communicators_ways == (Communicators.DESTROY,)
+
+    def test_a_budgeted_sleep_that_chose_suspend_wakes_by_resume(
+        self, closing: list[ReloadableProcessGroups], nccl_stand_in: None
+    ) -> None:
+        """The machine plans suspend (cheaper than destroy for the need), tells the groups, and the
+        wake resumes the very communicators it suspended; `lifecycle check` finds nothing."""
+        fake_nccl.install()
+        closing.append(groups := _both())
+        frees = iter([0, 6 << 30])  # free before the sleep; after it
+        probe = DeviceMemoryProbe(free_bytes=lambda: next(frees))
+        policy = LifecyclePolicy(memory_budget=MemoryBudget(margin_bytes=0))
+        with capture_events() as events:
+            machine = Lifecycle(policy, Hooks(memory=FakeMemorySaver(), process_groups=groups, budget=probe))
+            assert machine._budget is not None
+            est = machine._budget.estimates
+            for way, freed, release_s, restore_s in (
+                ("destroy", 8 << 30, 0.7, 0.5),
+                ("suspend", 6 << 30, 0.2, 0.3),
+            ):
+                est.freed[(COMMUNICATORS, way)] = freed
+                est.release_s[(COMMUNICATORS, way)], est.restore_s[(COMMUNICATORS, way)] = (
+                    release_s,
+                    restore_s,
+                )
+            machine.expect(5 << 30)
+            machine.sleep()
+            assert machine.groups is Groups.SUSPENDED and groups.state == "suspended"
+            assert fake_nccl.calls("suspend") == ["WORLD"] and fake_nccl.calls("resume") == []
+            machine.wake_up()
+        assert fake_nccl.calls("resume") == ["WORLD"] and groups.is_alive() and machine.groups is Groups.ALIVE
+        (plan,) = [e for e in events if e["event"] == "lifecycle.budget"]
+        assert plan["plan"][COMMUNICATORS] == "suspend"
+        lifecycle_lines = [json.dumps(e, default=str) for e in events if e["event"].startswith("lifecycle.")]
+        assert list(check_lines(lifecycle_lines, "trainer.jsonl")) == []
 
 
 def _ways_worker(rank: int, world_size: int, store: Store, way: str) -> dict[str, Any]:
