@@ -45,6 +45,7 @@ __all__ = [
 GIB = 1 << 30
 COMMUNICATORS = "process_groups"  # the item name of the communicators (no memory tag may use it)
 KEEP = "keep"
+COMMUNICATOR_WAYS = ("destroy", "suspend")
 RELEASE = "release"
 # Stated defaults before any measurement (docs/measurements.md, H200): a tag's round trip through
 # a retained pinned backup moves its bytes down and up at ~45 GB/s each way; the concurrent destroy
@@ -60,11 +61,16 @@ class MemoryBudget:
     margin_bytes: kept free beyond the need (allocator rounding, fragmentation, a CUDA context).
     bandwidth: bytes/s each way assumed for a tag's round trip before it was measured.
     communicators_s: round trip assumed for the communicators' release before it was measured.
+    communicator_ways: figures for the communicators' ways before they were measured, as
+        `(way, frees_bytes, round_trip_s)` ("destroy" or "suspend"), e.g. from an earlier run's
+        `lifecycle.budget` events. Without one, a way never run frees nothing, so a backend's
+        other way (`ReloadableProcessGroups(ways=...)`) is only chosen once declared here.
     """
 
     margin_bytes: int = GIB
     bandwidth: float = DEFAULT_BANDWIDTH
     communicators_s: float = DEFAULT_COMMUNICATORS_S
+    communicator_ways: tuple[tuple[str, int, float], ...] = ()
 
     def __post_init__(self) -> None:
         if (
@@ -77,11 +83,43 @@ class MemoryBudget:
             raise ValueError(f"MemoryBudget.bandwidth must be > 0 bytes/s, got {self.bandwidth!r}")
         if not self.communicators_s >= 0:
             raise ValueError(f"MemoryBudget.communicators_s must be >= 0 s, got {self.communicators_s!r}")
+        ways = []
+        for entry in self.communicator_ways:
+            way, frees, seconds = _declared_way(entry)
+            ways.append((way, frees, seconds))
+        names = [w for w, _, _ in ways]
+        if len(set(names)) != len(names):
+            raise ValueError(f"MemoryBudget.communicator_ways declares a way twice: {names}")
+        object.__setattr__(self, "communicator_ways", tuple(ways))  # lists from a log become tuples
+
+    def declared_way(self, way: str) -> tuple[int, float] | None:
+        """(frees_bytes, round_trip_s) declared for a communicators' way, or None."""
+        return next(((f, c) for w, f, c in self.communicator_ways if w == way), None)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> MemoryBudget | None:
         """The budget `LifecyclePolicy.to_dict` wrote (None: no budget)."""
         return None if data is None else cls(**data)
+
+
+def _declared_way(entry: Any) -> tuple[str, int, float]:
+    try:
+        way, frees, seconds = entry
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"MemoryBudget.communicator_ways: each entry is (way, frees_bytes, round_trip_s), got {entry!r}"
+        ) from None
+    if way not in COMMUNICATOR_WAYS:
+        raise ValueError(
+            f"MemoryBudget.communicator_ways: way {way!r} is not one of {list(COMMUNICATOR_WAYS)}"
+        )
+    if isinstance(frees, bool) or not isinstance(frees, int) or frees < 0:
+        raise ValueError(
+            f"MemoryBudget.communicator_ways: {way} frees_bytes must be an int >= 0, got {frees!r}"
+        )
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds >= 0:
+        raise ValueError(f"MemoryBudget.communicator_ways: {way} round_trip_s must be >= 0, got {seconds!r}")
+    return str(way), frees, float(seconds)
 
 
 @dataclass(frozen=True)
@@ -387,7 +425,8 @@ class Estimates:
         if slot in self.release_s and slot in self.restore_s:
             return self.release_s[slot] + self.restore_s[slot]
         if slot[0] == COMMUNICATORS:
-            return self.budget.communicators_s
+            declared = self.budget.declared_way(slot[1])
+            return self.budget.communicators_s if declared is None else declared[1]
         return 2 * frees_bytes / self.budget.bandwidth
 
     def items(
@@ -406,7 +445,8 @@ class Estimates:
             names = (communicators,) if isinstance(communicators, str) else tuple(communicators)
             ways = []
             for name in names:
-                frees = self.freed.get((COMMUNICATORS, name), 0)
+                declared_way = self.budget.declared_way(name)
+                frees = self.freed.get((COMMUNICATORS, name), 0 if declared_way is None else declared_way[0])
                 ways.append(Way(name, frees, self.cost((COMMUNICATORS, name), frees)))
             full = ways[0]
             out.append(Releasable.communicators(full.name, full.frees_bytes, full.cost_s, *ways[1:]))

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import json
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -265,6 +267,65 @@ class TestEstimates:
         w, c = est.items(["w"], {}, "destroy")
         assert w.way("release").frees_bytes == 3 * GIB and w.way("release").cost_s == pytest.approx(0.12)
         assert c.way("destroy").frees_bytes == 8 * GIB and c.way("destroy").cost_s == pytest.approx(1.0)
+
+
+class TestDeclaredWays:
+    """`MemoryBudget.communicator_ways`: a way never run can be chosen once its figures are declared."""
+
+    def budget(self) -> MemoryBudget:
+        return MemoryBudget(margin_bytes=0, communicator_ways=(("suspend", 6 * GIB, 0.2),))
+
+    def test_a_declared_suspend_is_offered_with_its_figures_and_chosen_when_it_suffices(self) -> None:
+        est = Estimates(self.budget())
+        est.observe_sleep([(COMMUNICATORS, "destroy")], 16 * GIB, {})  # the full sleep measured destroy
+        est.observe_hook(Hook.PROCESS_GROUPS_DESTROY, None, 0.7, "destroy")
+        est.observe_hook(Hook.PROCESS_GROUPS_RELOAD, None, 0.4, "destroy")
+        (c,) = est.items([], {}, ("destroy", "suspend"))
+        assert c.way("suspend").frees_bytes == 6 * GIB and c.way("suspend").cost_s == 0.2
+        assert c.full == "destroy" and c.way("destroy").frees_bytes == 16 * GIB
+        assert plan_releases(inputs(5 * GIB, 0, c)).way(COMMUNICATORS) == "suspend"
+        assert plan_releases(inputs(10 * GIB, 0, c)).way(COMMUNICATORS) == "destroy"
+
+    def test_undeclared_the_other_way_frees_nothing_and_is_never_chosen(self) -> None:
+        est = Estimates(MemoryBudget(margin_bytes=0))
+        est.observe_sleep([(COMMUNICATORS, "destroy")], 16 * GIB, {})
+        (c,) = est.items([], {}, ("destroy", "suspend"))
+        assert c.way("suspend").frees_bytes == 0
+        assert plan_releases(inputs(5 * GIB, 0, c)).way(COMMUNICATORS) == "destroy"
+
+    def test_a_measurement_replaces_the_declared_figures(self) -> None:
+        est = Estimates(self.budget())
+        est.observe_sleep([(COMMUNICATORS, "suspend")], 2 * GIB, {(COMMUNICATORS, "suspend"): 6 * GIB})
+        est.observe_hook(Hook.PROCESS_GROUPS_DESTROY, None, 0.3, "suspend")
+        est.observe_hook(Hook.PROCESS_GROUPS_RELOAD, None, 0.1, "suspend")
+        (c,) = est.items([], {}, ("destroy", "suspend"))
+        assert c.way("suspend").frees_bytes == 2 * GIB and c.way("suspend").cost_s == pytest.approx(0.4)
+
+    def test_the_declared_ways_survive_the_policy_log_round_trip(self) -> None:
+        from lifecycle import LifecyclePolicy
+
+        policy = LifecyclePolicy(memory_budget=self.budget())
+        again = LifecyclePolicy.from_dict(json.loads(json.dumps(policy.to_dict())))
+        assert again.memory_budget == policy.memory_budget
+        assert again.memory_budget is not None and again.memory_budget.declared_way("suspend") == (
+            6 * GIB,
+            0.2,
+        )
+        hash(again.memory_budget)
+
+    @pytest.mark.parametrize(
+        ("ways", "words"),
+        [
+            ((("keep", 1, 0.1),), "not one of"),
+            ((("suspend", -1, 0.1),), "frees_bytes must be an int >= 0"),
+            ((("suspend", 1, -0.1),), "round_trip_s must be >= 0"),
+            ((("suspend", 1),), "each entry is \\(way, frees_bytes, round_trip_s\\)"),
+            ((("suspend", 1, 0.1), ("suspend", 2, 0.2)), "declares a way twice"),
+        ],
+    )
+    def test_bad_declarations_are_refused_naming_what_is_wrong(self, ways: Any, words: str) -> None:
+        with pytest.raises(ValueError, match=words):
+            MemoryBudget(communicator_ways=ways)
 
 
 def brute_force(given_inputs: BudgetInputs) -> BudgetPlan | None:
