@@ -627,9 +627,17 @@ class SGLangActorLifecycle:
             raise ValueError(f"lifecycle_update_weights(version={version}): no payloads")
         self._lc_check_receiver()
         first = payloads[0]
+        if first.round == 0:  # the sender's first round opens the version, as the trainer's pause does
+            self.__dict__.update(
+                _lc_update_open=True,
+                _lc_loading=None,
+                _lc_interrupted=False,
+                _lc_sent=[time.perf_counter(), 0],
+            )
+        # [when the version's first round came, the bytes of its rounds loaded so far]
+        sent: list[Any] = self.__dict__.setdefault("_lc_sent", [time.perf_counter(), 0])
 
         def load() -> dict[str, Any]:
-            started = time.perf_counter()
             client = self._lc_receiver()  # started here, past the guard: with the weights resident
             try:
                 answer = client.load_payloads(version, payloads, round_index=first.round, final=first.final)
@@ -638,29 +646,28 @@ class SGLangActorLifecycle:
                     Event.SYNC_LOADED,
                     "error",
                     version=version,
-                    bytes=sum(p.nbytes for p in payloads),
+                    bytes=sent[1],  # the version's rounds loaded before this one, as RolloutActor logs them
                     checksum_ok=not isinstance(error, CorruptBucketError),
                     written=bool(error.fields.get("written")),
-                    duration_ms=round((time.perf_counter() - started) * 1e3, 3),
+                    duration_ms=round((time.perf_counter() - sent[0]) * 1e3, 3),
                     transport=first.transport,
                     ok=False,
                 )
                 raise
-            if first.final:  # inside the sync body, as every engine's `weight_sync.loaded`
+            sent[1] += answer["nbytes"]
+            if first.final:  # inside the sync body, as every engine's `weight_sync.loaded`: the whole version
                 self._lc_event(
                     Event.SYNC_LOADED,
                     version=version,
-                    bytes=answer["nbytes"],
+                    bytes=sent[1],
                     checksum_ok=True,
-                    duration_ms=round((time.perf_counter() - started) * 1e3, 3),
+                    duration_ms=round((time.perf_counter() - sent[0]) * 1e3, 3),
                     transport=first.transport,
                     ok=True,
                     engine_ms=answer["timings"],
                 )
             return answer
 
-        if first.round == 0:  # the sender's first round opens the version, as the trainer's pause does
-            self.__dict__.update(_lc_update_open=True, _lc_loading=None, _lc_interrupted=False)
         answer: dict[str, Any] = self._lc_push("lifecycle_update_weights", version, load)
         if first.final:
             self._lc_continue("lifecycle_update_weights", self._lc_server().continue_generation)

@@ -4,12 +4,14 @@
 its tensors (it does not stage, so its weights are unknown from round 0 to the final round), and
 `fingerprints` compares them with the trainer's tensor by tensor, bit for bit. `DeviceChecksumShm`
 gives host buckets the checksum GPU buckets carry, so the receiver's two-pass path runs on CPU.
-`shm_sender_into` is a real one-rank sender into a rollout actor.
+`shm_sender` is a real one-rank shm sender into any engine call (`shm_sender_into`: a rollout
+actor's `update_weights`); `with_bad_checksum` is a payload whose first bucket fails its checksum.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -17,6 +19,7 @@ import torch
 from actor_integration.weight_sync import RankSlot, WeightSender, WeightTargets, kernels
 from actor_integration.weight_sync.buckets import ALIGN, WSUM64, Bucket, BucketManifest, checksum, padded
 from actor_integration.weight_sync.shm import ShmRegion, ShmSender
+from actor_integration.weight_sync.wire import RankPayload
 
 
 def fingerprints(named: Mapping[str, torch.Tensor]) -> dict[str, int]:
@@ -97,14 +100,34 @@ class DeviceChecksumShm(ShmSender):
         return [b.manifest(v, WSUM64) for b, v in zip(exports, self.host_packer.seal(), strict=True)]
 
 
-def shm_sender_into(actor: Any, *, bucket_bytes: int, deadline_s: float = 30.0) -> WeightSender:
-    """A real one-rank shm sender whose engine call is a rollout actor's `update_weights`."""
+def shm_sender(
+    engine_call: Callable[[int, list[RankPayload]], Any],
+    *,
+    bucket_bytes: int,
+    deadline_s: float = 30.0,
+    **options: Any,
+) -> WeightSender:
+    """A real one-rank shm sender whose rounds go to `engine_call` (`options`: WeightSender's others)."""
     return WeightSender(
         RankSlot.single(0),
         None,
         ShmSender(),
         rank=0,
-        engine_call=actor.update_weights,
+        engine_call=engine_call,
         bucket_bytes=bucket_bytes,
         deadline_s=deadline_s,
+        **options,
+    )
+
+
+def shm_sender_into(actor: Any, *, bucket_bytes: int, deadline_s: float = 30.0) -> WeightSender:
+    """A real one-rank shm sender whose engine call is a rollout actor's `update_weights`."""
+    return shm_sender(actor.update_weights, bucket_bytes=bucket_bytes, deadline_s=deadline_s)
+
+
+def with_bad_checksum(payload: RankPayload) -> RankPayload:
+    """`payload` with its first bucket's checksum off by one bit (the bytes as sent)."""
+    first = payload.buckets[0]
+    return dataclasses.replace(
+        payload, buckets=(dataclasses.replace(first, checksum=first.checksum ^ 1), *payload.buckets[1:])
     )

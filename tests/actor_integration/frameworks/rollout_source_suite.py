@@ -25,6 +25,7 @@ from actor_integration.frameworks.sglang_actor import LocalDirectory
 from lifecycle import Contents, Residency, State
 from lifecycle.checker import check_files
 from lifecycle.errors import IllegalTransitionError, LifecycleError
+from lifecycle.logs import Event
 from tests.helpers import rollout_calls
 from tests.helpers.engine_source import engine_args, installed, start_engine
 from tests.helpers.framework_source import free_port
@@ -228,19 +229,22 @@ class RolloutSourceSuite:
         whole and awake; a sync into released weights is refused before anything reaches the server."""
         import torch
 
-        from actor_integration.weight_sync import RankSlot, WeightSender
-        from actor_integration.weight_sync.shm import ShmSender
+        from tests.helpers.weight_sync_doubles import shm_sender
 
         methods, engine, url = METHODS[self.framework], world.engine, world.engine.lifecycle_state()["url"]
         engine.lifecycle_serialize_names = lambda: encode_names  # no sglang here: the fake's encoding
-        sender = WeightSender(
-            RankSlot.single(0),
-            None,
-            ShmSender(),
-            rank=0,
-            engine_call=engine.lifecycle_update_weights,
-            bucket_bytes=1 << 11,
-            deadline_s=10,
+        loaded_events: list[dict[str, Any]] = []
+        log_event = engine._lc_event
+
+        def recording(name: Any, *args: Any, **fields: Any) -> Any:
+            if name == Event.SYNC_LOADED:
+                loaded_events.append(fields)
+            return log_event(name, *args, **fields)
+
+        engine._lc_event = recording
+        # One bucket per round: a version takes several rounds, and its event counts them all.
+        sender = shm_sender(
+            engine.lifecycle_update_weights, bucket_bytes=1 << 11, deadline_s=10, round_buckets=1
         )
         try:
             methods["offload"](world)
@@ -271,41 +275,28 @@ class RolloutSourceSuite:
         finally:
             sender.close()
         assert check(world) is None and not world.errors, world.errors
+        sent_bytes = sum(t.numel() * t.element_size() for t in sent.values())
+        assert [(e["version"], e["bytes"], e["ok"]) for e in loaded_events] == [
+            (100 + step, sent_bytes, True) for step in range(3)
+        ]
 
     def test_a_corrupt_round_from_the_sender_is_refused_and_the_version_sent_again_is_served(self, world):
         """A round whose bucket fails its checksum in the server's receiver: `CorruptBucketError`,
         nothing written, the weights unknown and the server kept out of the router (no request is
         served on them) until the version is sent again whole."""
-        import dataclasses
-
         import torch
 
-        from actor_integration.weight_sync import RankSlot, WeightSender
-        from actor_integration.weight_sync.shm import ShmSender
         from actor_integration.weight_sync.wire import CorruptBucketError
+        from tests.helpers.weight_sync_doubles import shm_sender, with_bad_checksum
 
         methods, engine, url = METHODS[self.framework], world.engine, world.engine.lifecycle_state()["url"]
         engine.lifecycle_serialize_names = lambda: encode_names
 
         def corrupting(version, payloads):
-            first = payloads[0].buckets[0]
-            bad = dataclasses.replace(first, checksum=first.checksum ^ 1)
-            return engine.lifecycle_update_weights(
-                version,
-                [dataclasses.replace(payloads[0], buckets=(bad, *payloads[0].buckets[1:])), *payloads[1:]],
-            )
+            return engine.lifecycle_update_weights(version, [with_bad_checksum(payloads[0]), *payloads[1:]])
 
         def sender(call):
-            return WeightSender(
-                RankSlot.single(0),
-                None,
-                ShmSender(),
-                rank=0,
-                engine_call=call,
-                bucket_bytes=1 << 11,
-                deadline_s=10,
-                corrupt_resends=0,
-            )
+            return shm_sender(call, bucket_bytes=1 << 11, deadline_s=10, corrupt_resends=0)
 
         good, bad = sender(engine.lifecycle_update_weights), sender(corrupting)
         sent = {"embed": torch.full((48, 8), 2.0), "lm_head": torch.full((48, 8), 3.0)}

@@ -6,7 +6,6 @@ the fake server as SGLang's scheduler runs a `custom_weight_loader`) opens the t
 from __future__ import annotations
 
 import base64
-import dataclasses
 import json
 from typing import Any
 
@@ -16,11 +15,11 @@ import torch
 from actor_integration.rollout import RolloutActor
 from actor_integration.rollout.sglang_http import SGLangHTTPEngine
 from actor_integration.rollout.sglang_receiver import LOADER, PREFIX
-from actor_integration.weight_sync import RankSlot, WeightSender
-from actor_integration.weight_sync.shm import ShmSender
+from actor_integration.weight_sync import WeightSender
 from actor_integration.weight_sync.wire import CorruptBucketError
 from lifecycle import Contents
 from tests.helpers.sglang_server import FakeSGLangServer, encode_names
+from tests.helpers.weight_sync_doubles import shm_sender, with_bad_checksum
 
 
 def weights(seed: int) -> dict[str, torch.Tensor]:
@@ -56,15 +55,7 @@ def no_buckets(named: Any) -> Any:
 
 
 def sender_for(engine_call: Any) -> WeightSender:
-    return WeightSender(
-        RankSlot.single(0),
-        None,
-        ShmSender(),
-        rank=0,
-        engine_call=engine_call,
-        bucket_bytes=1 << 11,  # several buckets per version
-        deadline_s=10,
-    )
+    return shm_sender(engine_call, bucket_bytes=1 << 11, deadline_s=10)  # several buckets per version
 
 
 class TestSchedulerReceiverOverHTTP:
@@ -102,11 +93,7 @@ class TestSchedulerReceiverOverHTTP:
             before = {n: t.clone() for n, t in server.model.loaded.items()}
             sender.send(2, weights(2).items())
             payload = captured[-1]
-            first = payload.buckets[0]
-            corrupt = dataclasses.replace(
-                payload,
-                buckets=(dataclasses.replace(first, checksum=first.checksum ^ 1), *payload.buckets[1:]),
-            )
+            corrupt = with_bad_checksum(payload)
             with pytest.raises(CorruptBucketError) as refused:
                 engine.load_payloads(2, [corrupt], round_index=0, final=True)
         finally:
