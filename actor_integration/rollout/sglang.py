@@ -279,7 +279,7 @@ class SGLangEngine(SchedulerReceiverCalls, SGLangWeights):
         self.memory_tags: tuple[str, ...] = SGLANG_TAGS if self.cuda_graphs else SGLANG_TAGS[:2]
         self._resident = dict.fromkeys(self.memory_tags, True)
         self._sessions = callable(getattr(engine, "begin_weight_update", None))  # 0.5.23's API
-        self._tolerates_paused_release = _version_tuple(self.version) >= (0, 5, 23)
+        self._tolerates_paused_release = version_tuple(self.version) >= (0, 5, 23)
         self._idle_after_flush = False
         self._watched = self._watch_processes()
         self._died: EngineDiedError | None = None
@@ -298,9 +298,9 @@ class SGLangEngine(SchedulerReceiverCalls, SGLangWeights):
         return {
             "engine": "sglang",
             "sglang": self.version,
-            "supported": _version_tuple(SUPPORTED_VERSIONS[0])
-            <= _version_tuple(self.version)
-            <= _version_tuple(SUPPORTED_VERSIONS[-1]),
+            "supported": version_tuple(SUPPORTED_VERSIONS[0])
+            <= version_tuple(self.version)
+            <= version_tuple(SUPPORTED_VERSIONS[-1]),
             "tp_size": self.tp_size,
             "cuda_graphs": self.cuda_graphs,
             "memory_tags": list(self.memory_tags),
@@ -717,7 +717,8 @@ def _pid_alive(pid: int) -> bool:
         return False
 
 
-def _version_tuple(version: str) -> tuple[int, ...]:
+def version_tuple(version: str) -> tuple[int, ...]:
+    """ "0.5.23rc1" -> (0, 5, 23): the leading digits of the first three parts."""
     parts = []
     for piece in version.split(".")[:3]:
         digits = "".join(itertools.takewhile(str.isdigit, piece))

@@ -32,7 +32,7 @@ from typing import Any
 
 from actor_integration.errors import SGLangServerError, SGLangServerTimeout
 from actor_integration.rollout.engine import GENERATION_MODES
-from actor_integration.rollout.sglang import Codec, SGLangWeights
+from actor_integration.rollout.sglang import Codec, SGLangWeights, version_tuple
 from actor_integration.rollout.sglang_scheduler import (
     SCHEDULER_LOADER,
     SchedulerReceiverCalls,
@@ -101,7 +101,7 @@ class SGLangHTTPEngine(SchedulerReceiverCalls, SGLangWeights):
             )
         self.tp_size = int(info.get("tp_size") or 1)
         version = str(info.get("version") or "0")
-        self._sessions = tuple(int(p) for p in version.split(".")[:3] if p.isdigit()) >= (0, 5, 23)
+        self._sessions = version_tuple(version) >= (0, 5, 23)
         self._reply_dir = reply_directory("rl-lifecycle-sglang-http-")
         self.scheduler_receiver = True
         self.scheduler_pids = self.scheduler_hello()
