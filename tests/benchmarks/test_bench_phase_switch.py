@@ -84,9 +84,11 @@ def test_cpu_smoke_runs_every_column_and_reports_every_hook(tmp_path: Path) -> N
         assert column["need"]["need_bytes"] > column["need"]["weights_bytes"]  # a KV cache was sized
         released[variant] = {tuple(p["released"]) for p in column["plans"]}
     assert released["fits"] == {()}
-    assert len(released["part"]) == 1
-    (part,) = released["part"]
-    assert len(part) == 1 and part[0] in ("params", "optimizer")  # one tag; the groups stay
+    # One tag per step, the groups kept. Which tag can differ between steps: on CPU the learned
+    # round trips are microseconds of noise, so the cheaper of the two is not the same every step.
+    assert released["part"] and all(
+        len(part) == 1 and part[0] in ("params", "optimizer") for part in released["part"]
+    ), released["part"]
     assert released["all"] == {("params", "optimizer", "process_groups")}
     assert report["columns"]["budget-fits"]["need"]["required_bytes"] <= 0
     assert report["columns"]["budget-part"]["need"]["required_bytes"] > 0
