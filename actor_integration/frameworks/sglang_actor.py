@@ -54,7 +54,13 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar
 
-from actor_integration.errors import FollowerCallError, RouterError, StaleWeightsError
+from actor_integration.errors import (
+    FollowerCallError,
+    RouterError,
+    SGLangServerError,
+    SGLangServerTimeout,
+    StaleWeightsError,
+)
 from actor_integration.frameworks.router import RouterWorkers
 from actor_integration.rollout.engine import EngineGeneration
 from actor_integration.rollout.sglang_http import SGLangHTTPEngine
@@ -135,17 +141,22 @@ class _ServerGeneration(EngineGeneration):
         server: SGLangHTTPEngine,
         *,
         leave: Callable[[], None],
+        close_buffers: Callable[[], None],
         rejoin: Callable[[], None],
         flush_deadline_s: float,
     ) -> None:
         super().__init__(server, mode="abort", flush_deadline_s=flush_deadline_s)
-        self._leave, self._rejoin = leave, rejoin
+        self._leave, self._close_buffers, self._rejoin = leave, close_buffers, rejoin
         self.paused = False
 
     def pause(self) -> None:
         self._leave()
-        super().pause()
+        # Marked before the requests: a pause SGLang took whose flush then failed (a hung
+        # scheduler) leaves the server paused, and the wake that recovers must continue it (a
+        # continue on a server that never paused is harmless).
         self.paused = True
+        self._close_buffers()
+        super().pause()
 
     def resume(self) -> None:
         self._rejoin()
@@ -338,6 +349,7 @@ class SGLangActorLifecycle:
         generation = _ServerGeneration(
             server,
             leave=self._lc_leave_router,
+            close_buffers=self._lc_close_trainer_buffers,
             rejoin=self._lc_rejoin,
             flush_deadline_s=self.lifecycle_flush_deadline_s,
         )
@@ -532,7 +544,6 @@ class SGLangActorLifecycle:
             )
         batch = [t for t in targets if lifecycle.residency[t] is Residency.RESIDENT]
         memory: ServerMemory = self.__dict__["_lc_memory"]
-        self._lc_close_trainer_buffers()
         try:
             with memory.together(pause=batch):
                 lifecycle.sleep(targets)
@@ -709,13 +720,18 @@ class SGLangActorLifecycle:
         return None
 
     def _lc_close_trainer_buffers(self) -> None:
-        """Before a release: the schedulers close the trainer buffers they hold open (best effort:
-        a dead server fails the release itself, typed)."""
+        """The sleep's first request to the schedulers (its generation hook, once out of the
+        router): they close the trainer buffers they hold open. A server that does not answer, or
+        answers nothing, fails the sleep here, typed, with nothing released and within one
+        request's deadline (the flush would wait out another); any other error is logged and the
+        sleep goes on (best effort)."""
         client: SGLangHTTPEngine | None = self.__dict__.get("_lc_receiver_client")
-        if client is None or self.lifecycle.state is State.FAILED:
+        if client is None:
             return
         try:
             closed = client.release_payload_handles()
+        except (SGLangServerError, SGLangServerTimeout):
+            raise
         except Exception as exc:
             self._lc_event(Event.ABSORBED, "warning", call="release_payload_handles", reason=repr(exc))
             return

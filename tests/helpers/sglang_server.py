@@ -124,6 +124,9 @@ class FakeSGLangServer:
         self.trainer_version: str | None = None  # what "current" means for `served` (the test sets it)
         self.refuse_weights: str | None = None
         self.fail_next: dict[str, tuple[int, Any]] = {}  # path -> (status, body) answered once, nothing done
+        # path -> gate: a request on it waits until the gate is set, then is handled (a scheduler
+        # stopped, then continued: the client may have given up meanwhile)
+        self.stalled: dict[str, threading.Event] = {}
         self.requests: list[tuple[str, str, Any]] = []
         self.served: list[dict[str, Any]] = []
         self.deaths: list[str] = []
@@ -231,6 +234,9 @@ class FakeSGLangServer:
         path, query = split.path, urllib.parse.parse_qs(split.query)
         if path.startswith("/_fake/"):
             return self._control(path, body)
+        gate = self.stalled.get(path)
+        if gate is not None:
+            gate.wait()
         with self.cond:
             if not self.alive:
                 raise _Dropped("dead")
@@ -418,6 +424,8 @@ class FakeSGLangServer:
         with mock.patch.object(sglang_receiver, "_tp", lambda: (0, None)):  # no sglang: one rank
             sglang_receiver.receive(self.model, [(name, None) for name in names])
         version = body.get("weight_version")
+        if not _receiver_round(names):  # "hello", "release": the receiver's own calls write no weight
+            return 200, {"success": True, "message": "Success"}
         self.labels = dict.fromkeys(self.names, "unversioned" if version is None else str(version))
         if version is not None:
             self.weight_version = str(version)
@@ -473,6 +481,15 @@ class FakeSGLangServer:
                     setattr(self, name, value)
             return 200, {"ok": True}
         return 404, {"detail": "Not Found"}
+
+
+def _receiver_round(names: list[str]) -> bool:
+    """Whether a call of the lifecycle's receiver loads weights (its op "round"), from its names."""
+    from actor_integration.rollout import sglang_receiver
+
+    if not names or not names[0].startswith(sglang_receiver.PREFIX):
+        return True  # not the receiver's encoding: its refusal is a load attempt like any other
+    return bool(json.loads(names[0][len(sglang_receiver.PREFIX) :]).get("op") == "round")
 
 
 def receiving_model() -> Any:

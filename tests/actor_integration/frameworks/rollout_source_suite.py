@@ -429,6 +429,63 @@ class RolloutSourceSuite:
             world.engine.health_generate(timeout=1.0)
         assert world.router.urls() == [] and world.server.alive
 
+    def test_a_release_on_a_hung_server_times_out_typed_releases_nothing_and_recovers_in_place(self, world):
+        """The server's schedulers hang (on the H200: their processes stopped) after a sync through
+        the lifecycle's sender: the offload's first request to them (closing the trainer buffers
+        they hold) gets no answer. One typed timeout naming the server, on that request, nothing
+        more sent to the schedulers and nothing released; the server out of the router and
+        unhealthy; once the schedulers run again, `lifecycle_recover()` puts it back in the router,
+        generating, with no restart."""
+        import requests
+        import torch
+
+        from actor_integration.errors import SGLangServerTimeout
+        from tests.helpers.weight_sync_doubles import shm_sender
+
+        methods, engine = METHODS[self.framework], world.engine
+        engine.lifecycle_serialize_names = lambda: encode_names  # no sglang here: the fake's encoding
+        sender = shm_sender(engine.lifecycle_update_weights, bucket_bytes=1 << 11, deadline_s=10)
+        try:
+            methods["offload"](world)
+            methods["onload_weights"](world)
+            world.server.trainer_version = "7"
+            sender.send(7, [("embed", torch.ones(48, 8)), ("lm_head", torch.ones(48, 8))])
+            methods["onload_kv"](world)
+        finally:
+            sender.close()
+        url = engine.lifecycle_state()["url"]
+        assert world.router.urls() == [url]
+        hung = threading.Event()
+        scheduler_paths = ("/update_weights_from_tensor", "/flush_cache")
+        world.server.stalled.update(dict.fromkeys(scheduler_paths, hung))
+        clients = [engine.__dict__["_lc_client"], engine.__dict__["_lc_receiver_client"]]
+        for client in clients:
+            client.timeout_s = client.call_timeout_s = 0.5
+        sent_before = len(world.server.requests)
+        try:
+            with pytest.raises(SGLangServerTimeout) as timed_out:
+                methods["offload"](world)
+            lifecycle = engine.lifecycle
+            assert lifecycle.state is State.FAILED and url in str(timed_out.value)
+            assert timed_out.value.fields["path"] == "/update_weights_from_tensor"  # the close, not the flush
+            assert set(lifecycle.residency.values()) == {Residency.RESIDENT} and not world.server.released
+            assert world.router.urls() == []
+            with pytest.raises(LifecycleError):
+                engine.health_generate(timeout=1.0)
+        finally:
+            hung.set()  # the schedulers run again (and answer the request nobody waits for)
+            for path in scheduler_paths:
+                del world.server.stalled[path]
+            for client in clients:
+                client.timeout_s = client.call_timeout_s = 60.0
+        sent = [path for _, path, _ in world.server.requests[sent_before:]]
+        assert "/flush_cache" not in sent and "/pause_generation" not in sent, sent
+        assert engine.lifecycle_recover("AWAKE")["state"] == State.AWAKE.value
+        assert world.router.urls() == [url]
+        payload = {"input_ids": [1, 2, 3], "sampling_params": {"temperature": 0.0, "max_new_tokens": 4}}
+        reply = requests.post(f"{world.router.url}/generate", json=payload, timeout=5)
+        assert reply.status_code == 200 and check(world) is None, reply.text
+
     # ------------------------------------------------------------------ followers and slots
 
     def test_a_follower_follows_node_0_instead_of_answering_none(self, env):
