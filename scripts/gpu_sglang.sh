@@ -9,6 +9,9 @@
 #   kill      lifecycle demo --engine sglang --kill-engine 2 (SGLang's scheduler killed), lifecycle check
 #   budget    lifecycle demo on the GPU (reference engine, real torch_memory_saver) with the memory
 #             budget (its default) and with --no-memory-budget, same arguments, lifecycle check on each
+#   probe     benchmarks/probe_resume_after_release.py (why a resume right after another process's
+#             large release runs slow; no SGLang needed)
+#   budgetbench  benchmarks/bench_phase_switch.py's memory-budget columns beside the full sleep
 #   slime     tests/gpu/test_slime_rollout_gpu.py: slime's SGLangEngine (its source exported here to
 #             .gpuw/r33/slime with FrameworkSource.export, never committed) as a wrapped Ray actor on
 #             a real server, slime's push and ours; lifecycle check on the actor's log
@@ -103,6 +106,14 @@ for part in "$@"; do
                 --out "$WORK/demo-$way" --no-progress
             step "demo_${way}_check" 40 "$PY" -m actor_integration.tools.cli check "$WORK/demo-$way/logs"
         done
+        ;;
+    probe)
+        TAIL=40 step probe_resume 300 "$PY" benchmarks/probe_resume_after_release.py \
+            --out "$WORK/probe_resume.json"
+        ;;
+    budgetbench)
+        TAIL=40 step bench_budget 300 "$PY" benchmarks/bench_phase_switch.py --no-teardown --ways '' \
+            --columns budget-fits,budget-part,budget-all,full-kv-all --timeout 90 --out "$WORK/bench_budget.json"
         ;;
     slime)
         TAIL=40 step test_slime_rollout_gpu 420 \

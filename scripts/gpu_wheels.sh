@@ -2,6 +2,8 @@
 # Here (not on the GPU machine): lay out every wheel the GPU runs of SGLang need, in parts that
 # each fit one device call (the working tree and the carried paths travel together, 64 MiB).
 #   scripts/gpu_wheels.sh            # .gpuw/p1 .. .gpuw/pN, one part each (git-ignore /.gpuw/)
+# With RL_LIFECYCLE_SLIME_SOURCE set (a slime checkout or git directory), slime's engine modules
+# are exported to .gpuw/r33/slime for the `slime` step.
 # Then, back to back (the machine is given back 30 s after a call):
 #   run(carry=[".gpuw/p1"], command="bash scripts/gpu_sglang.sh stage")   ... for p1 .. pN-1
 #   run(carry=[".gpuw/pN"], command="bash scripts/gpu_sglang.sh stage run")
@@ -23,6 +25,7 @@ project=(
     ray==2.60.0 click msgpack structlog transitions rich markdown-it-py mdurl pygments psutil
     matplotlib contourpy cycler fonttools kiwisolver pyparsing pillow python-dateutil six
     pyyaml requests urllib3 certifi charset-normalizer idna protobuf packaging
+    megatron-core==0.19.2
 )
 pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --abi cp312 --abi abi3 --abi none --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
@@ -40,3 +43,14 @@ done
 rm -f .gpuw/all.tar
 echo "$n parts of <= ${part_mib} MiB:"
 du -sh .gpuw/p*
+# slime's engine source for `gpu_sglang.sh slime` (never committed): carry .gpuw/r33 with the last part.
+if [[ -n ${RL_LIFECYCLE_SLIME_SOURCE:-} ]]; then
+    rm -rf .gpuw/r33
+    py=python3
+    [[ -x .venv/bin/python ]] && py=.venv/bin/python # slime_source imports torch: `make install` has it
+    PYTHONPATH=$here "$py" -c 'import sys; from pathlib import Path
+from tests.helpers.engine_source import SLIME_MODULES
+from tests.helpers.slime_source import SlimeSource
+print("slime", SlimeSource.find().export(Path(sys.argv[1]), (*SLIME_MODULES, SlimeSource.PROBE)).resolved_commit(), "->", sys.argv[1])' \
+        .gpuw/r33/slime
+fi
