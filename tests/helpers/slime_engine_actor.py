@@ -36,6 +36,15 @@ class WrappedSlimeEngine(lifecycle_engine(module.SGLangEngine)):  # type: ignore
     def lifecycle_state_name(self) -> str:
         return str(self.lifecycle.state.value)
 
+    def set_request_timeout(self, seconds: float) -> float:
+        """The deadline of the lifecycle's own requests to the server and to its schedulers'
+        receiver (`lifecycle_timeout_s`, fixed when each client starts); the previous one."""
+        clients = [self.__dict__[k] for k in ("_lc_client", "_lc_receiver_client") if k in self.__dict__]
+        before = float(clients[0].timeout_s)
+        for client in clients:
+            client.timeout_s = client.call_timeout_s = seconds
+        return before
+
 
 class PlainSlimeEngine(module.SGLangEngine):  # type: ignore[misc]
     """slime's engine, unwrapped, sending its HTTP calls to a server another actor launched."""
