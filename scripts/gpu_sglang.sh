@@ -12,6 +12,7 @@
 #   probe     benchmarks/probe_resume_after_release.py (why a resume right after another process's
 #             large release runs slow; no SGLang needed)
 #   budgetbench  benchmarks/bench_phase_switch.py's memory-budget columns beside the full sleep
+#   packprobe benchmarks/probe_sender_pack.py (the cuda_ipc sender's host time before the hand-over)
 #   slime     tests/gpu/test_slime_rollout_gpu.py: slime's SGLangEngine (its source exported here to
 #             .gpuw/r33/slime with FrameworkSource.export, never committed) as a wrapped Ray actor on
 #             a real server, slime's push and ours; lifecycle check on the actor's log
@@ -110,6 +111,9 @@ for part in "$@"; do
     probe)
         TAIL=40 step probe_resume 300 "$PY" benchmarks/probe_resume_after_release.py \
             --out "$WORK/probe_resume.json"
+        ;;
+    packprobe)
+        TAIL=60 step probe_sender_pack 200 "$PY" benchmarks/probe_sender_pack.py --out "$WORK/probe_sender_pack.json"
         ;;
     budgetbench)
         TAIL=40 step bench_budget 300 "$PY" benchmarks/bench_phase_switch.py --no-teardown --ways '' \

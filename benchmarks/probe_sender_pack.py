@@ -1,0 +1,130 @@
+"""Probe: where the cuda_ipc sender's host time goes before the hand-over (its `pack_ms`).
+
+    python benchmarks/probe_sender_pack.py [--model-config configs/qwen2-0.5b] [--syncs 8] [--out probe.json]
+
+On the H200 (docs/measurements.md, "slime's rollout actor: a hung server, the radix cache, the
+sender's timing") the lifecycle's `WeightSender` spent 93-130 ms of host time per sync laying out,
+packing and exporting the two 512 MiB buckets of a Qwen2-0.5B-shaped model (290 tensors, 0.99 GB),
+against a whole sync of 12.1 ms into the offline engine on the same shape. That test alternated two
+weight sets at different addresses, so the packer rebuilt its chunk tables every sync. This probe
+runs the sender's transport alone in one process (no engine: each round is exported and dropped),
+for the same set every sync and for two sets alternating, and prints per sync the host time of
+the export and the device time the packing then took, and a profile of the alternating syncs
+(functions by their own time): it says whether the time is the table rebuild, the export of the
+CUDA IPC handles, a host sync, or something else. Needs a CUDA GPU and Triton.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    from actor_integration.models.qwen2 import QwenConfig, QwenLM
+    from actor_integration.weight_sync.buckets import LayoutCache, iter_buckets
+    from actor_integration.weight_sync.cuda_ipc import CudaIpcSender
+
+    torch.cuda.set_device(0)
+    config = QwenConfig.from_json(args.model_config)
+    sets = [QwenLM(config, seed=seed, device="cuda").named_weights() for seed in (1, 2)]
+    transport = CudaIpcSender(device=0)
+    layouts = LayoutCache()
+    version = 0
+
+    def one(named: dict[str, Any]) -> tuple[float, float]:
+        nonlocal version
+        version += 1
+        start = time.perf_counter()
+        transport.begin_round(version, 0)
+        for position, bucket in enumerate(
+            iter_buckets(named.items(), args.bucket_mib << 20, align=transport.align, cache=layouts)
+        ):
+            transport.export(position, bucket)
+        transport.ready()
+        host = time.perf_counter()
+        torch.cuda.synchronize()
+        return (host - start) * 1e3, (time.perf_counter() - host) * 1e3
+
+    report: dict[str, Any] = {
+        "device": torch.cuda.get_device_name(0),
+        "tensors": len(sets[0]),
+        "gb": round(sum(t.numel() * t.element_size() for t in sets[0].values()) / 1e9, 3),
+    }
+    for label, pick in (("same", lambda i: 0), ("alternate", lambda i: i % 2)):
+        rows = [one(sets[pick(i)]) for i in range(args.syncs)]
+        report[label] = {
+            "host_ms": [round(h, 2) for h, _ in rows],
+            "device_wait_ms": [round(d, 2) for _, d in rows],
+            "host_median_ms": round(statistics.median(h for h, _ in rows[1:]), 2),
+        }
+    profile = cProfile.Profile()
+    profile.enable()
+    for i in range(args.syncs):
+        one(sets[i % 2])
+    profile.disable()
+    text = io.StringIO()
+    pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(args.top)
+    report["profile"] = text.getvalue()
+    report["plans_built"] = transport._packer.plans_built
+    report["staging_allocations"] = transport.allocations
+    transport.release()
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model-config", type=Path, default=REPO / "configs" / "qwen2-0.5b")
+    parser.add_argument("--bucket-mib", type=int, default=512)
+    parser.add_argument(
+        "--syncs", type=int, default=8, help="syncs per variant (the first is reported apart)"
+    )
+    parser.add_argument("--top", type=int, default=20, help="profile rows")
+    parser.add_argument("--out", type=Path, help="write the results as JSON here")
+    args = parser.parse_args(argv)
+    if args.syncs < 2 or args.bucket_mib < 1 or args.top < 1:
+        parser.error("--syncs must be at least 2, --bucket-mib and --top at least 1")
+    if not (args.model_config / "config.json").is_file():
+        parser.error(f"--model-config: no config.json in {args.model_config}")
+    try:
+        import torch
+
+        gpu = torch.cuda.is_available()
+    except ImportError:
+        gpu = False
+    if not gpu:
+        print(
+            "probe_sender_pack: needs a CUDA GPU (the cuda_ipc transport and its Triton kernel)",
+            file=sys.stderr,
+        )
+        return 2
+    report = run(args)
+    for label in ("same", "alternate"):
+        row = report[label]
+        print(
+            f"{label:9} host ms per sync {row['host_ms']}  (median after the first {row['host_median_ms']})"
+        )
+        print(f"{'':9} device wait ms    {row['device_wait_ms']}")
+    print(f"plans built {report['plans_built']}, staging allocations {report['staging_allocations']}")
+    print(report["profile"][-8000:])
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
