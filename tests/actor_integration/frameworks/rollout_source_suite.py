@@ -486,6 +486,33 @@ class RolloutSourceSuite:
         reply = requests.post(f"{world.router.url}/generate", json=payload, timeout=5)
         assert reply.status_code == 200 and check(world) is None, reply.text
 
+    def test_a_flush_that_hangs_after_the_pause_is_continued_by_the_recovering_wake(self, world):
+        """SGLang took the sleep's pause, then its flush got no answer (no trainer buffers to close
+        first): a typed timeout, nothing released; `lifecycle_recover()` must continue the paused
+        generation before the server rejoins the router, or every request it is sent waits."""
+        import requests
+
+        from actor_integration.errors import SGLangServerTimeout
+
+        hung = threading.Event()
+        world.server.stalled["/flush_cache"] = hung
+        client = world.engine.__dict__["_lc_client"]
+        client.timeout_s = 0.5
+        try:
+            with pytest.raises(SGLangServerTimeout) as timed_out:
+                METHODS[self.framework]["offload"](world)
+            assert timed_out.value.fields["path"] == "/flush_cache" and world.server.paused
+            assert set(world.engine.lifecycle.residency.values()) == {Residency.RESIDENT}
+        finally:
+            hung.set()
+            del world.server.stalled["/flush_cache"]
+            client.timeout_s = 60.0
+        assert world.engine.lifecycle_recover("AWAKE")["state"] == State.AWAKE.value
+        assert not world.server.paused and world.router.urls()
+        payload = {"input_ids": [1, 2, 3], "sampling_params": {"temperature": 0.0, "max_new_tokens": 4}}
+        reply = requests.post(f"{world.router.url}/generate", json=payload, timeout=5)
+        assert reply.status_code == 200 and check(world) is None, reply.text
+
     # ------------------------------------------------------------------ followers and slots
 
     def test_a_follower_follows_node_0_instead_of_answering_none(self, env):
