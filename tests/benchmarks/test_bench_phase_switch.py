@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.helpers.benchmarks import load_benchmark
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "bench_phase_switch.py"
 
@@ -109,16 +111,7 @@ def test_cpu_smoke_runs_every_column_and_reports_every_hook(tmp_path: Path) -> N
 
 def test_the_steady_lifecycle_is_the_median_of_each_steps_lifecycle() -> None:
     """Taken from the H200 run: median(step) - median(body) said 0.834 s, the steps' own median is 0.972 s."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bench_phase_switch", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = bench  # its dataclasses look their module up
-    try:
-        spec.loader.exec_module(bench)
-    finally:
-        del sys.modules[spec.name]
+    bench = load_benchmark("bench_phase_switch")
     steps = [
         {"step": 4.157, "body": 0.392},
         {"step": 1.853, "body": 0.881},

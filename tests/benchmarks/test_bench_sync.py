@@ -5,20 +5,14 @@ comparison, and the summary with the issues' targets (fed with made-up rows)."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("bench_sync", REPO / "benchmarks" / "bench_sync.py")
-assert _spec is not None and _spec.loader is not None
-bench = importlib.util.module_from_spec(_spec)
-sys.modules["bench_sync"] = bench
-_spec.loader.exec_module(bench)
+from tests.helpers.benchmarks import load_benchmark
+
+bench = load_benchmark("bench_sync", keep=True)
 
 
 def options(**kwargs):

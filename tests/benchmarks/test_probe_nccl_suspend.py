@@ -5,22 +5,20 @@ The probe itself needs a GPU and NCCL 2.29.7+; on the H200 the lead runs it (REA
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+from tests.helpers.benchmarks import load_benchmark
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "probe_nccl_suspend.py"
 
 
-def _probe() -> object:
-    spec = importlib.util.spec_from_file_location("probe_nccl_suspend", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def _probe() -> Any:
+    return load_benchmark("probe_nccl_suspend")
 
 
 def test_nccls_suspend_lines_are_summed_into_released_and_backed_up_bytes() -> None:

@@ -6,12 +6,13 @@ The probe itself needs a GPU and torch_memory_saver; on the H200 it runs from sc
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+from tests.helpers.benchmarks import load_benchmark
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "probe_resume_after_release.py"
@@ -19,11 +20,7 @@ NBYTES = 2 << 30
 
 
 def _probe() -> Any:
-    spec = importlib.util.spec_from_file_location("probe_resume_after_release", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("probe_resume_after_release")
 
 
 def trials(times: dict[str, dict[tuple[float, float], float]]) -> list[dict[str, Any]]:
