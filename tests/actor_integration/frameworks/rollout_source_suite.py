@@ -39,6 +39,34 @@ WRAPPED_DEPTH = 2  # every wrapped call sends the lifecycle's own requests too
 SLOW_WRAPPED_DEPTH = 3
 
 
+@contextlib.contextmanager
+def hung_schedulers(world: rollout_calls.World, paths: tuple[str, ...], clients: list[Any]):
+    """The server's schedulers stop answering `paths` (on the H200: their processes stopped) while
+    the lifecycle's `clients` wait 0.5 s; on exit they run again (answering what nobody waits for
+    any more) and the clients' deadlines are back."""
+    gate = threading.Event()
+    world.server.stalled.update(dict.fromkeys(paths, gate))
+    deadlines = [(c.timeout_s, c.call_timeout_s) for c in clients]
+    for client in clients:
+        client.timeout_s = client.call_timeout_s = 0.5
+    try:
+        yield
+    finally:
+        gate.set()
+        for path in paths:
+            del world.server.stalled[path]
+        for client, (timeout_s, call_timeout_s) in zip(clients, deadlines, strict=True):
+            client.timeout_s, client.call_timeout_s = timeout_s, call_timeout_s
+
+
+def generate_through_router(world: rollout_calls.World) -> Any:
+    """One rollout request through the router, waited for (a paused server would hold it)."""
+    import requests
+
+    payload = {"input_ids": [1, 2, 3], "sampling_params": {"temperature": 0.0, "max_new_tokens": 4}}
+    return requests.post(f"{world.router.url}/generate", json=payload, timeout=5)
+
+
 class Env:
     def __init__(
         self, framework: str, module: Any, launched: Any, router: FakeRouter, tree: SourceTree
@@ -436,7 +464,6 @@ class RolloutSourceSuite:
         more sent to the schedulers and nothing released; the server out of the router and
         unhealthy; once the schedulers run again, `lifecycle_recover()` puts it back in the router,
         generating, with no restart."""
-        import requests
         import torch
 
         from actor_integration.errors import SGLangServerTimeout
@@ -455,14 +482,9 @@ class RolloutSourceSuite:
             sender.close()
         url = engine.lifecycle_state()["url"]
         assert world.router.urls() == [url]
-        hung = threading.Event()
-        scheduler_paths = ("/update_weights_from_tensor", "/flush_cache")
-        world.server.stalled.update(dict.fromkeys(scheduler_paths, hung))
         clients = [engine.__dict__["_lc_client"], engine.__dict__["_lc_receiver_client"]]
-        for client in clients:
-            client.timeout_s = client.call_timeout_s = 0.5
         sent_before = len(world.server.requests)
-        try:
+        with hung_schedulers(world, ("/update_weights_from_tensor", "/flush_cache"), clients):
             with pytest.raises(SGLangServerTimeout) as timed_out:
                 methods["offload"](world)
             lifecycle = engine.lifecycle
@@ -472,45 +494,27 @@ class RolloutSourceSuite:
             assert world.router.urls() == []
             with pytest.raises(LifecycleError):
                 engine.health_generate(timeout=1.0)
-        finally:
-            hung.set()  # the schedulers run again (and answer the request nobody waits for)
-            for path in scheduler_paths:
-                del world.server.stalled[path]
-            for client in clients:
-                client.timeout_s = client.call_timeout_s = 60.0
         sent = [path for _, path, _ in world.server.requests[sent_before:]]
         assert "/flush_cache" not in sent and "/pause_generation" not in sent, sent
         assert engine.lifecycle_recover("AWAKE")["state"] == State.AWAKE.value
         assert world.router.urls() == [url]
-        payload = {"input_ids": [1, 2, 3], "sampling_params": {"temperature": 0.0, "max_new_tokens": 4}}
-        reply = requests.post(f"{world.router.url}/generate", json=payload, timeout=5)
+        reply = generate_through_router(world)
         assert reply.status_code == 200 and check(world) is None, reply.text
 
     def test_a_flush_that_hangs_after_the_pause_is_continued_by_the_recovering_wake(self, world):
         """SGLang took the sleep's pause, then its flush got no answer (no trainer buffers to close
         first): a typed timeout, nothing released; `lifecycle_recover()` must continue the paused
         generation before the server rejoins the router, or every request it is sent waits."""
-        import requests
-
         from actor_integration.errors import SGLangServerTimeout
 
-        hung = threading.Event()
-        world.server.stalled["/flush_cache"] = hung
-        client = world.engine.__dict__["_lc_client"]
-        client.timeout_s = 0.5
-        try:
+        with hung_schedulers(world, ("/flush_cache",), [world.engine.__dict__["_lc_client"]]):
             with pytest.raises(SGLangServerTimeout) as timed_out:
                 METHODS[self.framework]["offload"](world)
             assert timed_out.value.fields["path"] == "/flush_cache" and world.server.paused
             assert set(world.engine.lifecycle.residency.values()) == {Residency.RESIDENT}
-        finally:
-            hung.set()
-            del world.server.stalled["/flush_cache"]
-            client.timeout_s = 60.0
         assert world.engine.lifecycle_recover("AWAKE")["state"] == State.AWAKE.value
         assert not world.server.paused and world.router.urls()
-        payload = {"input_ids": [1, 2, 3], "sampling_params": {"temperature": 0.0, "max_new_tokens": 4}}
-        reply = requests.post(f"{world.router.url}/generate", json=payload, timeout=5)
+        reply = generate_through_router(world)
         assert reply.status_code == 200 and check(world) is None, reply.text
 
     # ------------------------------------------------------------------ followers and slots
