@@ -721,10 +721,10 @@ class SGLangActorLifecycle:
 
     def _lc_close_trainer_buffers(self) -> None:
         """The sleep's first request to the schedulers (its generation hook, once out of the
-        router): they close the trainer buffers they hold open. A server that does not answer, or
-        answers nothing, fails the sleep here, typed, with nothing released and within one
-        request's deadline (the flush would wait out another); any other error is logged and the
-        sleep goes on (best effort)."""
+        router): they close the trainer buffers they hold open. A server that does not answer in
+        time, or cannot be reached, fails the sleep here, typed, with nothing released and within
+        one request's deadline (the flush would wait out another); any other error is logged and
+        the sleep goes on (best effort)."""
         client: SGLangHTTPEngine | None = self.__dict__.get("_lc_receiver_client")
         if client is None:
             return
