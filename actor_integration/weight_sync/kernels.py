@@ -245,7 +245,11 @@ class DevicePacker:
 
     def __init__(self, device: torch.device) -> None:
         self.device = normalized(device)
-        self._plans: dict[Any, _GatherPlan] = {}
+        self._plans: dict[Any, _GatherPlan] = {}  # per position: the plan used last
+        # ... and the one before: a trainer whose export alternates between two sets of buffers
+        # (two weight sets, or converted tensors the caching allocator places in one of two ways)
+        # finds both kept instead of rebuilding the tables on every update.
+        self._spare: dict[Any, _GatherPlan] = {}
         self._checksums: dict[Any, tuple[tuple[int, int, int], Table]] = {}  # arena regions' tables
         self._pending: list[torch.Tensor] = []  # the torch path: one (s1, s2) tensor per bucket
         self._sums: torch.Tensor | None = None  # the kernel path: (s1, s2) per bucket of the round
@@ -325,6 +329,7 @@ class DevicePacker:
     def clear(self) -> None:
         self.discard()
         self._plans.clear()
+        self._spare.clear()
         self._checksums.clear()
         self._sums = None
 
@@ -348,22 +353,28 @@ class DevicePacker:
         # The addresses always; the contiguity unless the bucket's token vouches that the strides
         # are those the plan was checked with.
         pointers = list(map(torch.Tensor.data_ptr, bucket.tensors))
-        cached = self._plans.get(key)
         region_ptr = region.data_ptr()
-        same = (
-            cached
-            if cached is not None
-            and cached.region_ptr == region_ptr
-            and cached.pointers == pointers
-            and (cached.entries is bucket.entries or cached.entries.key == bucket.entries.key)
-            else None
-        )
-        if same is not None and bucket.token is not None and bucket.token is same.token:
-            return same
-        contiguous = list(map(torch.Tensor.is_contiguous, bucket.tensors))
-        if same is not None and same.contiguous == contiguous:
-            same.token = bucket.token
-            return same
+        contiguous: list[bool] | None = None
+        for kept in (self._plans, self._spare):
+            cached = kept.get(key)
+            if (
+                cached is None
+                or cached.region_ptr != region_ptr
+                or cached.pointers != pointers
+                or not (cached.entries is bucket.entries or cached.entries.key == bucket.entries.key)
+            ):
+                continue
+            if bucket.token is None or bucket.token is not cached.token:
+                if contiguous is None:
+                    contiguous = list(map(torch.Tensor.is_contiguous, bucket.tensors))
+                if cached.contiguous != contiguous:
+                    continue
+                cached.token = bucket.token
+            if kept is self._spare:  # the other of two alternating sets: it becomes the last used
+                self._spare[key], self._plans[key] = self._plans[key], cached
+            return cached
+        if contiguous is None:
+            contiguous = list(map(torch.Tensor.is_contiguous, bucket.tensors))
         device = self.device
         ready = [_kernel_ready(t, device) for t in bucket.tensors]
         offsets = bucket.entries.column(0)
@@ -385,6 +396,9 @@ class DevicePacker:
         plan = _GatherPlan(
             bucket.entries, region_ptr, pointers, contiguous, fast, slow, slow_extents, bucket.token
         )
+        last = self._plans.get(key)
+        if last is not None:
+            self._spare[key] = last
         self._plans[key] = plan
         self.plans_built += 1
         return plan
