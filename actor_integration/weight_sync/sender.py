@@ -53,8 +53,10 @@ class SyncReport:
     duration_s: float
     engine_results: tuple[Any, ...] = ()  # the coordinator's engine_call results, one per round
     phases_ms: Mapping[str, float] = dataclasses.field(default_factory=dict)
-    # pack_ms: exporting (layout, launching the packing copies); ready_ms: waiting for the packing
-    # and checksums; engine_ms: waiting for acknowledgements (overlaps packing when pipelined)
+    # pack_ms: exporting (layout, launching the packing copies); pack_cpu_ms: the CPU time the
+    # sending thread spent in it (far below pack_ms: it waited, for the GIL another thread held,
+    # a driver lock or a blocking call); ready_ms: waiting for the packing and checksums;
+    # engine_ms: waiting for acknowledgements (overlaps packing when pipelined)
     resends: int = 0  # rounds the engine found corrupt and that were packed and sent again
 
     @property
@@ -97,6 +99,11 @@ class _Round:
 
 def _add(phases: dict[str, float], key: str, seconds: float) -> None:
     phases[key] = phases.get(key, 0.0) + seconds
+
+
+def _started() -> tuple[float, float]:
+    """(wall, this thread's CPU) clocks at the start of a phase."""
+    return time.perf_counter(), time.thread_time()
 
 
 _UNSET: Any = object()
@@ -375,7 +382,7 @@ class WeightSender:
         resends = 0
         try:
             for round_index in itertools.count():
-                t0 = time.perf_counter()
+                t0 = _started()
                 self.transport.begin_round(version, round_index)
                 taken: list[Bucket] = []  # kept until acknowledged: a corrupt round is packed again
                 exported = []
@@ -404,7 +411,7 @@ class WeightSender:
                     # engine): pack the round again from the trainer's tensors and hand it over.
                     attempt += 1
                     resends += 1
-                    t0 = time.perf_counter()
+                    t0 = _started()
                     self.transport.begin_round(version, round_index)
                     for bucket in taken:
                         exported.append(self.transport.export(len(exported), bucket))
@@ -430,13 +437,14 @@ class WeightSender:
         round_index: int,
         final: bool,
         exported: list[Any],
-        t0: float,
+        t0: tuple[float, float],
         phases: dict[str, float],
     ) -> RankPayload:
         """The round's payload once the transport has its manifests (after the exports)."""
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.thread_time()
         manifests = self.transport.ready()
-        _add(phases, "pack_ms", t1 - t0)
+        _add(phases, "pack_ms", t1 - t0[0])
+        _add(phases, "pack_cpu_ms", c1 - t0[1])
         _add(phases, "ready_ms", time.perf_counter() - t1)
         return RankPayload(
             version=version,

@@ -106,6 +106,24 @@ class TestVersionedUpdates:
         assert loaded["bytes"] == update["bytes"] and loaded["role"] == "rollout"
         sender.close()
 
+    def test_the_report_tells_waiting_in_the_pack_from_working_in_it(self, actor):
+        """`pack_cpu_ms` is the sending thread's CPU time in the pack: a transport whose export
+        blocks (here a 60 ms sleep per bucket, as a driver lock or another thread holding the GIL
+        would make it wait) shows a pack far longer than its CPU time."""
+
+        class BlockingExport(ShmSender):
+            def export(self, position, bucket):
+                time.sleep(0.06)
+                return super().export(position, bucket)
+
+        sender = sender_for(actor, BlockingExport(), bucket_bytes=1 << 20)
+        try:
+            phases = sender.send(1, trained(1).named_weights()).phases_ms
+        finally:
+            sender.close()
+        assert phases["pack_ms"] >= 60
+        assert phases["pack_cpu_ms"] < phases["pack_ms"] - 40, phases
+
 
 class TestRefusals:
     def test_the_receiver_refuses_a_repeated_or_older_version(self, actor):
