@@ -44,6 +44,7 @@ class HostIpcSender(cuda_ipc.CudaIpcSender):
         self._exports: list[Any] = []
         self._events: dict[int, Any] = {}
         self.allocations, self._gpu = 0, 0
+        self._alias_exports, self.alias_exports = True, 0
 
     def _event(self) -> Any:
         return (None, b"event")

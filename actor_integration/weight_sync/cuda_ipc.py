@@ -12,7 +12,8 @@ torch_memory_saver memory is cuMem virtual memory and cannot be exported (slime 
 private pool keeps the caching allocator from handing back a block carved under the saver.
 
 Reference counting follows torch's own rule (torch/multiprocessing/reductions.py): every export
-is one `_share_cuda_()` grant with a counter of 1 that the consumer releases exactly once, by
+is one `_share_cuda_()` grant (made on a storage created for that export, so that torch's record
+of it goes when the grant is given back: `CudaIpcSender._share`) with a counter of 1 that the consumer releases exactly once, by
 closing the mapping it opened with that grant, or at once when it already holds the buffer open
 (a cache hit) or refuses the payload (`discard`). A buffer the sender frees while the rollout
 still maps it waits in torch's IPC limbo; the rollout drops its handles when it sleeps, so no
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
+import torch.utils.dlpack
 
 from actor_integration.errors import CorruptBucketError
 from actor_integration.weight_sync import kernels
@@ -110,6 +112,8 @@ class CudaIpcSender(SenderTransport):
         self._exports: list[Bucket] = []
         self._events: dict[int, tuple[torch.cuda.Event, bytes]] = {}  # per round parity
         self.allocations = 0  # staging buffers allocated so far (tests check reuse)
+        self._alias_exports = True  # export through a storage made per export (`_share`)
+        self.alias_exports = 0  # exports made that way (tests check the path is taken)
         self._gpu = physical_gpu_id(os.environ.get("CUDA_VISIBLE_DEVICES"), self.device.index or 0)
         kernels.warm_up(self.device)  # at configuration, not in the first sync
 
@@ -149,7 +153,7 @@ class CudaIpcSender(SenderTransport):
                 key, staging.tensor, bucket, sums=checksum_trailer(staging.tensor, bucket.nbytes)
             )
         try:
-            share = staging.tensor.untyped_storage()._share_cuda_()  # type: ignore[no-untyped-call]
+            share = self._share(staging.tensor)
         except RuntimeError as exc:
             raise RuntimeError(
                 f"cuda_ipc: the staging buffer on {self.device} cannot be exported ({exc}). Under "
@@ -158,7 +162,31 @@ class CudaIpcSender(SenderTransport):
                 "transport 'shm'."
             ) from exc
         self._exports.append(bucket)
-        return IpcBuffer(staging.buffer_id, tuple(share), staging.capacity, self._event()[1])
+        return IpcBuffer(staging.buffer_id, share, staging.capacity, self._event()[1])
+
+    def _share(self, tensor: torch.Tensor) -> tuple[Any, ...]:
+        """torch's IPC export of the buffer (`_share_cuda_()`), made on a storage created for this
+        export. `_share_cuda_()` wraps the storage it is called on in one more ref-counted record
+        holding an interprocess CUDA event, for as long as that storage lives
+        (torch/csrc/StorageSharing.cpp, CudaIPCTypes.cpp): on a staging buffer kept for the whole
+        job the records pile up, one per update, and once the process holds 1,000 of those events
+        torch synchronises the stream on every later export, so the host waits for each bucket's
+        packing. The export's own storage (DLPack: the same memory, keeping the buffer alive)
+        carries the record instead; dropped here, it waits in torch's IPC limbo until the receiver
+        gives the grant back, and goes at the next export with its event. A torch that cannot
+        make it gets the buffer's own storage shared, as before."""
+        if self._alias_exports:
+            try:
+                alias = torch.utils.dlpack.from_dlpack(tensor)
+                if alias.data_ptr() != tensor.data_ptr():
+                    raise TypeError("DLPack gave a copy")
+                share = tuple(alias.untyped_storage()._share_cuda_())  # type: ignore[no-untyped-call]
+            except (RuntimeError, TypeError, BufferError):
+                self._alias_exports = False  # this torch cannot: the buffer's own storage from now on
+            else:
+                self.alias_exports += 1
+                return share
+        return tuple(tensor.untyped_storage()._share_cuda_())  # type: ignore[no-untyped-call]
 
     def ready(self) -> list[BucketManifest]:
         # No wait: the receiver's stream waits on this event, and the checksums stay in each

@@ -5,7 +5,8 @@
    in the same process our `cuda_ipc` sender exports it and a plain consumer receives it bit-exact.
 2. One GPU: versioned updates into a RolloutActor in another process through `cuda_ipc`; handles
    are opened once per staging buffer across versions, dropped when the rollout sleeps, and the
-   trainer's staging memory comes back after `release()`.
+   trainer's staging memory comes back after `release()`. A staging buffer exported 1,100 times
+   still exports without waiting for the stream (torch's 1,000-event limit).
 3. Two GPUs (only if present): TP=2 trainer ranks in one 2-GPU slot, real gloo slot group, the
    engine process started with CUDA_VISIBLE_DEVICES="1,0" so handles must be mapped by GPU id.
 4. The fused Triton kernel against torch, bit for bit, on awkward tensors; its bandwidth next to a
@@ -265,6 +266,51 @@ def test_cuda_ipc_updates_reuse_handles_and_release_them_on_sleep():
         ours.send(None)
         server.join(60)
     record("one_gpu", result)
+
+
+def test_a_staging_buffer_exported_1100_times_still_exports_without_waiting_for_the_stream():
+    """torch's `_share_cuda_()` leaves one record with an interprocess event on the storage it is
+    called on, for that storage's life; past 1,000 such events in a process it synchronises the
+    stream on every export instead. The sender exports through a storage made per export, so
+    after 1,100 updates of one staging buffer (grants given back, as a receiver does) an export
+    still returns while the device is busy: here behind ~0.5 s of `torch.cuda._sleep`."""
+    from actor_integration.weight_sync.buckets import ALIGN, iter_buckets
+    from actor_integration.weight_sync.cuda_ipc import CudaIpcSender
+
+    torch.cuda.set_device(0)
+    transport = CudaIpcSender(device=0)
+    (bucket,) = iter_buckets({"w": torch.ones(4096, device="cuda")}, 1 << 20, align=ALIGN)
+
+    def export(version: int) -> float:
+        start = time.perf_counter()
+        transport.begin_round(version, 0)
+        descriptor = transport.export(0, bucket)
+        transport.ready()
+        elapsed = time.perf_counter() - start
+        transport.abandon([descriptor])  # the receiver's release of this export's grant
+        return elapsed
+
+    for version in range(1, 1101):
+        export(version)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    torch.cuda._sleep(1_000_000_000)
+    torch.cuda.synchronize()
+    sleep_s = time.perf_counter() - start
+    torch.cuda._sleep(1_000_000_000)  # the stream is busy for sleep_s from here
+    busy_export_s = export(1101)
+    torch.cuda.synchronize()
+    result = {
+        "exports": 1101,
+        "through_own_storage": transport.alias_exports,
+        "staging_allocations": transport.allocations,
+        "device_busy_s": round(sleep_s, 3),
+        "export_while_busy_s": round(busy_export_s, 4),
+    }
+    transport.release()
+    record("exports_past_1000", result)
+    assert transport.allocations == 1 and result["through_own_storage"] == 1101, result
+    assert sleep_s > 0.2 and busy_export_s < sleep_s / 4, result
 
 
 # ----------------------------------------------------------------------------------------------

@@ -190,3 +190,73 @@ class TestChecksumsLeftOnTheDevice:
         short = BucketManifest(0, 4096, (), 0, WSUM64_DEVICE)
         with pytest.raises(CorruptBucketError, match="needs 4112: truncated"):
             CudaIpcReceiver().open(short, export("s:0:0", capacity=4096), gpu=0)
+
+
+class TestSenderExports:
+    """Where the sender's export puts torch's record of the grant. `_share_cuda_()` wraps the
+    storage it is called on in one more record (with an interprocess event) for as long as that
+    storage lives; on a staging buffer kept all job long they would pile up, and past 1,000 events
+    torch synchronises the stream on every export. Here `_share_cuda_` is a recorder (no CUDA);
+    tests/gpu/test_weight_sync_gpu.py checks the real one."""
+
+    @pytest.fixture
+    def shared(self, monkeypatch):
+        calls = []
+
+        def share_cuda(storage):
+            calls.append((storage._cdata, storage.data_ptr()))
+            return (0, b"h" * 64, storage.nbytes(), 0, b"/torch_rc", len(calls), b"e" * 64, True)
+
+        monkeypatch.setattr(torch.UntypedStorage, "_share_cuda_", share_cuda, raising=False)
+        return calls
+
+    @staticmethod
+    def sender():
+        from actor_integration.weight_sync.cuda_ipc import CudaIpcSender
+
+        sender = CudaIpcSender.__new__(CudaIpcSender)  # no CUDA here: only the export's host part
+        sender._alias_exports, sender.alias_exports = True, 0
+        return sender
+
+    def test_each_export_shares_a_storage_of_its_own_over_the_same_memory(self, shared):
+        sender, staging = self.sender(), torch.zeros(4096, dtype=torch.uint8)
+        shares = [sender._share(staging) for _ in range(3)]
+        own = staging.untyped_storage()._cdata
+        assert [ptr for _, ptr in shared] == [staging.data_ptr()] * 3
+        assert own not in {cdata for cdata, _ in shared}  # the buffer's own storage never wrapped
+        assert sender.alias_exports == 3 and [s[5] for s in shares] == [1, 2, 3]
+        assert all(s[2] == 4096 for s in shares)
+
+    def test_the_export_keeps_the_memory_alive_after_the_buffer_is_dropped(self, shared, monkeypatch):
+        kept = []
+        real = torch.utils.dlpack.from_dlpack
+        monkeypatch.setattr(torch.utils.dlpack, "from_dlpack", lambda t: kept.append(real(t)) or kept[-1])
+        sender, staging = self.sender(), torch.full((64,), 7, dtype=torch.uint8)
+        sender._share(staging)
+        del staging
+        assert int(kept[0].sum()) == 7 * 64  # the export's storage still reads the buffer's bytes
+
+    def test_a_torch_that_cannot_make_the_storage_shares_the_buffers_own(self, shared, monkeypatch):
+        def refuse(tensor):
+            raise RuntimeError("DLPack export is not supported for this tensor")
+
+        monkeypatch.setattr(torch.utils.dlpack, "from_dlpack", refuse)
+        sender, staging = self.sender(), torch.zeros(64, dtype=torch.uint8)
+        sender._share(staging)
+        sender._share(staging)
+        assert [cdata for cdata, _ in shared] == [staging.untyped_storage()._cdata] * 2
+        assert sender.alias_exports == 0 and sender._alias_exports is False
+
+    def test_an_export_torch_refuses_on_its_own_storage_is_made_on_the_buffers(self, shared, monkeypatch):
+        own = torch.zeros(64, dtype=torch.uint8)
+        record = torch.UntypedStorage._share_cuda_
+
+        def picky(storage):
+            if storage._cdata != own.untyped_storage()._cdata:
+                raise RuntimeError("CUDA error: invalid argument")
+            return record(storage)
+
+        monkeypatch.setattr(torch.UntypedStorage, "_share_cuda_", picky, raising=False)
+        sender = self.sender()
+        assert sender._share(own)[2] == 64
+        assert sender._alias_exports is False and sender.alias_exports == 0
