@@ -37,6 +37,7 @@ REPO = Path(__file__).resolve().parents[2]
 MODEL = REPO / "configs" / "qwen2-0.5b"
 CYCLES = int(os.environ.get("SLIME_CYCLES", "20"))
 SYNC_CYCLES = int(os.environ.get("SLIME_SYNC_CYCLES", "6"))  # per path
+PROFILED_SYNCS = 3  # more of ours after the timed ones, under cProfile
 PROMPTS = [[11, 12, 13, 14], [100, 2000, 30000], [7] * 9, [151, 152, 153, 154, 155, 156]]
 NEW_TOKENS = 16
 BUCKET = 512 << 20
@@ -516,25 +517,35 @@ def test_5_our_sender_into_the_same_server_loads_the_same_weights_no_slower_than
     path and the lifecycle's sender (same sets, same server): the same greedy tokens for the same
     set, the server tagged with the version; then a corrupt round refused with nothing served."""
     from actor_integration.weight_sync.wire import CorruptBucketError
+    from tests.helpers.host_time import HostTime
 
     engine, router, sets = rig["engine"], rig["router"], rig["sets"]
     sender = our_sender(rig)
     ours, theirs, phases = [], [], []
+    # This process's threads' CPU while each path syncs, and a profile of our sender's thread in
+    # extra syncs after the timed ones: whether its pack_ms is work or waiting, and for what.
+    ours_host, slime_host, profiled = HostTime(), HostTime(), HostTime(profile=True)
     try:
-        for cycle in range(2 * SYNC_CYCLES):
+        for cycle in range(2 * SYNC_CYCLES + PROFILED_SYNCS):
             name = "A" if cycle % 2 else "B"
             rig["version"] += 1
             version = rig["version"]
             engine.release_memory_occupation()
             engine.resume_memory_occupation(tags=["weights"])
-            if (cycle // 2) % 2 == 0:
+            if cycle >= 2 * SYNC_CYCLES:
+                with profiled.measure():
+                    sender.send(version, sets[name].items())
+                path = "ours, profiled"
+            elif (cycle // 2) % 2 == 0:
                 start = time.perf_counter()
-                report = sender.send(version, sets[name].items())
+                with ours_host.measure():
+                    report = sender.send(version, sets[name].items())
                 ours.append((time.perf_counter() - start) * 1e3)
                 phases.append(dict(report.phases_ms))
                 path = "ours"
             else:
-                theirs.append(slime_sync(engine, sets[name], version))
+                with slime_host.measure():
+                    theirs.append(slime_sync(engine, sets[name], version))
                 path = "slime"
             engine.resume_memory_occupation(tags=REST)
             rig["version_set"][str(version)] = name
@@ -570,7 +581,11 @@ def test_5_our_sender_into_the_same_server_loads_the_same_weights_no_slower_than
         "ours_sync_ms": round(statistics.median(ours[1:]), 2),
         "slime_sync_ms": round(statistics.median(theirs[1:]), 2),
         "ours_all_ms": [round(v, 1) for v in ours],
-        "ours_phases_ms": phases,  # the sender's: pack, ready (packing and checksums), engine (acknowledgement)
+        # the sender's: pack (and its CPU time), ready (packing and checksums), engine (acknowledgement)
+        "ours_phases_ms": phases,
+        "host_during_ours": {k: v for k, v in ours_host.summary().items() if k != "profile"},
+        "host_during_slime": {k: v for k, v in slime_host.summary().items() if k != "profile"},
+        "profiled_syncs": profiled.summary(top=30),
         "ray_round_trip_ms": ray_round_trip_ms(engine),
         "slime_all_ms": [round(v, 1) for v in theirs],
         "gb": round(sum(t.numel() * t.element_size() for t in sets["A"].values()) / 1e9, 3),
