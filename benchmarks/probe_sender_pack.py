@@ -7,11 +7,13 @@ sender's timing") the lifecycle's `WeightSender` spent 93-130 ms of host time pe
 packing and exporting the two 512 MiB buckets of a Qwen2-0.5B-shaped model (290 tensors, 0.99 GB),
 against a whole sync of 12.1 ms into the offline engine on the same shape. That test alternated two
 weight sets at different addresses, so the packer rebuilt its chunk tables every sync. This probe
-runs the sender's transport alone in one process (no engine: each round is exported and dropped),
-for the same set every sync and for two sets alternating, and prints per sync the host time of
-the export and the device time the packing then took, and a profile of the alternating syncs
-(functions by their own time): it says whether the time is the table rebuild, the export of the
-CUDA IPC handles, a host sync, or something else. Needs a CUDA GPU and Triton.
+runs the sender's transport alone in one process (no engine: each round is exported and its
+grants given back, as a receiver does) for the same set every sync, for two sets alternating, and
+for two alternating while another Python thread of this process burns CPU (a GIL convoy). It
+prints per sync the host time of the export, the CPU time the exporting thread spent in it, and
+the device time the packing then took, and a profile of the alternating syncs (functions by their
+own time): whether the time is the table rebuild, the export of the CUDA IPC handles, a host sync,
+waiting for the GIL, or something else. Needs a CUDA GPU and Triton.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import json
 import pstats
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -46,31 +49,46 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     layouts = LayoutCache()
     version = 0
 
-    def one(named: dict[str, Any]) -> tuple[float, float]:
+    def one(named: dict[str, Any]) -> tuple[float, float, float]:
         nonlocal version
         version += 1
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.thread_time()
         transport.begin_round(version, 0)
-        for position, bucket in enumerate(
-            iter_buckets(named.items(), args.bucket_mib << 20, align=transport.align, cache=layouts)
-        ):
+        exported = [
             transport.export(position, bucket)
+            for position, bucket in enumerate(
+                iter_buckets(named.items(), args.bucket_mib << 20, align=transport.align, cache=layouts)
+            )
+        ]
         transport.ready()
-        host = time.perf_counter()
+        host, host_cpu = time.perf_counter(), time.thread_time()
         torch.cuda.synchronize()
-        return (host - start) * 1e3, (time.perf_counter() - host) * 1e3
+        transport.abandon(exported)  # what the receiver does with a grant it no longer needs
+        return (host - start) * 1e3, (time.perf_counter() - host) * 1e3, (host_cpu - cpu) * 1e3
 
     report: dict[str, Any] = {
         "device": torch.cuda.get_device_name(0),
         "tensors": len(sets[0]),
         "gb": round(sum(t.numel() * t.element_size() for t in sets[0].values()) / 1e9, 3),
     }
-    for label, pick in (("same", lambda i: 0), ("alternate", lambda i: i % 2)):
-        rows = [one(sets[pick(i)]) for i in range(args.syncs)]
+    for label, pick in (("same", lambda i: 0), ("alternate", lambda i: i % 2), ("busy", lambda i: i % 2)):
+        # "busy": alternating again, with another Python thread of this process burning CPU (a
+        # GIL convoy: each call that lets the GIL go may wait a switch interval to get it back).
+        stop = threading.Event()
+        burner = threading.Thread(target=_burn, args=(stop,), daemon=True) if label == "busy" else None
+        if burner is not None:
+            burner.start()
+        try:
+            rows = [one(sets[pick(i)]) for i in range(args.syncs)]
+        finally:
+            stop.set()
+            if burner is not None:
+                burner.join()
         report[label] = {
-            "host_ms": [round(h, 2) for h, _ in rows],
-            "device_wait_ms": [round(d, 2) for _, d in rows],
-            "host_median_ms": round(statistics.median(h for h, _ in rows[1:]), 2),
+            "host_ms": [round(h, 2) for h, _, _ in rows],
+            "host_cpu_ms": [round(c, 2) for _, _, c in rows],
+            "device_wait_ms": [round(d, 2) for _, d, _ in rows],
+            "host_median_ms": round(statistics.median(h for h, _, _ in rows[1:]), 2),
         }
     profile = cProfile.Profile()
     profile.enable()
@@ -82,8 +100,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     report["profile"] = text.getvalue()
     report["plans_built"] = transport._packer.plans_built
     report["staging_allocations"] = transport.allocations
+    report["exports_through_own_storage"] = transport.alias_exports
     transport.release()
     return report
+
+
+def _burn(stop: threading.Event) -> None:
+    while not stop.is_set():
+        sum(range(1000))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -113,13 +137,17 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     report = run(args)
-    for label in ("same", "alternate"):
+    for label in ("same", "alternate", "busy"):
         row = report[label]
         print(
             f"{label:9} host ms per sync {row['host_ms']}  (median after the first {row['host_median_ms']})"
         )
+        print(f"{'':9} its CPU ms        {row['host_cpu_ms']}")
         print(f"{'':9} device wait ms    {row['device_wait_ms']}")
-    print(f"plans built {report['plans_built']}, staging allocations {report['staging_allocations']}")
+    print(
+        f"plans built {report['plans_built']}, staging allocations {report['staging_allocations']}, "
+        f"exports through their own storage {report['exports_through_own_storage']}"
+    )
     print(report["profile"][-8000:])
     if args.out:
         args.out.write_text(json.dumps(report, indent=1))
