@@ -13,6 +13,8 @@
 #             large release runs slow; no SGLang needed)
 #   budgetbench  benchmarks/bench_phase_switch.py's memory-budget columns beside the full sleep
 #   packprobe benchmarks/probe_sender_pack.py (the cuda_ipc sender's host time before the hand-over)
+#   wsync     tests/gpu/test_weight_sync_gpu.py (the cuda_ipc transport: handles, integrity, layouts,
+#             exports past torch's 1,000 IPC events; no SGLang needed)
 #   slime     tests/gpu/test_slime_rollout_gpu.py: slime's SGLangEngine (its source exported here to
 #             .gpuw/r33/slime with FrameworkSource.export, never committed) as a wrapped Ray actor on
 #             a real server, slime's push and ours; lifecycle check on the actor's log
@@ -114,6 +116,9 @@ for part in "$@"; do
         ;;
     packprobe)
         TAIL=60 step probe_sender_pack 200 "$PY" benchmarks/probe_sender_pack.py --out "$WORK/probe_sender_pack.json"
+        ;;
+    wsync)
+        TAIL=20 step test_weight_sync_gpu 300 "$PY" -m pytest -m gpu -q -s -p no:cacheprovider tests/gpu/test_weight_sync_gpu.py
         ;;
     budgetbench)
         TAIL=40 step bench_budget 300 "$PY" benchmarks/bench_phase_switch.py --no-teardown --ways '' \
