@@ -35,7 +35,9 @@ state in two tags (`params`: bf16 weights and grads; `optimizer`: fp32 main, Ada
 declared wake need (`RolloutActor.wake_need_bytes`) leaves the trainer's sleep nothing to release,
 part of it, or all of it. Their section prints each one's trainer lifecycle per step, the bytes
 it moved, and its target next to the PCIe figure of the same run: fits <= 0.05 s; part <= bytes
-moved / PCIe + 0.1 s; all no slower than ours (the full sleep).
+moved / PCIe + 0.1 s; all no slower than ours (the full sleep). `--sm-restore` adds budget-part-sm:
+budget-part with `params` kept by the backend's own pinned copy and restored by the SMs
+(`device_restore`), against the same target.
 
 Printed: each hook's time in every column (steady = median of the steps after the first), the
 per-step totals, the PCIe and D2D ceilings measured in the same run, a section per way of
@@ -84,6 +86,10 @@ BUDGET_COLUMNS = {b: f"budget-{b}" for b in BUDGETS}
 # The full sleep (no budget) on the budget columns' two tags, the rollout sized as for budget-all:
 # the baseline that variant must not be slower than, under the same nearly full device.
 BUDGET_COLUMNS["full"] = "full-kv-all"
+# budget-part with the `params` tag kept by the backend's own pinned copy and restored by the SMs
+# (`TorchMemorySaverBackend(device_restore=["params"])`) instead of torch_memory_saver's copy
+# engines, which run at half speed right after the rollout's release (--sm-restore adds it).
+SM_COLUMNS = {"budget-part-sm": "part"}
 BUDGET_TAGS = ("params", "optimizer")  # bf16 weights + grads | fp32 main + Adam m, v
 CALIBRATION_STEPS = 2  # full sleeps before the need is set: the sleep's figures, learned and measured
 TARGET_FITS_S = 0.05
@@ -603,7 +609,12 @@ class Ours:
     """This library's recommended configuration, driven the way a slime-shaped driver calls it."""
 
     def __init__(
-        self, cfg: Config, rollout: Rollout, communicators: str = "destroy", budget: str | None = None
+        self,
+        cfg: Config,
+        rollout: Rollout,
+        communicators: str = "destroy",
+        budget: str | None = None,
+        sm_restore: bool = False,
     ) -> None:
         from actor_integration import (
             ClearMemory,
@@ -642,6 +653,7 @@ class Ours:
             "tms" if cfg.gpu else "noop",
             tags=tags,
             cpu_backup=True,
+            device_restore=["params"] if sm_restore else False,
             retain_cpu_backup=True,
             hook_mode="torch",
         )
@@ -799,7 +811,7 @@ def column_main(column: str, cfg: Config, out: str) -> None:
             trainer: Any = (
                 SlimeTrainer(cfg, rollout)
                 if column == "slime"
-                else Ours(cfg, rollout, way_of(column), budget=budget)
+                else Ours(cfg, rollout, way_of(column), budget=budget, sm_restore=column in SM_COLUMNS)
             )
             first = 1
             if budget is not None:
@@ -853,7 +865,20 @@ def column_main(column: str, cfg: Config, out: str) -> None:
 
 def budget_of(column: str) -> str | None:
     """The memory-budget variant a column runs ("fits", "part", "all"), or None: no budget."""
+    if column in SM_COLUMNS:
+        return SM_COLUMNS[column]
     return next((b for b, name in BUDGET_COLUMNS.items() if name == column), None)
+
+
+def planned_columns(ways: list[str], budgets: list[str], sm_restore: bool) -> list[str]:
+    """The columns a run makes, in order: ours first (a run cut short still has it)."""
+    return [
+        *reversed(COLUMNS),
+        *(WAY_COLUMNS[w] for w in ways if w in WAY_COLUMNS),
+        *(BUDGET_COLUMNS[b] for b in budgets),
+        *([BUDGET_COLUMNS["full"]] if "all" in budgets else []),
+        *(c for c, b in SM_COLUMNS.items() if sm_restore and b in budgets),
+    ]
 
 
 def set_need(
@@ -1133,7 +1158,7 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def print_report(report: dict[str, Any]) -> None:
-    order = [*COLUMNS, *WAY_COLUMNS.values(), *BUDGET_COLUMNS.values()]
+    order = [*COLUMNS, *WAY_COLUMNS.values(), *BUDGET_COLUMNS.values(), *SM_COLUMNS]
     shown = [c for c in order if c in report["columns"] and "skipped" not in report["columns"][c]]
     summary = {c: report["summary"].get(c, {}) for c in shown}
     steady = {c: summary[c].get("steady", {}) for c in shown}
@@ -1266,7 +1291,7 @@ def budget_verdict(report: dict[str, Any]) -> dict[str, Any]:
     rows: dict[str, Any] = {}
     full_column = "full-kv-all" if report["summary"].get("full-kv-all") else "ours"
     full = report["summary"].get(full_column, {}).get("steady")
-    for column in ("ours", "full-kv-all", *(BUDGET_COLUMNS[b] for b in BUDGETS)):
+    for column in ("ours", "full-kv-all", *(BUDGET_COLUMNS[b] for b in BUDGETS), *SM_COLUMNS):
         result = report["columns"].get(column)
         steady = report["summary"].get(column, {}).get("steady")
         if not result or not steady or (column != "ours" and "need" not in result):
@@ -1324,7 +1349,7 @@ def print_budget(budget: dict[str, Any]) -> None:
         f"part, or all; steady = median of steps 2..n; trainer = its lifecycle per step; {pcie}"
     )
     header = (
-        f"{'column':<12} {'need GiB':>9} {'to free':>9} {'released':<34} {'moved GiB':>10} "
+        f"{'column':<14} {'need GiB':>9} {'to free':>9} {'released':<34} {'moved GiB':>10} "
         f"{'trainer s':>10} {'lifecycle s':>12}  target"
     )
     print(header)
@@ -1345,7 +1370,7 @@ def print_budget(budget: dict[str, Any]) -> None:
         if row["met_every_check"] is False:
             target += "; a check found the need not free"
         print(
-            f"{column:<12} {need:>9} {required:>9} {released:<34} {row['moved_bytes'] / GIB:>10.2f} "
+            f"{column:<14} {need:>9} {required:>9} {released:<34} {row['moved_bytes'] / GIB:>10.2f} "
             f"{row['trainer_s']:>10.3f} {row['lifecycle_s']:>12.3f}  {target}"
         )
     print(
@@ -1396,6 +1421,11 @@ def main(argv: list[str] | None = None) -> int:
         default=",".join(BUDGETS),
         help="memory-budget columns: the rollout's need set so the trainer's sleep releases nothing (fits), "
         "part, or all (comma-separated; '' for none)",
+    )
+    parser.add_argument(
+        "--sm-restore",
+        action="store_true",
+        help="also budget-part-sm: budget-part with `params` restored by the SMs (device_restore)",
     )
     parser.add_argument(
         "--columns",
@@ -1452,12 +1482,7 @@ def main(argv: list[str] | None = None) -> int:
         "columns": {},
     }
     unreachable = suspend_unreachable(cfg)
-    columns = [
-        *reversed(COLUMNS),
-        *(WAY_COLUMNS[w] for w in ways if w in WAY_COLUMNS),
-        *(BUDGET_COLUMNS[b] for b in budgets),
-        *([BUDGET_COLUMNS["full"]] if "all" in budgets else []),
-    ]
+    columns = planned_columns(ways, budgets, args.sm_restore)
     if args.columns is not None:
         chosen = [c for c in args.columns.split(",") if c]
         if [c for c in chosen if c not in columns]:

@@ -11,7 +11,9 @@
 #             budget (its default) and with --no-memory-budget, same arguments, lifecycle check on each
 #   probe     benchmarks/probe_resume_after_release.py (why a resume right after another process's
 #             large release runs slow; no SGLang needed)
-#   budgetbench  benchmarks/bench_phase_switch.py's memory-budget columns beside the full sleep
+#   budgetbench  benchmarks/bench_phase_switch.py's memory-budget columns beside the full sleep, and
+#             budget-part-sm (the partial need with `params` restored by the SMs: device_restore)
+#   tmsgpu    tests/gpu/test_memory_saver_gpu.py (the adapter on the real library; device_restore)
 #   packprobe benchmarks/probe_sender_pack.py (the cuda_ipc sender's host time before the hand-over)
 #   wsync     tests/gpu/test_weight_sync_gpu.py (the cuda_ipc transport: handles, integrity, layouts,
 #             exports past torch's 1,000 IPC events; no SGLang needed)
@@ -117,12 +119,16 @@ for part in "$@"; do
     packprobe)
         TAIL=60 step probe_sender_pack 200 "$PY" benchmarks/probe_sender_pack.py --out "$WORK/probe_sender_pack.json"
         ;;
+    tmsgpu)
+        TAIL=20 step test_memory_saver_gpu 300 "$PY" -m pytest -m gpu -q -s -p no:cacheprovider tests/gpu/test_memory_saver_gpu.py
+        ;;
     wsync)
         TAIL=20 step test_weight_sync_gpu 300 "$PY" -m pytest -m gpu -q -s -p no:cacheprovider tests/gpu/test_weight_sync_gpu.py
         ;;
     budgetbench)
-        TAIL=40 step bench_budget 300 "$PY" benchmarks/bench_phase_switch.py --no-teardown --ways '' \
-            --columns budget-fits,budget-part,budget-all,full-kv-all --timeout 90 --out "$WORK/bench_budget.json"
+        TAIL=40 step bench_budget 360 "$PY" benchmarks/bench_phase_switch.py --no-teardown --ways '' --sm-restore \
+            --columns budget-fits,budget-part,budget-part-sm,budget-all,full-kv-all --timeout 90 \
+            --out "$WORK/bench_budget.json"
         ;;
     slime)
         TAIL=40 step test_slime_rollout_gpu 420 \

@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 import torch
 
+from actor_integration.backends.device_restore import DeviceRestore, live_extents
 from actor_integration.backends.tms_env import (
     CPU_BACKUP_BACKENDS,
     HOOK_MODES,
@@ -149,6 +150,11 @@ class TorchMemorySaverBackend:
     without a tag means every declared tag, made as one TMS call per tag, so memory under tags this
     adapter does not declare is never touched. Regions must be entered through `region()` so that
     `disable()` knows whether TMS is active on the calling thread.
+
+    `device_restore=[tags]` keeps those tags' contents too, but in this process's own pinned copy
+    of the tag's live blocks, written before the pause and read back after the resume by the SMs
+    (one kernel launch) instead of torch_memory_saver's copy-engine backup, which runs at half
+    speed right after another process released much memory (`backends/device_restore.py`).
     """
 
     def __init__(
@@ -156,6 +162,7 @@ class TorchMemorySaverBackend:
         *,
         tags: Sequence[str] | None = None,
         cpu_backup: bool | Collection[str] = False,
+        device_restore: bool | Collection[str] = False,
         cpu_backup_backend: str | None = None,
         retain_cpu_backup: bool = False,
         hook_mode: HookMode | Literal["auto"] | None = "auto",
@@ -165,13 +172,16 @@ class TorchMemorySaverBackend:
     ) -> None:
         self._book = _TagBook(tags, "TorchMemorySaverBackend")
         self.tags = self._book.tags
-        self._backup_tags = _backup_tags(cpu_backup, self.tags)
+        self._device_tags = _device_restore_tags(device_restore, self.tags)
+        # Tags whose contents a pause keeps: torch_memory_saver's CPU backup or this process's copy.
+        self._backup_tags = _backup_tags(cpu_backup, self.tags) | self._device_tags
+        self._restore: DeviceRestore | None = None  # made at the first use (the device is known then)
         if cpu_backup_backend is not None:
             if cpu_backup_backend not in CPU_BACKUP_BACKENDS:
                 raise MemorySaverConfigError(
                     f"cpu_backup_backend must be one of {list(CPU_BACKUP_BACKENDS)} or None, got {cpu_backup_backend!r}"
                 )
-            if not self._backup_tags:
+            if not self._backup_tags - self._device_tags:
                 raise MemorySaverConfigError(
                     f"cpu_backup_backend={cpu_backup_backend!r} needs cpu_backup on for at least one tag "
                     "(torch_memory_saver raises 'cpu_backup_backend requires enable_cpu_backup=True')"
@@ -187,6 +197,10 @@ class TorchMemorySaverBackend:
                 f"hook_mode must be one of {[*HOOK_MODES, 'auto']} or None, got {hook_mode!r}"
             )
         self._cpu_backup_backend = cpu_backup_backend
+        if self._device_tags and torch.cuda.is_available():
+            why = DeviceRestore.supported(torch.device("cuda"))
+            if why is not None:
+                raise MemorySaverConfigError(f"device_restore={sorted(self._device_tags)}: {why}")
         self._environ: Mapping[str, str] = os.environ if environ is None else environ
         auto = hook_mode == "auto"
         if auto:  # what LD_PRELOAD / TMS_INIT_ENABLE ask for, unless TMS was configured already (below)
@@ -252,13 +266,15 @@ class TorchMemorySaverBackend:
         """Allocations inside belong to `tag` (no tag when the backend has tags=None)."""
         with self._lock:
             key = self._book.region_key(tag)
-        backup = key in self._backup_tags
+        backup = key in self._backup_tags and key not in self._device_tags
         kwargs: dict[str, Any] = {"enable_cpu_backup": backup}
         if backup and self._cpu_backup_backend is not None:
             kwargs["cpu_backup_backend"] = self._cpu_backup_backend
         with self._saver.region(_TMS_DEFAULT_TAG if key == ALL_TAGS else key, **kwargs):
             if self.hook_mode == "torch":
                 _allow_frees_at_exit(self._saver)
+            if key in self._device_tags:
+                self._check_pool(key)  # refused here, before the model is allocated, if unreadable
             self._local.depth = getattr(self._local, "depth", 0) + 1
             # A region inside disable() turns TMS back on: a disable() in it is a real one again.
             outer_disabled, self._local.disabled = getattr(self._local, "disabled", False), False
@@ -305,10 +321,67 @@ class TorchMemorySaverBackend:
         method = getattr(self._saver, operation)
         with self._lock:
             for key in self._book.plan(operation, tag):
-                method(None if key == ALL_TAGS else key)
+                ours = key in self._device_tags
+                if ours and operation == "pause":
+                    self._restorer().save(key, self._segments(key))
+                try:
+                    method(None if key == ALL_TAGS else key)
+                except BaseException:
+                    if ours and operation == "pause":
+                        self._restorer().forget(key)
+                    raise
                 # Only after TMS returned: a raise before it leaves the old state, which is the truth.
                 self._book.paused[key] = operation == "pause"
-                self._backup_held = self._backup_held or (operation == "pause" and key in self._backup_tags)
+                if ours and operation == "resume":
+                    self._restore_contents(key)
+                self._backup_held = self._backup_held or (
+                    operation == "pause" and key in self._backup_tags and not ours
+                )
+
+    def _restore_contents(self, key: str) -> None:
+        """Copy a device-restore tag's saved blocks back after its resume mapped them again."""
+        try:
+            self._restorer().restore(key)
+        except Exception as exc:
+            raise MemoryStateError(
+                f"TorchMemorySaverBackend: tag {key!r} was resumed, but copying its saved contents back "
+                f"failed ({exc!r}): its memory is mapped and holds other bytes. Load the state again "
+                "(a checkpoint) before using it."
+            ) from exc
+
+    def _restorer(self) -> DeviceRestore:
+        if self._restore is None:
+            device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
+            self._restore = DeviceRestore(device or torch.device("cpu"))
+        return self._restore
+
+    def _pools(self) -> Mapping[Any, Any]:
+        pools = getattr(getattr(self._saver, "_impl", None), "_mem_pools", None)
+        if not isinstance(pools, Mapping):
+            raise MemorySaverConfigError(
+                f"device_restore={sorted(self._device_tags)}: this torch_memory_saver keeps no region pools "
+                "(`_impl._mem_pools`, 0.0.10), so the tags' live blocks cannot be listed; back them up with "
+                "cpu_backup instead"
+            )
+        return pools
+
+    def _check_pool(self, tag: str) -> None:
+        for key, pool in self._pools().items():
+            if key[0] == tag and not key[1] and not callable(getattr(pool, "snapshot", None)):
+                raise MemorySaverConfigError(
+                    f"device_restore: torch {torch.__version__}'s MemPool has no snapshot(), so the live blocks "
+                    f"of tag {tag!r} cannot be listed; back the tag up with cpu_backup instead"
+                )
+
+    def _segments(self, tag: str) -> list[Any]:
+        """The snapshot segments of `tag`'s region pool(s) without a TMS backup, on this device."""
+        device = self._restorer().device
+        segments: list[Any] = []
+        for key, pool in list(self._pools().items()):
+            same_device = device.type != "cuda" or key[-1] == device.index
+            if key[0] == tag and not key[1] and not (len(key) > 2 and key[2]) and same_device:
+                segments.extend(pool.snapshot())
+        return segments
 
     def is_paused(self, tag: str | None = None) -> bool:
         """Whether `tag` is paused; with no tag, whether any memory is."""
@@ -349,7 +422,10 @@ class TorchMemorySaverBackend:
         backup exists: TMS exits on a tensor of such a tag, and the adapter cannot tell tags apart.
         """
         with self._lock:
-            if not self._backup_tags:
+            if tag is not None and self._book.key(tag, "cpu_backup") in self._device_tags:
+                _check_backup_tensor(tensor)
+                return self._restorer().copy_of(tag, tensor)  # None while resident, as TMS's
+            if not self._backup_tags - self._device_tags:
                 raise MemoryStateError(
                     "cpu_backup: no tag of this backend has cpu_backup on, so torch_memory_saver holds no CPU copy "
                     "and would exit(1) on a paused tensor; construct the backend with cpu_backup=True or a tag list"
@@ -362,22 +438,20 @@ class TorchMemorySaverBackend:
                         "torch_memory_saver would exit(1) on its paused tensors"
                     )
             else:
-                risky = [t for t, p in self._book.paused.items() if p and t not in self._backup_tags]
+                risky = [
+                    t
+                    for t, p in self._book.paused.items()
+                    if p and (t not in self._backup_tags or t in self._device_tags)
+                ]
                 if risky:
                     raise MemoryStateError(
                         f"cpu_backup: tags {risky} are paused without CPU backup and torch_memory_saver exits on "
                         "their tensors; pass tag= to say which tag this tensor belongs to"
                     )
-            if not isinstance(tensor, torch.Tensor):
-                raise TypeError(f"cpu_backup needs a torch.Tensor, got {type(tensor).__name__}")
+            _check_backup_tensor(tensor)
             if tensor.device.type != "cuda":
                 raise ValueError(
                     f"cpu_backup needs a CUDA tensor allocated in region(); got one on {tensor.device}"
-                )
-            if not tensor.is_contiguous():
-                raise ValueError(
-                    "cpu_backup needs a contiguous tensor (TMS looks the backup up by address range); pass the "
-                    "parameter itself, not a transposed or strided view"
                 )
             return self._saver.get_cpu_backup(tensor)  # type: ignore[no-any-return]
 
@@ -401,7 +475,8 @@ class TorchMemorySaverBackend:
                 raise MemorySaverConfigError(
                     "prepare_cpu_backup: no tag has cpu_backup on, so there is no backup to prepare"
                 )
-            if not self.retain_cpu_backup:
+            tms_tags = self._backup_tags - self._device_tags
+            if tms_tags and not self.retain_cpu_backup:
                 raise MemorySaverConfigError(
                     "prepare_cpu_backup needs retain_cpu_backup=True: without it torch_memory_saver frees "
                     "the pinned backup on every resume and allocates it again in every pause, so nothing "
@@ -415,10 +490,12 @@ class TorchMemorySaverBackend:
                 )
         figures = self.check_host_memory(ranks_per_node=ranks_per_node, nbytes=nbytes)
         t0 = time.perf_counter()
-        for tag in sorted(self._backup_tags):
+        for tag in sorted(tms_tags):
             key = None if tag == ALL_TAGS else tag
             self.pause(key)
             self.resume(key)
+        for tag in sorted(self._device_tags):  # their pinned copy: allocated, nothing paused
+            self._restorer().prepare(tag, self._segments(tag))
         figures["seconds"] = round(time.perf_counter() - t0, 3)
         return figures
 
@@ -476,7 +553,8 @@ class TorchMemorySaverBackend:
         import psutil
 
         available = int(psutil.virtual_memory().available)
-        held = nbytes if self.retain_cpu_backup and self._backup_held else 0
+        device_held = self._restore.held_bytes() if self._restore is not None else 0
+        held = (nbytes - device_held if self.retain_cpu_backup and self._backup_held else 0) + device_held
         needed = nbytes * ranks_per_node - held
         gib = 2**30
         figures: dict[str, Any] = {
@@ -525,14 +603,19 @@ class TorchMemorySaverBackend:
                         f"({exc!r}); pass nbytes= (this rank's backed-up bytes) instead"
                     ) from exc
                 total += sum(int(segment["total_size"]) for segment in segments)
+        for tag in self._device_tags:  # their copy is of the live blocks alone
+            total += sum(size for _, size in live_extents(self._segments(tag)))
         return total
 
     def describe(self) -> str:
         """One line for `lifecycle.configured`: hook mode, tags, CPU backups and the tags' state."""
         tags = "all memory as one unit" if self.tags is None else f"tags {list(self.tags)}"
-        backup = sorted("all" if t == ALL_TAGS else t for t in self._backup_tags) or "none"
+        backup = (
+            sorted("all" if t == ALL_TAGS else t for t in self._backup_tags - self._device_tags) or "none"
+        )
+        restored = f"device_restore={sorted(self._device_tags)}, " if self._device_tags else ""
         return (
-            f"torch_memory_saver (hook_mode={self.hook_mode}, {tags}, cpu_backup={backup}, "
+            f"torch_memory_saver (hook_mode={self.hook_mode}, {tags}, cpu_backup={backup}, {restored}"
             f"backend={self._cpu_backup_backend or self._environ.get('TMS_INIT_CPU_BACKUP_BACKEND') or 'pinned'}, "
             f"retain_cpu_backup={self.retain_cpu_backup}; "
             f"{self._book.describe_state()})"
@@ -617,7 +700,16 @@ class NoopMemory:
 
 MEMORY_BACKEND_KINDS: tuple[str, ...] = ("auto", "tms", "noop")
 _BACKEND_OPTIONS = frozenset(
-    {"cpu_backup", "cpu_backup_backend", "retain_cpu_backup", "hook_mode", "environ", "saver", "cuda_major"}
+    {
+        "cpu_backup",
+        "device_restore",
+        "cpu_backup_backend",
+        "retain_cpu_backup",
+        "hook_mode",
+        "environ",
+        "saver",
+        "cuda_major",
+    }
 )
 
 
@@ -666,6 +758,41 @@ def _backup_tags(cpu_backup: bool | Collection[str], tags: tuple[str, ...] | Non
             f"cpu_backup names unknown tags {unknown}; this backend's tags are {list(tags)}"
         )
     return frozenset(cpu_backup)
+
+
+def _device_restore_tags(
+    device_restore: bool | Collection[str], tags: tuple[str, ...] | None
+) -> frozenset[str]:
+    if device_restore is False or (not isinstance(device_restore, bool) and not device_restore):
+        return frozenset()
+    if tags is None:
+        raise MemorySaverConfigError(
+            "device_restore needs named tags: with tags=None a pause covers every allocation of the process, "
+            "which no region pool lists; declare tags=[...] and name the ones to restore"
+        )
+    if device_restore is True:
+        return frozenset(tags)
+    if isinstance(device_restore, str) or not isinstance(device_restore, Collection):
+        raise MemorySaverConfigError(
+            f"device_restore must be a bool or a collection of tags, got {device_restore!r}; for one tag "
+            f"write [{device_restore!r}]"
+        )
+    unknown = sorted(set(device_restore) - set(tags))
+    if unknown:
+        raise MemorySaverConfigError(
+            f"device_restore names unknown tags {unknown}; this backend's tags are {list(tags)}"
+        )
+    return frozenset(device_restore)
+
+
+def _check_backup_tensor(tensor: Any) -> None:
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"cpu_backup needs a torch.Tensor, got {type(tensor).__name__}")
+    if not tensor.is_contiguous():
+        raise ValueError(
+            "cpu_backup needs a contiguous tensor (the backup is looked up by address range); pass the "
+            "parameter itself, not a transposed or strided view"
+        )
 
 
 def _configured_hook_mode(saver: Any) -> tuple[str | None, bool]:

@@ -122,6 +122,67 @@ def test_sleep_releases_wake_restores_contents_bit_exact() -> None:
     assert backend.cpu_backup(model, tag="model") is None  # retain_cpu_backup=False: released on resume
 
 
+def test_device_restore_brings_a_tag_back_by_the_sms_bit_exact() -> None:
+    """`device_restore=["dr_params"]`: the tag's live blocks (listed from torch_memory_saver's region
+    pool, a freed block among them left out) copied to this process's pinned buffer before the
+    pause and back by the copy kernel after the resume, over the real library; beside the same
+    bytes under torch_memory_saver's own CPU backup (timed, not compared: docs/memory-budget.md)."""
+    from actor_integration.backends.device_restore import live_extents
+    from actor_integration.backends.memory_saver import TorchMemorySaverBackend
+
+    backend = TorchMemorySaverBackend(
+        tags=("dr_params", "dr_tms"), cpu_backup=["dr_tms"], device_restore=["dr_params"], hook_mode="torch"
+    )
+    print(backend.describe(), flush=True)
+    generator = torch.Generator(device="cuda").manual_seed(1)
+    sizes = [(256 << 20) // 4, (3 << 20) // 4 + 1, 1000, (512 << 20) // 4, 77]  # int32 elements
+
+    def allocate(tag: str) -> list[Any]:
+        with backend.region(tag):
+            made = [
+                torch.randint(
+                    -(2**31), 2**31 - 1, (n,), dtype=torch.int32, device="cuda", generator=generator
+                )
+                for n in sizes
+            ]
+            dropped = torch.ones(1 << 20, dtype=torch.int32, device="cuda")
+        del dropped  # a freed block of the pool: not copied
+        return made
+
+    ours, theirs = allocate("dr_params"), allocate("dr_tms")
+    reference = [t.clone() for t in [*ours, *theirs]]  # plain memory, outside any region
+    pool = next(p for k, p in backend._pools().items() if k[0] == "dr_params" and not k[1])
+    live = sum(size for _, size in live_extents(pool.snapshot()))
+    figures: dict[str, Any] = {"live_bytes": live, "tensor_bytes": sum(t.numel() * 4 for t in ours)}
+    for cycle in range(3):
+        for tag in ("dr_params", "dr_tms"):
+            before = free_bytes()
+            t0 = time.perf_counter()
+            backend.pause(tag)
+            pause_s = time.perf_counter() - t0
+            released = free_bytes() - before
+            t0 = time.perf_counter()
+            backend.resume(tag)
+            resume_s = time.perf_counter() - t0
+            figures[f"{tag}_cycle{cycle}"] = {
+                "released_gib": round(released / GIB, 3),
+                "pause_s": round(pause_s, 4),
+                "resume_s": round(resume_s, 4),
+            }
+    intact = all(torch.equal(t, r) for t, r in zip([*ours, *theirs], reference, strict=True))
+    assert backend._restore is not None
+    figures.update(
+        contents_intact=intact,
+        copies=backend._restore.copies,
+        host_bytes=backend._restore.held_bytes("dr_params"),
+    )
+    RESULTS["device_restore"] = figures
+    print(f"device_restore: {figures}", flush=True)
+    assert intact and figures["copies"] == 6
+    assert figures["tensor_bytes"] <= live < figures["tensor_bytes"] + (4 << 20) * len(sizes)
+    assert figures["dr_params_cycle2"]["released_gib"] >= 0.95 * live / GIB
+
+
 def test_raw_tms_second_pause_exits_the_process() -> None:
     result = run_python(
         """
