@@ -554,7 +554,9 @@ class TorchMemorySaverBackend:
 
         available = int(psutil.virtual_memory().available)
         device_held = self._restore.held_bytes() if self._restore is not None else 0
-        held = (nbytes - device_held if self.retain_cpu_backup and self._backup_held else 0) + device_held
+        # Held already: this backend's device_restore copies, and TMS's retained backup of the rest.
+        retained = max(0, nbytes - device_held) if self.retain_cpu_backup and self._backup_held else 0
+        held = device_held + retained
         needed = nbytes * ranks_per_node - held
         gib = 2**30
         figures: dict[str, Any] = {
