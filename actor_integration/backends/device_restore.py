@@ -152,7 +152,7 @@ class DeviceRestore:
             if extent.address <= start and start + nbytes <= extent.address + extent.nbytes:
                 out = torch.empty(nbytes, dtype=torch.uint8)
                 begin = extent.offset + start - extent.address
-                for piece, at, size in self._pieces(tag, begin, nbytes):
+                for piece, at, size in self._pieces(begin, nbytes):
                     out[piece : piece + size].copy_(self._host[tag][at[0]][at[1] : at[1] + size])
                 return out.view(tensor.dtype).view(tensor.shape)
         raise ValueError(
@@ -174,7 +174,7 @@ class DeviceRestore:
             chunks.append(torch.empty(self.host_chunk, dtype=torch.uint8, pin_memory=pinned))
         return chunks
 
-    def _pieces(self, tag: str, offset: int, nbytes: int) -> Iterator[tuple[int, tuple[int, int], int]]:
+    def _pieces(self, offset: int, nbytes: int) -> Iterator[tuple[int, tuple[int, int], int]]:
         """(offset in the run, (chunk, offset in it), bytes) of a run of the tag's host copy."""
         done = 0
         while done < nbytes:
@@ -187,7 +187,7 @@ class DeviceRestore:
         chunks = self._host[tag]
         pairs = []
         for extent in extents:
-            for piece, (chunk, within), size in self._pieces(tag, extent.offset, extent.nbytes):
+            for piece, (chunk, within), size in self._pieces(extent.offset, extent.nbytes):
                 host, device = chunks[chunk].data_ptr() + within, extent.address + piece
                 pairs.append((device, host, size) if to_host else (host, device, size))
         if not pairs:
