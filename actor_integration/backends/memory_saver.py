@@ -355,33 +355,42 @@ class TorchMemorySaverBackend:
             self._restore = DeviceRestore(device or torch.device("cpu"))
         return self._restore
 
-    def _pools(self) -> Mapping[Any, Any]:
+    def _region_pools(self) -> Mapping[Any, Any] | None:
+        """torch_memory_saver's region pools by (tag, CPU backup, disk backup, backend, device)
+        (`_impl._mem_pools`, 0.0.10), or None where they cannot be read."""
         pools = getattr(getattr(self._saver, "_impl", None), "_mem_pools", None)
-        if not isinstance(pools, Mapping):
+        return pools if isinstance(pools, Mapping) else None
+
+    def _device_pools(self, tag: str) -> list[Any]:
+        """The region pools of device-restore `tag` (no TMS backup) on this device."""
+        pools = self._region_pools()
+        if pools is None:
             raise MemorySaverConfigError(
                 f"device_restore={sorted(self._device_tags)}: this torch_memory_saver keeps no region pools "
                 "(`_impl._mem_pools`, 0.0.10), so the tags' live blocks cannot be listed; back them up with "
                 "cpu_backup instead"
             )
-        return pools
+        device = self._restorer().device
+        return [
+            pool
+            for key, pool in list(pools.items())
+            if key[0] == tag
+            and not key[1]
+            and not (len(key) > 2 and key[2])
+            and (device.type != "cuda" or key[-1] == device.index)
+        ]
 
     def _check_pool(self, tag: str) -> None:
-        for key, pool in self._pools().items():
-            if key[0] == tag and not key[1] and not callable(getattr(pool, "snapshot", None)):
+        for pool in self._device_pools(tag):
+            if not callable(getattr(pool, "snapshot", None)):
                 raise MemorySaverConfigError(
                     f"device_restore: torch {torch.__version__}'s MemPool has no snapshot(), so the live blocks "
                     f"of tag {tag!r} cannot be listed; back the tag up with cpu_backup instead"
                 )
 
     def _segments(self, tag: str) -> list[Any]:
-        """The snapshot segments of `tag`'s region pool(s) without a TMS backup, on this device."""
-        device = self._restorer().device
-        segments: list[Any] = []
-        for key, pool in list(self._pools().items()):
-            same_device = device.type != "cuda" or key[-1] == device.index
-            if key[0] == tag and not key[1] and not (len(key) > 2 and key[2]) and same_device:
-                segments.extend(pool.snapshot())
-        return segments
+        """The snapshot segments of device-restore `tag`'s region pools on this device."""
+        return [segment for pool in self._device_pools(tag) for segment in pool.snapshot()]
 
     def is_paused(self, tag: str | None = None) -> bool:
         """Whether `tag` is paused; with no tag, whether any memory is."""
@@ -585,8 +594,8 @@ class TorchMemorySaverBackend:
 
     def backup_bytes(self) -> int:
         """The bytes allocated in the backed-up tags' regions (torch hook mode: TMS's region pools)."""
-        pools = getattr(getattr(self._saver, "_impl", None), "_mem_pools", None)
-        if not isinstance(pools, Mapping):
+        pools = self._region_pools()
+        if pools is None:
             raise MemorySaverConfigError(
                 "backup_bytes: torch_memory_saver's region pools cannot be read (preload hook mode, or nothing "
                 "allocated yet); pass nbytes= (this rank's backed-up bytes) to check_host_memory/prepare_cpu_backup"
