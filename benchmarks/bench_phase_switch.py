@@ -1486,7 +1486,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.columns is not None:
         chosen = [c for c in args.columns.split(",") if c]
         if [c for c in chosen if c not in columns]:
-            parser.error(f"--columns: {[c for c in chosen if c not in columns]} not among {columns}")
+            missing = [c for c in chosen if c not in columns]
+            hint = "; budget-part-sm needs --sm-restore" if any(c in SM_COLUMNS for c in missing) else ""
+            parser.error(f"--columns: {missing} not among {columns}{hint}")
         columns = [c for c in columns if c in chosen]
 
     def save() -> None:  # what a run cut short leaves behind

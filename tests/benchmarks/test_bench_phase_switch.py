@@ -172,3 +172,14 @@ def test_sm_restore_adds_a_part_column_with_params_restored_by_the_sms() -> None
     }
     row = bench.budget_verdict(report)["columns"]["budget-part-sm"]
     assert row["target_s"] == pytest.approx(2.2 / 55.0 * 2 + 0.1) and row["met"] is True
+
+
+def test_budget_part_sm_without_sm_restore_is_refused_with_the_flag_named() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--cpu-smoke", "--columns", "budget-part-sm"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and "budget-part-sm needs --sm-restore" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
