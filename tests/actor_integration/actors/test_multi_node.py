@@ -58,11 +58,26 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
         env = {LOG_DIR_ENV: str(logs / name), "RAY_USAGE_STATS_ENABLED": "0"}
         return made.add_node(num_cpus=2, resources={f"node_{name}": 1}, env_vars=env)
 
+    def replace(name: str, lost: Any) -> None:
+        """A fresh node `name` in place of the removed `lost`, once the GCS counts `lost` dead. Until
+        then it still offers its `node_<name>` resource, and an actor the next test places on
+        `name` can land on it and die unstarted ("its node has died": seen in CI)."""
+        nodes[name] = add(name)
+        deadline = time.monotonic() + 120
+        while any(n["NodeID"] == lost.node_id and n["Alive"] for n in ray.nodes()):
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"node {lost.node_id[:8]} still alive in the GCS 120 s after its removal"
+                )
+            time.sleep(0.5)
+
     nodes = {name: add(name) for name in ("a", "b")}
     made.wait_for_nodes()
     ray.init(address=made.address, log_to_driver=False, configure_logging=False)
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # test classes, shipped by value
-    handle = SimpleNamespace(cluster=made, nodes=nodes, logs=logs, address=made.address, add=add)
+    handle = SimpleNamespace(
+        cluster=made, nodes=nodes, logs=logs, address=made.address, add=add, replace=replace
+    )
     yield handle
     ray.shutdown()
     made.shutdown()
@@ -384,7 +399,7 @@ class TestLostNode:
             if proc.poll() is None:
                 proc.kill()
             if lost is not None and name is not None:
-                cluster.nodes[name] = cluster.add(name)  # the module's cluster back to two worker nodes
+                cluster.replace(name, lost)  # the module's cluster back to two worker nodes
         text = "".join(lines)
         assert removed_at is not None and error_at is not None, text[-3000:]
         assert proc.returncode == 1, text[-3000:]
@@ -484,7 +499,7 @@ class TestLostNodeUnderAGroup:
                 group.call("train", 3.0, ranks=[0, 1, 2, 3])
             waited = time.monotonic() - started
         finally:
-            cluster.nodes["b"] = cluster.add("b")
+            cluster.replace("b", lost)
         error = info.value
         assert waited < TIMEOUT_S / 2, waited  # their teardown was cut short, not waited out (20 s)
         assert list(error.nodes) == [lost.node_id] and error.lost == {"trainer": [2, 3]}
