@@ -41,6 +41,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from actor_integration.models.qwen2 import QwenConfig, QwenLM
     from actor_integration.weight_sync.buckets import LayoutCache, iter_buckets
     from actor_integration.weight_sync.cuda_ipc import CudaIpcSender
+    from tests.helpers.host_time import HostTime
 
     torch.cuda.set_device(0)
     config = QwenConfig.from_json(args.model_config)
@@ -78,8 +79,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         burner = threading.Thread(target=_burn, args=(stop,), daemon=True) if label == "busy" else None
         if burner is not None:
             burner.start()
+        host = HostTime()
         try:
-            rows = [one(sets[pick(i)]) for i in range(args.syncs)]
+            with host.measure():
+                rows = [one(sets[pick(i)]) for i in range(args.syncs)]
         finally:
             stop.set()
             if burner is not None:
@@ -89,6 +92,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "host_cpu_ms": [round(c, 2) for _, _, c in rows],
             "device_wait_ms": [round(d, 2) for _, d, _ in rows],
             "host_median_ms": round(statistics.median(h for h, _, _ in rows[1:]), 2),
+            # the syncs' thread: CPU, waiting for a CPU, blocked; the machine's busiest processes
+            "scheduling": {k: v for k, v in host.summary(top=6).items() if k != "profile"},
         }
     profile = cProfile.Profile()
     profile.enable()
@@ -144,6 +149,11 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(f"{'':9} its CPU ms        {row['host_cpu_ms']}")
         print(f"{'':9} device wait ms    {row['device_wait_ms']}")
+        sched = row["scheduling"]
+        print(
+            f"{'':9} all syncs: wall {sched['wall_ms']} ms = CPU {sched['caller_cpu_ms']} + waiting for a CPU "
+            f"{sched['caller_run_queue_ms']} + blocked {sched['caller_blocked_ms']}; switches {sched['caller_switches']}"
+        )
     print(
         f"plans built {report['plans_built']}, staging allocations {report['staging_allocations']}, "
         f"exports through their own storage {report['exports_through_own_storage']}"

@@ -1,12 +1,15 @@
 """The host-time helper the GPU tests use to tell a caller's waiting from its work."""
 
+import multiprocessing
+import os
 import sys
 import threading
 import time
+from typing import Any
 
 import pytest
 
-from tests.helpers.host_time import HostTime, thread_cpu
+from tests.helpers.host_time import HostTime, Scheduling, scheduling, thread_cpu
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/task")
 
@@ -44,3 +47,77 @@ def test_the_caller_working_is_its_own_cpu_time_and_blocks_add_up():
     assert summary["caller_cpu_ms"] >= 200 and summary["wall_ms"] >= 300
     assert summary["profile"] == []  # not asked for
     assert threading.get_native_id() in thread_cpu()
+
+
+def _burn_then_wait(seconds: float, burnt: Any, leave: Any) -> None:
+    spin(seconds)
+    burnt.set()
+    leave.wait(30)  # alive at the end of the block: /proc still lists it
+
+
+def _burn_on(cpu: int, started: Any, leave: Any) -> None:
+    os.sched_setaffinity(0, {cpu})
+    started.set()
+    while not leave.is_set():
+        spin(0.01)
+
+
+def test_another_process_burning_cpu_is_named_with_its_cpu_and_the_caller_counts_as_blocked():
+    context = multiprocessing.get_context("spawn")
+    burnt, leave = context.Event(), context.Event()
+    burner = context.Process(target=_burn_then_wait, args=(0.5, burnt, leave))
+    host = HostTime()
+    with host.measure():
+        burner.start()
+        assert burnt.wait(30)
+    leave.set()
+    burner.join(30)
+    summary = host.summary()
+    found = [p for p in summary["processes"] if p["pid"] == burner.pid]
+    assert found and found[0]["cpu_ms"] >= 300, summary["processes"]
+    assert summary["machine_busy_pct"] is not None and summary["machine_busy_pct"] > 0, summary
+    # The caller waited for its child: its wall time is neither CPU nor a wait for a CPU.
+    assert summary["caller_blocked_ms"] >= 300 and summary["caller_cpu_ms"] < 300, summary
+    if summary["caller_switches"]["voluntary"] is not None:
+        assert summary["caller_switches"]["voluntary"] >= 1, summary
+
+
+def test_scheduling_reads_the_calling_thread_or_says_it_is_not_kept():
+    spin(0.05)
+    now = scheduling()
+    if now.run_wait_s is not None:
+        assert now.run_wait_s >= 0
+    if now.voluntary is not None:
+        assert now.voluntary + (now.involuntary or 0) >= 1
+    zero = now.plus(now, -1)
+    assert {zero.run_wait_s, zero.voluntary, zero.involuntary} <= {0, None}, zero
+    assert Scheduling(1.0, 2, None).plus(Scheduling(0.5, 1, 3)) == Scheduling(1.5, 3, None)
+
+
+@pytest.mark.skipif(
+    scheduling().run_wait_s is None or not hasattr(os, "sched_setaffinity"),
+    reason="this kernel keeps no scheduler statistics (gVisor)",
+)
+def test_a_caller_sharing_its_cpu_with_two_burners_waits_in_the_run_queue():
+    cpu = min(os.sched_getaffinity(0))
+    mine = os.sched_getaffinity(0)
+    context = multiprocessing.get_context("spawn")
+    started, leave = [context.Event() for _ in range(2)], context.Event()
+    burners = [context.Process(target=_burn_on, args=(cpu, s, leave)) for s in started]
+    for burner in burners:
+        burner.start()
+    os.sched_setaffinity(0, {cpu})
+    try:
+        assert all(s.wait(60) for s in started)
+        host = HostTime()
+        with host.measure():
+            end = time.thread_time() + 0.2
+            while time.thread_time() < end:  # 0.2 s of CPU on a CPU shared three ways
+                pass
+    finally:
+        os.sched_setaffinity(0, mine)
+        leave.set()
+        for burner in burners:
+            burner.join(30)
+    summary = host.summary()
+    assert summary["caller_run_queue_ms"] >= 100, summary
