@@ -11,6 +11,9 @@
   was spent blocked (`caller_blocked_ms`);
 - the machine's: how busy its CPUs were (/proc/stat) and the processes that used the most CPU
   meanwhile (a server's scheduler spinning shows here);
+- Python's garbage collections in the process (`gc.callbacks`): count and time per generation (a
+  full collection in a process holding Ray's, SGLang's and torch's objects can take tens of ms,
+  charged to whatever call allocated last);
 - with `profile=True`, a cProfile of the caller's thread (functions by their own time; a C call
   that blocks has the time as its own).
 
@@ -22,6 +25,7 @@ statistics (gVisor reads zeros), those fields are None.
 from __future__ import annotations
 
 import cProfile
+import gc
 import io
 import os
 import pstats
@@ -159,6 +163,9 @@ class HostTime:
         self.caller = Scheduling(0.0, 0, 0)
         self.machine_busy_s = self.machine_total_s = 0.0
         self._machine_kept = True
+        self.gc_s = [0.0, 0.0, 0.0]  # per generation: seconds collecting inside the blocks
+        self.gc_count = [0, 0, 0]
+        self._gc_started: float | None = None
         self._profile = cProfile.Profile() if profile else None
         self._caller: int | None = None  # the measuring thread's kernel id
 
@@ -167,6 +174,7 @@ class HostTime:
         self._caller = threading.get_native_id()
         processes, machine = process_cpu(), machine_cpu()
         before, sched = thread_cpu(), scheduling()
+        gc.callbacks.append(self._on_gc)
         start = time.perf_counter()
         if self._profile is not None:
             self._profile.enable()
@@ -175,6 +183,7 @@ class HostTime:
         finally:
             if self._profile is not None:
                 self._profile.disable()
+            gc.callbacks.remove(self._on_gc)
             self.wall_s += time.perf_counter() - start
             self.caller = self.caller.plus(scheduling().plus(sched, -1))
             _grew(thread_cpu(), before, self.cpu_s)
@@ -186,6 +195,15 @@ class HostTime:
             else:
                 self.machine_busy_s += machine_after[0] - machine[0]
                 self.machine_total_s += machine_after[1] - machine[1]
+
+    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+        elif self._gc_started is not None:
+            generation = min(int(info.get("generation", 0)), 2)
+            self.gc_s[generation] += time.perf_counter() - self._gc_started
+            self.gc_count[generation] += 1
+            self._gc_started = None
 
     def threads(self, top: int = 12) -> list[dict[str, Any]]:
         """The threads that used CPU inside the blocks, most first: name, thread id, ms."""
@@ -212,6 +230,7 @@ class HostTime:
             "caller_blocked_ms": round((self.wall_s - caller_cpu - (run_wait or 0.0)) * 1e3, 1),
             "caller_switches": {"voluntary": self.caller.voluntary, "involuntary": self.caller.involuntary},
             "all_threads_cpu_ms": round(sum(self.cpu_s.values()) * 1e3, 1),
+            "gc": {"collections": list(self.gc_count), "ms": [round(s * 1e3, 2) for s in self.gc_s]},
             "threads": self.threads(top),
             "machine_busy_pct": round(100 * self.machine_busy_s / self.machine_total_s, 1) if kept else None,
             "machine_cpus": os.cpu_count(),

@@ -121,3 +121,23 @@ def test_a_caller_sharing_its_cpu_with_two_burners_waits_in_the_run_queue():
             burner.join(30)
     summary = host.summary()
     assert summary["caller_run_queue_ms"] >= 100, summary
+
+
+def test_garbage_collections_inside_the_blocks_are_counted_with_their_time():
+    import gc
+
+    class Node:
+        def __init__(self) -> None:
+            self.me = self  # a cycle: only the collector frees it
+
+    keep = [Node() for _ in range(200_000)]
+    host = HostTime()
+    with host.measure():
+        gc.collect()
+        gc.collect(0)
+    gc.collect()  # outside: not counted
+    del keep
+    summary = host.summary()
+    assert summary["gc"]["collections"] == [1, 0, 1], summary["gc"]
+    assert summary["gc"]["ms"][2] > summary["gc"]["ms"][0] >= 0, summary["gc"]
+    assert gc.callbacks.count(host._on_gc) == 0
