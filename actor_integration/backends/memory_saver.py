@@ -381,7 +381,19 @@ class TorchMemorySaverBackend:
         ]
 
     def _check_pool(self, tag: str) -> None:
-        for pool in self._device_pools(tag):
+        """Inside the tag's region: its pool is found, and can list its blocks. A pool not found
+        there (torch_memory_saver keyed its pools another way) would leave the pause saving
+        nothing and the resume bringing the tag back with other bytes."""
+        pools = self._device_pools(tag)
+        if not pools:
+            raise MemorySaverConfigError(
+                f"device_restore: inside tag {tag!r}'s region, no region pool of torch_memory_saver "
+                f"matches it (keys {sorted(map(repr, self._region_pools() or {}))}; expected (tag, "
+                f"cpu_backup False, disk_backup False, backend, device {self._restorer().device.index}), "
+                "as 0.0.10 keys them). This torch_memory_saver is not the one this backend was written "
+                "for; back the tag up with cpu_backup instead"
+            )
+        for pool in pools:
             if not callable(getattr(pool, "snapshot", None)):
                 raise MemorySaverConfigError(
                     f"device_restore: torch {torch.__version__}'s MemPool has no snapshot(), so the live blocks "

@@ -305,3 +305,34 @@ class TestExtents:
             restore.save("params", [{"blocks": [block]}])
         with pytest.raises(RuntimeError, match="saved and not restored"):
             restore.release()
+
+
+class KeyedOtherwise(PooledSaver):
+    """A torch_memory_saver that keys its region pools another way (the device as an object)."""
+
+    @contextlib.contextmanager
+    def region(
+        self,
+        tag: str = "default",
+        enable_cpu_backup: bool = False,
+        enable_disk_backup: bool = False,
+        cpu_backup_backend: str | None = None,
+    ) -> Iterator[None]:
+        with FakeTorchMemorySaver.region(
+            self, tag, enable_cpu_backup, enable_disk_backup, cpu_backup_backend
+        ):
+            self._impl._mem_pools.setdefault((tag, enable_cpu_backup, "cpu:0"), FakePool())
+            yield
+
+
+def test_a_saver_whose_pools_do_not_match_the_tag_is_refused_before_anything_is_allocated() -> None:
+    """Were it let through, the pause would save no block and the resume would bring `params`
+    back holding other bytes, silently."""
+    memory = TorchMemorySaverBackend(
+        tags=TAGS, device_restore=["params"], environ={}, saver=KeyedOtherwise({})
+    )
+    allocated = []
+    with pytest.raises(MemorySaverConfigError, match=r"no region pool of torch_memory_saver matches it"):
+        with memory.region("params"):
+            allocated.append(torch.ones(4))
+    assert not allocated
