@@ -332,7 +332,7 @@ def test_a_saver_whose_pools_do_not_match_the_tag_is_refused_before_anything_is_
         tags=TAGS, device_restore=["params"], environ={}, saver=KeyedOtherwise({})
     )
     allocated = []
-    with pytest.raises(MemorySaverConfigError, match=r"no region pool of torch_memory_saver matches it"):
-        with memory.region("params"):
-            allocated.append(torch.ones(4))
+    refused = pytest.raises(MemorySaverConfigError, match=r"no region pool of torch_memory_saver matches it")
+    with refused, memory.region("params"):
+        allocated.append(torch.ones(4))
     assert not allocated
