@@ -29,6 +29,8 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/mypy --config-file scripts/mypy_unrun.ini -p benchmarks \
+		$(patsubst %.py,-m %,$(subst /,.,$(wildcard tests/gpu/*.py)))
 
 diagrams: $(STAMP)
 	$(PY) -m lifecycle.diagram diagrams README.md
