@@ -9,7 +9,8 @@
   processes), and how often it gave the CPU up (blocked: the GIL, a lock, a device wait with
   blocking sync, I/O) or was preempted. Wall time that is neither its CPU nor its wait for a CPU
   was spent blocked (`caller_blocked_ms`);
-- the machine's: how busy its CPUs were (/proc/stat) and the processes that used the most CPU
+- the machine's: how busy its CPUs were and how much of their time the hypervisor took (steal,
+  /proc/stat), and the processes that used the most CPU
   meanwhile (a server's scheduler spinning shows here);
 - Python's garbage collections in the process (`gc.callbacks`): count and time per generation (a
   full collection in a process holding Ray's, SGLang's and torch's objects can take tens of ms,
@@ -115,15 +116,18 @@ def scheduling(tid: int | None = None) -> Scheduling:
     return Scheduling(run_wait, voluntary, involuntary)
 
 
-def machine_cpu() -> tuple[float, float] | None:
-    """(busy, total) CPU seconds of the whole machine so far, from /proc/stat (None: unreadable)."""
+def machine_cpu() -> tuple[float, float, float] | None:
+    """(busy, steal, total) CPU seconds of the whole machine so far, from /proc/stat (None:
+    unreadable). Steal is time a virtual machine's CPUs were runnable but the hypervisor ran
+    something else: in a guest it shows in no process's CPU time nor run-queue wait."""
     text = _read(Path("/proc/stat"))
     if not text or not text.startswith("cpu "):
         return None
     values = [int(v) for v in text.splitlines()[0].split()[1:]]
     idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle + iowait
+    steal = values[7] if len(values) > 7 else 0
     total = sum(values[:8])  # guest time is already in user
-    return (total - idle) / _TICKS, total / _TICKS
+    return (total - idle - steal) / _TICKS, steal / _TICKS, total / _TICKS
 
 
 def process_cpu() -> dict[int, tuple[str, float]]:
@@ -161,7 +165,7 @@ class HostTime:
         self.cpu_s: dict[tuple[int, str], float] = {}
         self.process_s: dict[tuple[int, str], float] = {}
         self.caller = Scheduling(0.0, 0, 0)
-        self.machine_busy_s = self.machine_total_s = 0.0
+        self.machine_busy_s = self.machine_steal_s = self.machine_total_s = 0.0
         self._machine_kept = True
         self.gc_s = [0.0, 0.0, 0.0]  # per generation: seconds collecting inside the blocks
         self.gc_count = [0, 0, 0]
@@ -194,7 +198,8 @@ class HostTime:
                 self._machine_kept = False
             else:
                 self.machine_busy_s += machine_after[0] - machine[0]
-                self.machine_total_s += machine_after[1] - machine[1]
+                self.machine_steal_s += machine_after[1] - machine[1]
+                self.machine_total_s += machine_after[2] - machine[2]
 
     def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
@@ -233,6 +238,9 @@ class HostTime:
             "gc": {"collections": list(self.gc_count), "ms": [round(s * 1e3, 2) for s in self.gc_s]},
             "threads": self.threads(top),
             "machine_busy_pct": round(100 * self.machine_busy_s / self.machine_total_s, 1) if kept else None,
+            "machine_steal_pct": round(100 * self.machine_steal_s / self.machine_total_s, 1)
+            if kept
+            else None,
             "machine_cpus": os.cpu_count(),
             "processes": self.processes(),
             "profile": self.profile(top),

@@ -76,6 +76,12 @@ def test_another_process_burning_cpu_is_named_with_its_cpu_and_the_caller_counts
     found = [p for p in summary["processes"] if p["pid"] == burner.pid]
     assert found and found[0]["cpu_ms"] >= 300, summary["processes"]
     assert summary["machine_busy_pct"] is not None and summary["machine_busy_pct"] > 0, summary
+    assert (
+        0
+        <= summary["machine_steal_pct"]
+        <= summary["machine_busy_pct"] + summary["machine_steal_pct"]
+        <= 100.1
+    )
     # The caller waited for its child: its wall time is neither CPU nor a wait for a CPU.
     assert summary["caller_blocked_ms"] >= 300 and summary["caller_cpu_ms"] < 300, summary
     if summary["caller_switches"]["voluntary"] is not None:
