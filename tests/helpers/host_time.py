@@ -161,6 +161,7 @@ class HostTime:
 
     def __init__(self, *, profile: bool = False) -> None:
         self.wall_s = 0.0
+        self.caller_cpu_s = 0.0  # the measuring thread's, from the clock (ns), not /proc's ticks
         self.blocks = 0
         self.cpu_s: dict[tuple[int, str], float] = {}
         self.process_s: dict[tuple[int, str], float] = {}
@@ -171,13 +172,12 @@ class HostTime:
         self.gc_count = [0, 0, 0]
         self._gc_started: float | None = None
         self._profile = cProfile.Profile() if profile else None
-        self._caller: int | None = None  # the measuring thread's kernel id
 
     @contextmanager
     def measure(self) -> Iterator[None]:
-        self._caller = threading.get_native_id()
         processes, machine = process_cpu(), machine_cpu()
         before, sched = thread_cpu(), scheduling()
+        own = time.thread_time()
         gc.callbacks.append(self._on_gc)
         start = time.perf_counter()
         if self._profile is not None:
@@ -189,6 +189,7 @@ class HostTime:
                 self._profile.disable()
             gc.callbacks.remove(self._on_gc)
             self.wall_s += time.perf_counter() - start
+            self.caller_cpu_s += time.thread_time() - own
             self.caller = self.caller.plus(scheduling().plus(sched, -1))
             _grew(thread_cpu(), before, self.cpu_s)
             machine_after = machine_cpu()
@@ -222,17 +223,17 @@ class HostTime:
         return [{"pid": pid, "process": name, "cpu_ms": round(s * 1e3, 1)} for (pid, name), s in rows]
 
     def summary(self, top: int = 12) -> dict[str, Any]:
-        main = self._caller
-        caller_cpu = sum(s for (tid, _), s in self.cpu_s.items() if tid == main)
+        caller_cpu = self.caller_cpu_s
         run_wait = self.caller.run_wait_s
         kept = self._machine_kept and self.machine_total_s > 0
         return {
             "wall_ms": round(self.wall_s * 1e3, 1),
             "blocks": self.blocks,
             "caller_cpu_ms": round(caller_cpu * 1e3, 1),
-            # the caller runnable but without a CPU; then the rest of the wall time: blocked
+            # the caller runnable but without a CPU; then the rest of the wall time: blocked (the
+            # three are read at slightly different instants: a few µs either way, never below 0)
             "caller_run_queue_ms": None if run_wait is None else round(run_wait * 1e3, 1),
-            "caller_blocked_ms": round((self.wall_s - caller_cpu - (run_wait or 0.0)) * 1e3, 1),
+            "caller_blocked_ms": round(max(self.wall_s - caller_cpu - (run_wait or 0.0), 0.0) * 1e3, 1),
             "caller_switches": {"voluntary": self.caller.voluntary, "involuntary": self.caller.involuntary},
             "all_threads_cpu_ms": round(sum(self.cpu_s.values()) * 1e3, 1),
             "gc": {"collections": list(self.gc_count), "ms": [round(s * 1e3, 2) for s in self.gc_s]},
