@@ -80,6 +80,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gib", type=float, default=8.0)
     parser.add_argument("--bucket-mib", type=int, default=512)
     parser.add_argument("--updates", type=int, default=7, help="updates per path (the first is cold)")
+    parser.add_argument(
+        "--ray-driver",
+        action="store_true",
+        help="also time the default path in a Ray driver (a local cluster, log_to_driver), idle and "
+        "while an actor logs without pause: whether the driver's threads slow the sender's host work",
+    )
     args = parser.parse_args(argv)
     lifecycle.configure_logging(stream=io.StringIO(), level="warning")
     stub_device_calls()
@@ -107,9 +113,50 @@ def main(argv: list[str] | None = None) -> int:
                 f"host pack {statistics.median(packs[1:]):.2f} ms per warm update (cold {packs[0]:.0f} ms)",
                 flush=True,
             )
+        if args.ray_driver:
+            ray_driver(sender, weights, args.updates, start=2 * args.updates + 1)
         sender.close()
         del arena, weights
     return 0
+
+
+def ray_driver(sender: WeightSender, weights: dict[str, torch.Tensor], updates: int, start: int) -> None:
+    """The default path again in this process made a Ray driver, idle and beside an actor that
+    logs without pause (its lines reach the driver through Ray's log thread)."""
+    import time
+
+    import ray
+
+    def packs(first: int) -> float:
+        times = [sender.send(v, weights).phases_ms["pack_ms"] for v in range(first, first + updates)]
+        return statistics.median(times[1:])
+
+    plain = packs(start)
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=True)
+    try:
+        idle = packs(start + updates)
+
+        @ray.remote(num_cpus=0.1)
+        class Talker:
+            def talk(self, seconds: float) -> int:
+                end, lines = time.monotonic() + seconds, 0
+                while time.monotonic() < end:
+                    print("log line " + "x" * 100, file=sys.stderr, flush=True)
+                    lines += 1
+                return lines
+
+        talker = Talker.remote()  # type: ignore[attr-defined]
+        ray.get(talker.talk.remote(0.5))  # started and logging
+        talking = talker.talk.remote(5)
+        busy = packs(start + 2 * updates)
+        lines = ray.get(talking)
+    finally:
+        ray.shutdown()
+    print(
+        f"  default path, host pack per warm update: {plain:.2f} ms plain, {idle:.2f} ms in a Ray driver, "
+        f"{busy:.2f} ms while an actor logged {lines} lines to it",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":
