@@ -517,10 +517,17 @@ def test_5_our_sender_into_the_same_server_loads_the_same_weights_no_slower_than
     path and the lifecycle's sender (same sets, same server): the same greedy tokens for the same
     set, the server tagged with the version; then a corrupt round refused with nothing served."""
     from actor_integration.weight_sync.wire import CorruptBucketError
-    from tests.helpers.host_time import HostTime
+    from tests.helpers.host_time import CallTimes, HostTime
 
     engine, router, sets = rig["engine"], rig["router"], rig["sets"]
     sender = our_sender(rig)
+    # Each of our timed syncs, call by call: the transport's steps and the packer's (wall and the
+    # sending thread's CPU), so a pack_ms far above its CPU names the call that waited.
+    transport = sender.transport
+    calls = CallTimes().wrap(transport, ["begin_round", "export", "_buffer", "_share", "ready"])
+    calls.wrap(transport._packer, ["pack", "_plan"])
+    calls.wrap(sender, ["_start", "_finish"])
+    ours_calls: list[dict[str, Any]] = []
     ours, theirs, phases = [], [], []
     # This process's threads' CPU while each path syncs, and a profile of our sender's thread in
     # extra syncs after the timed ones: whether its pack_ms is work or waiting, and for what.
@@ -537,11 +544,13 @@ def test_5_our_sender_into_the_same_server_loads_the_same_weights_no_slower_than
                     sender.send(version, sets[name].items())
                 path = "ours, profiled"
             elif (cycle // 2) % 2 == 0:
+                calls.take()
                 with ours_host.measure():  # its /proc reads outside the time taken
                     start = time.perf_counter()
                     report = sender.send(version, sets[name].items())
                     ours.append((time.perf_counter() - start) * 1e3)
                 phases.append(dict(report.phases_ms))
+                ours_calls.append(calls.take())
                 path = "ours"
             else:
                 with slime_host.measure():
@@ -583,6 +592,7 @@ def test_5_our_sender_into_the_same_server_loads_the_same_weights_no_slower_than
         "ours_all_ms": [round(v, 1) for v in ours],
         # the sender's: pack (and its CPU time), ready (packing and checksums), engine (acknowledgement)
         "ours_phases_ms": phases,
+        "ours_calls": ours_calls,  # per timed sync: {call: calls, ms, cpu_ms, max_ms}
         "host_during_ours": {k: v for k, v in ours_host.summary().items() if k != "profile"},
         "host_during_slime": {k: v for k, v in slime_host.summary().items() if k != "profile"},
         "profiled_syncs": profiled.summary(top=30),

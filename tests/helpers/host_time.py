@@ -256,3 +256,52 @@ class HostTime:
         lines = text.getvalue().splitlines()
         start = next((i for i, line in enumerate(lines) if line.lstrip().startswith("ncalls")), 0)
         return [line.rstrip() for line in lines[start:] if line.strip()]
+
+
+class CallTimes:
+    """Wall and thread-CPU time of chosen methods of objects, per call name, until `take()`.
+
+    `CallTimes().wrap(obj, ["export", "ready"])` replaces those methods on that instance with
+    timed ones (the class is untouched); a call inside another wrapped call counts in both."""
+
+    def __init__(self) -> None:
+        self._rows: dict[str, list[float]] = {}  # name: [calls, wall s, cpu s, longest wall s]
+        self._lock = threading.Lock()
+
+    def wrap(self, obj: Any, names: list[str], prefix: str | None = None) -> CallTimes:
+        label = prefix if prefix is not None else type(obj).__name__
+        for name in names:
+            original = getattr(obj, name)  # AttributeError here, not at the first call
+            setattr(obj, name, self._timed(f"{label}.{name}", original))
+        return self
+
+    def _timed(self, key: str, original: Any) -> Any:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            wall, cpu = time.perf_counter(), time.thread_time()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                spent = time.perf_counter() - wall
+                used = time.thread_time() - cpu
+                with self._lock:
+                    row = self._rows.setdefault(key, [0, 0.0, 0.0, 0.0])
+                    row[0] += 1
+                    row[1] += spent
+                    row[2] += used
+                    row[3] = max(row[3], spent)
+
+        return timed
+
+    def take(self) -> dict[str, dict[str, float]]:
+        """{name: calls, wall ms, its thread's CPU ms, longest call ms} since the last take."""
+        with self._lock:
+            rows, self._rows = self._rows, {}
+        return {
+            key: {
+                "calls": int(n),
+                "ms": round(wall * 1e3, 3),
+                "cpu_ms": round(cpu * 1e3, 3),
+                "max_ms": round(longest * 1e3, 3),
+            }
+            for key, (n, wall, cpu, longest) in rows.items()
+        }

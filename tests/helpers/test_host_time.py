@@ -147,3 +147,28 @@ def test_garbage_collections_inside_the_blocks_are_counted_with_their_time():
     assert summary["gc"]["collections"] == [1, 0, 1], summary["gc"]
     assert summary["gc"]["ms"][2] > summary["gc"]["ms"][0] >= 0, summary["gc"]
     assert gc.callbacks.count(host._on_gc) == 0
+
+
+def test_call_times_split_wall_from_cpu_per_method_and_reset_at_take():
+    from tests.helpers.host_time import CallTimes
+
+    class Worker:
+        def work(self) -> int:
+            spin(0.03)
+            return 1
+
+        def wait(self) -> None:
+            time.sleep(0.05)
+
+    worker, other = Worker(), Worker()
+    calls = CallTimes().wrap(worker, ["work", "wait"], prefix="w")
+    assert worker.work() == 1 and worker.work() == 1
+    worker.wait()
+    other.wait()  # another instance: not wrapped
+    rows = calls.take()
+    assert set(rows) == {"w.work", "w.wait"}, rows
+    assert rows["w.work"]["calls"] == 2 and rows["w.work"]["cpu_ms"] >= 50, rows
+    assert rows["w.wait"]["calls"] == 1 and rows["w.wait"]["ms"] >= 45 and rows["w.wait"]["cpu_ms"] < 20, rows
+    assert calls.take() == {}
+    with pytest.raises(AttributeError):
+        CallTimes().wrap(worker, ["missing"])
