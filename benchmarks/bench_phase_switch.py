@@ -402,7 +402,7 @@ def rollout_main(column: str, cfg: Config, conn: Any) -> None:
     lifecycle.configure_logging(stream=open(os.devnull, "w"), level="warning")  # noqa: SIM115
     if cfg.gpu:
         torch.cuda.set_device(0)
-    engine = BenchEngine(cfg, kv=column not in BUDGET_COLUMNS.values())
+    engine = BenchEngine(cfg, kv=budget_of(column) is None)
     actor = None
     if column != "slime":
         from actor_integration.rollout import RolloutActor

@@ -183,3 +183,23 @@ def test_budget_part_sm_without_sm_restore_is_refused_with_the_flag_named() -> N
     )
     assert proc.returncode == 2 and "budget-part-sm needs --sm-restore" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_the_sm_restore_column_runs_through_on_cpu(tmp_path: Path) -> None:
+    """budget-part-sm's whole column (calibration, the need set, its steps) on the CPU smoke: its
+    rollout starts without a KV cache like every budget column's, which the need then sizes."""
+    out = tmp_path / "sm.json"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+    flags = ["--cpu-smoke", "--no-teardown", "--ways", "", "--sm-restore", "--columns", "budget-part-sm"]
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), *flags, "--steps", "3", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    column = json.loads(out.read_text())["columns"]["budget-part-sm"]
+    assert "error" not in column and len(column["steps"]) == 3, column.get("error")
+    assert column["need"]["kv_bytes"] > 0 and all(step["intact"] == 1.0 for step in column["steps"])
