@@ -3,7 +3,8 @@
 # each fit one device call (the working tree and the carried paths travel together, 64 MiB).
 #   scripts/gpu_wheels.sh            # .gpuw/p1 .. .gpuw/pN, one part each (git-ignore /.gpuw/)
 # With RL_LIFECYCLE_SLIME_SOURCE set (a slime checkout or git directory), slime's engine modules
-# are exported to .gpuw/r33/slime for the `slime` step.
+# are exported to .gpuw/r33/slime for the `slime` step; with RL_LIFECYCLE_MILES_SOURCE, miles' to
+# .gpuw/r33/miles for the `miles` step.
 # Then, back to back (the machine is given back 30 s after a call):
 #   run(carry=[".gpuw/p1"], command="bash scripts/gpu_sglang.sh stage")   ... for p1 .. pN-1
 #   run(carry=[".gpuw/pN"], command="bash scripts/gpu_sglang.sh stage run")
@@ -53,4 +54,14 @@ from tests.helpers.engine_source import SLIME_MODULES
 from tests.helpers.slime_source import SlimeSource
 print("slime", SlimeSource.find().export(Path(sys.argv[1]), (*SLIME_MODULES, SlimeSource.PROBE)).resolved_commit(), "->", sys.argv[1])' \
         .gpuw/r33/slime
+fi
+if [[ -n ${RL_LIFECYCLE_MILES_SOURCE:-} ]]; then
+    rm -rf .gpuw/r33/miles
+    py=python3
+    [[ -x .venv/bin/python ]] && py=.venv/bin/python
+    PYTHONPATH=$here "$py" -c 'import sys; from pathlib import Path
+from tests.helpers.engine_source import MILES_MODULES
+from tests.helpers.miles_source import MilesSource
+print("miles", MilesSource.find().export(Path(sys.argv[1]), (*MILES_MODULES, MilesSource.PROBE)).resolved_commit(), "->", sys.argv[1])' \
+        .gpuw/r33/miles
 fi

@@ -10,6 +10,8 @@ slime's unwrapped class, a second actor pointed at the same server, gives the ba
 
 Run (scripts/gpu_sglang.sh sets sglang and Ray up): RL_LIFECYCLE_SLIME_SOURCE=<slime tree> \
     python -m pytest -m gpu -q -s tests/gpu/test_slime_rollout_gpu.py
+`test_miles_rollout_gpu.py` runs the same tests on miles' `SGLangEngine` (its module sets FRAMEWORK;
+the figures are recorded as `<framework>_rollout_*`, `own_*` being the framework's own path).
 The tests share one server and run in file order; the last one kills it. The wrapped actor's
 lifecycle log goes to $LIFECYCLE_GPU_OUT/rollout-logs (`lifecycle check` reads it).
 """
@@ -17,6 +19,7 @@ lifecycle log goes to $LIFECYCLE_GPU_OUT/rollout-logs (`lifecycle check` reads i
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import statistics
 import threading
@@ -43,8 +46,10 @@ NEW_TOKENS = 16
 BUCKET = 512 << 20
 GIB = 1 << 30
 REST = ["kv_cache", "cuda_graph"]
-# What slime's ServerGroup.start_engines puts in an engine actor's environment.
-SLIME_ENV = {
+FRAMEWORK = "slime"  # test_miles_rollout_gpu.py runs these tests with "miles"
+# What slime's ServerGroup.start_engines puts in an engine actor's environment (miles' ServerGroup
+# puts the same names, with the values it reads from its own environment: these by default).
+ENGINE_ENV = {
     "SGLANG_JIT_DEEPGEMM_PRECOMPILE": "false",
     "SGL_DISABLE_TP_MEMORY_INBALANCE_CHECK": "true",
     "SGLANG_DISABLE_TP_MEMORY_INBALANCE_CHECK": "true",
@@ -59,10 +64,12 @@ def free_gib() -> float:
     return free / GIB
 
 
-def slime_push(engine: Any, named: dict[str, Any], version: int) -> float:
-    """slime's colocated push (`_send_to_colocated_engine`): one FlattenedTensorBucket per 512 MiB of
-    tensors, serialized with SGLang's MultiprocessingSerializer, through the engine's own
-    `update_weights_from_tensor`; ms."""
+def own_push(engine: Any, named: dict[str, Any], version: int) -> float:
+    """The framework's colocated push (slime's `_send_to_colocated_engine`): one FlattenedTensorBucket
+    per 512 MiB of tensors, serialized with SGLang's MultiprocessingSerializer, through the engine's
+    own `update_weights_from_tensor`; ms. (miles' trainer wraps the same push in a weight-update
+    session, `/begin_weight_update`, which SGLang 0.5.17 has no route for: its engine is pushed to
+    without one here.)"""
     from sglang.srt.utils import MultiprocessingSerializer
     from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket
 
@@ -144,23 +151,28 @@ class Remote:
 
 
 @pytest.fixture(scope="module")
-def rig() -> Any:
+def rig(request: pytest.FixtureRequest) -> Any:
     import ray
 
     from actor_integration.models.qwen2 import QwenConfig, QwenLM
     from tests.helpers.engine_source import engine_args
     from tests.helpers.framework_source import SourceUnavailable, free_port
     from tests.helpers.sglang_server import FakeRouter
-    from tests.helpers.slime_source import SlimeSource
 
+    framework = getattr(request.module, "FRAMEWORK", FRAMEWORK)
+    source = importlib.import_module(f"tests.helpers.{framework}_source")
     try:
-        SlimeSource.find()
+        getattr(source, f"{framework.capitalize()}Source").find()
     except SourceUnavailable as exc:
         pytest.skip(str(exc))
-    from tests.helpers import slime_engine_actor
+    actors = importlib.import_module(f"tests.helpers.{framework}_engine_actor")
+    wrapped_class = getattr(actors, f"Wrapped{framework.capitalize()}Engine")
+    plain_class = getattr(actors, f"Plain{framework.capitalize()}Engine")
 
     torch.cuda.set_device(0)
-    logs = Path(os.environ.get("LIFECYCLE_GPU_OUT", "/tmp")) / "rollout-logs"
+    logs = Path(os.environ.get("LIFECYCLE_GPU_OUT", "/tmp")) / (
+        "rollout-logs" if framework == "slime" else f"{framework}-rollout-logs"
+    )
     ray.init(
         address="local",
         num_cpus=8,
@@ -173,7 +185,7 @@ def rig() -> Any:
     )
     router = FakeRouter()
     args = engine_args(
-        "slime",
+        framework,
         router=router,
         hf_checkpoint=str(MODEL),
         sglang_load_format="dummy",
@@ -185,9 +197,9 @@ def rig() -> Any:
         sglang_context_length=4096,
         sglang_dtype="bfloat16",
     )
-    env = {"runtime_env": {"env_vars": SLIME_ENV}}  # what slime's ServerGroup.start_engines passes
+    env = {"runtime_env": {"env_vars": ENGINE_ENV}}  # what the framework's ServerGroup passes
     handle = (
-        ray.remote(slime_engine_actor.WrappedSlimeEngine)
+        ray.remote(wrapped_class)
         .options(num_cpus=0.2, num_gpus=0.2, **env)
         .remote(
             args, rank=0, base_gpu_id=0, sglang_overrides={"enable_metrics": False}, num_gpus_per_engine=1
@@ -206,12 +218,11 @@ def rig() -> Any:
     )
     config = QwenConfig.from_json(MODEL)
     sets = {n: QwenLM(config, seed=s, device="cuda").named_weights() for n, s in (("A", 1), ("B", 2))}
-    plain_handle = (
-        ray.remote(slime_engine_actor.PlainSlimeEngine).options(num_cpus=0.2, **env).remote(args, rank=0)
-    )
+    plain_handle = ray.remote(plain_class).options(num_cpus=0.2, **env).remote(args, rank=0)
     plain = Remote(plain_handle)
     plain.point_at(*engine.server_address())
     rig = {
+        "framework": framework,
         "engine": engine,
         "plain": plain,
         "router": router,
@@ -237,8 +248,9 @@ def rig() -> Any:
     router.close()
 
 
-def test_1_slimes_own_calls_on_the_server(rig: Any) -> None:
-    """slime's class, plain, on the same server: offload → onload_weights → push → onload_kv, timed (the baseline)."""
+def test_1_the_frameworks_own_calls_on_the_server(rig: Any) -> None:
+    """The framework's class, plain, on the same server: offload → onload_weights → push → onload_kv,
+    timed (the baseline)."""
     plain, sets = rig["plain"], rig["sets"]
     times: dict[str, list[float]] = {
         "release_ms": [],
@@ -254,7 +266,7 @@ def test_1_slimes_own_calls_on_the_server(rig: Any) -> None:
         t2 = time.perf_counter()
         plain.pause_generation()
         plain.flush_cache()
-        times["push_ms"].append(slime_push(plain, sets["A" if cycle % 2 else "B"], 1000 + cycle))
+        times["push_ms"].append(own_push(plain, sets["A" if cycle % 2 else "B"], 1000 + cycle))
         plain.continue_generation()
         t3 = time.perf_counter()
         plain.resume_memory_occupation(tags=REST)
@@ -266,8 +278,8 @@ def test_1_slimes_own_calls_on_the_server(rig: Any) -> None:
     figures["sleep_wake_ms"] = round(
         figures["release_ms"] + figures["resume_weights_ms"] + figures["resume_kv_ms"], 2
     )
-    rig["figures"]["slime_own"] = figures
-    record("slime_rollout_plain", figures)
+    rig["figures"]["own"] = figures
+    record(f"{rig['framework']}_rollout_plain", figures)
 
 
 def one_cycle(rig: Any, name: str) -> dict[str, float]:
@@ -281,7 +293,7 @@ def one_cycle(rig: Any, name: str) -> dict[str, float]:
     t2 = time.perf_counter()
     engine.pause_generation()
     engine.flush_cache()
-    push = slime_push(engine, rig["sets"][name], rig["version"])
+    push = own_push(engine, rig["sets"][name], rig["version"])
     engine.continue_generation()
     t3 = time.perf_counter()
     engine.resume_memory_occupation(tags=REST)  # onload_kv
@@ -305,8 +317,8 @@ def record_repeat(rig: Any, name: str, first: Any) -> None:
     rig["figures"]["repeat_cached_tokens"] = cached_tokens(again)
 
 
-def test_2_cycles_of_slimes_sequence_under_the_wrap(rig: Any) -> None:
-    """>= 20 cycles of slime's offload / onload / update sequence, the two weight sets alternating:
+def test_2_cycles_of_the_frameworks_sequence_under_the_wrap(rig: Any) -> None:
+    """>= 20 cycles of the framework's offload / onload / update sequence, the two weight sets alternating:
     greedy tokens through the router identical whenever the same set is loaded; memory released."""
     engine, router = rig["engine"], rig["router"]
     started = time.monotonic()
@@ -336,7 +348,7 @@ def test_2_cycles_of_slimes_sequence_under_the_wrap(rig: Any) -> None:
         freed.append(free_gib() - awake)
         engine.resume_memory_occupation(tags=["weights"])
         engine.pause_generation()
-        slime_push(engine, rig["sets"][name], rig["version"] + 1000)  # the same set, a new version
+        own_push(engine, rig["sets"][name], rig["version"] + 1000)  # the same set, a new version
         rig["version"] += 1000
         rig["version_set"][str(rig["version"])] = name
         engine.continue_generation()
@@ -357,18 +369,16 @@ def test_2_cycles_of_slimes_sequence_under_the_wrap(rig: Any) -> None:
         "repeat_cached_tokens": rig["figures"].get("repeat_cached_tokens"),
         "admitted": engine.lifecycle_state()["admitted"],
     }
-    own = rig["figures"].get("slime_own")
+    own = rig["figures"].get("own")
     if own:
-        figures["wrapped_minus_slime_sleep_wake_ms"] = round(
-            median["sleep_wake_ms"] - own["sleep_wake_ms"], 2
-        )
+        figures["wrapped_minus_own_sleep_wake_ms"] = round(median["sleep_wake_ms"] - own["sleep_wake_ms"], 2)
     rig["figures"]["wrapped"] = median
-    record("slime_rollout_cycles", figures)
+    record(f"{rig['framework']}_rollout_cycles", figures)
     assert statistics.median(freed) > 1.0, figures
 
 
 def test_3_the_three_killing_sequences_are_absorbed_and_the_server_lives(rig: Any) -> None:
-    """As a slime job makes them: a second offload; the health monitor's check and a rollout request
+    """As a slime or miles job makes them: a second offload; the health monitor's check and a rollout request
     through the router while released; an onload_kv on an awake server."""
     from actor_integration.rollout.sglang_http import SGLangHTTPEngine
 
@@ -391,7 +401,7 @@ def test_3_the_three_killing_sequences_are_absorbed_and_the_server_lives(rig: An
         "router_after": status_after,
         "same_tokens": status_after == 200 and set_tokens(rig, name, answer),
     }
-    record("slime_rollout_killers", figures)
+    record(f"{rig['framework']}_rollout_killers", figures)
     assert healthy is True and status == 503 and figures["same_tokens"], figures
 
 
@@ -455,7 +465,7 @@ def test_4_requests_sent_all_along_are_never_served_on_released_or_stale_weights
         "served_wrong": len(wrong),
         "wrong": wrong[:10],
     }
-    record("slime_rollout_client", figures)
+    record(f"{rig['framework']}_rollout_client", figures)
     assert served and not wrong and not figures["other"], figures
 
 
@@ -500,21 +510,21 @@ def ray_round_trip_ms(engine: Any) -> float:
     return round(statistics.median(times), 3)
 
 
-def slime_sync(engine: Any, named: dict[str, Any], version: int) -> float:
-    """slime's whole colocated sync on the engine: pause, flush, the buckets, continue; ms."""
+def own_sync(engine: Any, named: dict[str, Any], version: int) -> float:
+    """The framework's whole colocated sync on the engine: pause, flush, the buckets, continue; ms."""
     start = time.perf_counter()
     engine.pause_generation()
     engine.flush_cache()
-    slime_push(engine, named, version)
+    own_push(engine, named, version)
     engine.continue_generation()
     return (time.perf_counter() - start) * 1e3
 
 
-def test_5_our_sender_into_the_same_server_loads_the_same_weights_no_slower_than_slimes_push(
+def test_5_our_sender_into_the_same_server_loads_the_same_weights_no_slower_than_the_frameworks_push(
     rig: Any,
 ) -> None:
-    """slime's offload / onload_weights / sync / onload_kv, the sync alternating between slime's own
-    path and the lifecycle's sender (same sets, same server): the same greedy tokens for the same
+    """The framework's offload / onload_weights / sync / onload_kv, the sync alternating between its
+    own path and the lifecycle's sender (same sets, same server): the same greedy tokens for the same
     set, the server tagged with the version; then a corrupt round refused with nothing served."""
     from actor_integration.weight_sync.wire import CorruptBucketError
     from tests.helpers.host_time import CallTimes, HostTime
@@ -531,7 +541,7 @@ def test_5_our_sender_into_the_same_server_loads_the_same_weights_no_slower_than
     ours, theirs, phases = [], [], []
     # This process's threads' CPU while each path syncs, and a profile of our sender's thread in
     # extra syncs after the timed ones: whether its pack_ms is work or waiting, and for what.
-    ours_host, slime_host, profiled = HostTime(), HostTime(), HostTime(profile=True)
+    ours_host, own_host, profiled = HostTime(), HostTime(), HostTime(profile=True)
     try:
         for cycle in range(2 * SYNC_CYCLES + PROFILED_SYNCS):
             name = "A" if cycle % 2 else "B"
@@ -553,9 +563,9 @@ def test_5_our_sender_into_the_same_server_loads_the_same_weights_no_slower_than
                 ours_calls.append(calls.take())
                 path = "ours"
             else:
-                with slime_host.measure():
-                    theirs.append(slime_sync(engine, sets[name], version))
-                path = "slime"
+                with own_host.measure():
+                    theirs.append(own_sync(engine, sets[name], version))
+                path = rig["framework"]
             engine.resume_memory_occupation(tags=REST)
             rig["version_set"][str(version)] = name
             status, answer = router_generate(router.url)
@@ -588,16 +598,16 @@ def test_5_our_sender_into_the_same_server_loads_the_same_weights_no_slower_than
     figures = {
         "cycles_each": SYNC_CYCLES,
         "ours_sync_ms": round(statistics.median(ours[1:]), 2),
-        "slime_sync_ms": round(statistics.median(theirs[1:]), 2),
+        "own_sync_ms": round(statistics.median(theirs[1:]), 2),
         "ours_all_ms": [round(v, 1) for v in ours],
         # the sender's: pack (and its CPU time), ready (packing and checksums), engine (acknowledgement)
         "ours_phases_ms": phases,
         "ours_calls": ours_calls,  # per timed sync: {call: calls, ms, cpu_ms, max_ms}
         "host_during_ours": {k: v for k, v in ours_host.summary().items() if k != "profile"},
-        "host_during_slime": {k: v for k, v in slime_host.summary().items() if k != "profile"},
+        "host_during_own": {k: v for k, v in own_host.summary().items() if k != "profile"},
         "profiled_syncs": profiled.summary(top=30),
         "ray_round_trip_ms": ray_round_trip_ms(engine),
-        "slime_all_ms": [round(v, 1) for v in theirs],
+        "own_all_ms": [round(v, 1) for v in theirs],
         "gb": round(sum(t.numel() * t.element_size() for t in sets["A"].values()) / 1e9, 3),
         "corrupt_written": refused.value.fields.get("written"),
         "after_refusal": {
@@ -609,7 +619,7 @@ def test_5_our_sender_into_the_same_server_loads_the_same_weights_no_slower_than
         "router_after_resend": status_after,
         "same_tokens_after_resend": status_after == 200 and set_tokens(rig, "A", answer),
     }
-    record("slime_rollout_our_sender", figures)
+    record(f"{rig['framework']}_rollout_our_sender", figures)
     assert status_refused == 503 and figures["same_tokens_after_resend"], figures
 
 
@@ -663,7 +673,7 @@ def test_6_a_release_on_a_hung_server_is_a_typed_timeout_and_recovers_without_a_
         "same_tokens": status == 200 and set_tokens(rig, name, answer),
         "cached_tokens_after": cached_tokens(answer) if status == 200 else None,
     }
-    record("slime_rollout_hung_release", figures)
+    record(f"{rig['framework']}_rollout_hung_release", figures)
     assert waited < deadline + 5 and figures["names_the_server"] and state["state"] == "FAILED", figures
     assert set(state["residency"].values()) == {"resident"} and not listed, figures
     assert recovered["state"] == "AWAKE" and recovered["admitted"] and figures["same_tokens"], figures
@@ -705,6 +715,6 @@ def test_7_a_killed_server_is_a_typed_error_naming_it_and_the_router_is_told(rig
         "state": engine.lifecycle_state_name(),
         "router_lists_it": rig["url"] in router.urls(),
     }
-    record("slime_rollout_kill", figures)
+    record(f"{rig['framework']}_rollout_kill", figures)
     assert waited < 10 and figures["names_the_server"] and figures["state"] == State.FAILED.value, figures
     assert listed_before and not figures["router_lists_it"], figures
