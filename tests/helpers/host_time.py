@@ -10,8 +10,8 @@
   blocking sync, I/O) or was preempted. Wall time that is neither its CPU nor its wait for a CPU
   was spent blocked (`caller_blocked_ms`);
 - the machine's: how busy its CPUs were and how much of their time the hypervisor took (steal,
-  /proc/stat), and the processes that used the most CPU
-  meanwhile (a server's scheduler spinning shows here);
+  /proc/stat), and the processes that used the most CPU meanwhile (a server's scheduler spinning
+  shows here);
 - Python's garbage collections in the process (`gc.callbacks`): count and time per generation (a
   full collection in a process holding Ray's, SGLang's and torch's objects can take tens of ms,
   charged to whatever call allocated last);
