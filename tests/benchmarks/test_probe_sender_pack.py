@@ -63,15 +63,17 @@ def test_the_probe_runs_through_on_a_stubbed_transport(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "waiting for a CPU" in proc.stdout and "plans built" in proc.stdout, proc.stdout
     report = json.loads(out.read_text())
-    for label in ("same", "alternate", "busy"):
+    for label in ("same", "alternate", "busy", "rebuild"):
         row = report[label]
         assert len(row["host_ms"]) == len(row["host_cpu_ms"]) == 3, row
         sched = row["scheduling"]
         assert sched["blocks"] == 1 and sched["wall_ms"] >= sum(row["host_ms"]) * 0.9, sched
         assert set(sched) >= {"caller_cpu_ms", "caller_run_queue_ms", "caller_blocked_ms", "processes"}
-    # 4 x 3 syncs (three variants, then the profiled ones), every bucket exported through its own
-    # storage; two sets alternating: one plan per set and bucket position, not one per sync
-    positions, rest = divmod(report["exports_through_own_storage"], 12)
+    # 6 x 3 syncs (four variants, then two profiled), every bucket exported through its own storage;
+    # two sets alternating: one plan per set and bucket position, not one per sync; the rebuild
+    # variant and its profile (copies at other addresses, in turn): one per sync and position
+    positions, rest = divmod(report["exports_through_own_storage"], 18)
     assert positions > 1 and rest == 0, report
-    assert report["plans_built"] == 2 * positions, report
-    assert "ncalls" in report["profile"]
+    built = {label: report[label]["plans_built"] for label in ("same", "alternate", "busy", "rebuild")}
+    assert built == {"same": positions, "alternate": positions, "busy": 0, "rebuild": 3 * positions}, built
+    assert "ncalls" in report["profile"] and "ncalls" in report["rebuild_profile"]
