@@ -115,6 +115,29 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         text = io.StringIO()
         pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(args.top)
         report[key] = text.getvalue()
+    if args.then_import:
+        # What test 5's process holds besides the sender: SGLang's modules (slime's push imports
+        # them) and a Ray driver. Then the rebuilding syncs again, timed and profiled.
+        import ray
+        import sglang.srt.utils
+        import sglang.srt.weight_sync.tensor_bucket  # noqa: F401
+
+        ray.init(num_cpus=4, include_dashboard=False)
+        times = [one(pool[2 + i % 4]) for i in range(args.syncs)]
+        profile = cProfile.Profile()
+        profile.enable()
+        for i in range(args.syncs):
+            one(pool[2 + i % 4])
+        profile.disable()
+        text = io.StringIO()
+        pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(args.top)
+        report["rebuild_after_imports"] = {
+            "host_ms": [round(h, 2) for h, _, _ in times],
+            "host_cpu_ms": [round(c, 2) for _, _, c in times],
+            "torch_threads": torch.get_num_threads(),
+            "profile": text.getvalue(),
+        }
+        ray.shutdown()
     report["plans_built"] = transport._packer.plans_built
     report["staging_allocations"] = transport.allocations
     report["exports_through_own_storage"] = transport.alias_exports
@@ -135,6 +158,11 @@ def main(argv: list[str] | None = None) -> int:
         "--syncs", type=int, default=8, help="syncs per variant (the first is reported apart)"
     )
     parser.add_argument("--top", type=int, default=20, help="profile rows")
+    parser.add_argument(
+        "--then-import",
+        action="store_true",
+        help="then import SGLang's modules and start a Ray driver, and time the rebuilding syncs again",
+    )
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
     args = parser.parse_args(argv)
     if args.syncs < 2 or args.bucket_mib < 1 or args.top < 1:
@@ -171,6 +199,12 @@ def main(argv: list[str] | None = None) -> int:
         f"exports through their own storage {report['exports_through_own_storage']}"
     )
     print(report["profile"][-6000:])
+    after = report.get("rebuild_after_imports")
+    if after:
+        print(
+            f"rebuild after importing SGLang and starting Ray: host ms {after['host_ms']}, CPU ms {after['host_cpu_ms']}"
+        )
+        print(after["profile"][-5000:])
     print("every sync rebuilding its tables:")
     print(report["rebuild_profile"][-6000:])
     if args.out:
