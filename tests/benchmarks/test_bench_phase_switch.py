@@ -20,11 +20,11 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "bench_phase_switch.py"
 
 
-def test_cpu_smoke_runs_every_column_and_reports_every_hook(tmp_path: Path) -> None:
-    out = tmp_path / "phase.json"
+def run_bench(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The script with `args`, from `tmp_path`, the repository importable; it must exit 0."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--cpu-smoke", "--steps", "3", "--out", str(out)],
+        [sys.executable, str(SCRIPT), *args],
         capture_output=True,
         text=True,
         timeout=240,
@@ -32,6 +32,12 @@ def test_cpu_smoke_runs_every_column_and_reports_every_hook(tmp_path: Path) -> N
         cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def test_cpu_smoke_runs_every_column_and_reports_every_hook(tmp_path: Path) -> None:
+    out = tmp_path / "phase.json"
+    proc = run_bench(tmp_path, "--cpu-smoke", "--steps", "3", "--out", str(out))
     for line in (
         "phase / hook",
         "process_groups.destroy",
@@ -136,17 +142,8 @@ def test_nccl_lib_runs_every_process_with_that_library(tmp_path: Path) -> None:
     if library is None:
         pytest.skip("no nvidia-nccl wheel (2.30+) on this machine")
     out = tmp_path / "phase.json"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
     args = ["--cpu-smoke", "--steps", "2", "--slime-steps", "1", "--ways", "keep", "--no-teardown"]
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), *args, "--nccl-lib", str(library), "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env=env,
-        cwd=tmp_path,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = run_bench(tmp_path, *args, "--nccl-lib", str(library), "--out", str(out))
     assert f"re-running with LD_PRELOAD={library}" in proc.stdout
     report = json.loads(out.read_text())
     assert report["nccl_loaded"] == {"version": "2.30.7", "path": str(library)}
@@ -189,17 +186,8 @@ def test_the_sm_restore_column_runs_through_on_cpu(tmp_path: Path) -> None:
     """budget-part-sm's whole column (calibration, the need set, its steps) on the CPU smoke: its
     rollout starts without a KV cache like every budget column's, which the need then sizes."""
     out = tmp_path / "sm.json"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
     flags = ["--cpu-smoke", "--no-teardown", "--ways", "", "--sm-restore", "--columns", "budget-part-sm"]
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), *flags, "--steps", "3", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env=env,
-        cwd=tmp_path,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_bench(tmp_path, *flags, "--steps", "3", "--out", str(out))
     column = json.loads(out.read_text())["columns"]["budget-part-sm"]
     assert "error" not in column and len(column["steps"]) == 3, column.get("error")
     assert column["need"]["kv_bytes"] > 0 and all(step["intact"] == 1.0 for step in column["steps"])

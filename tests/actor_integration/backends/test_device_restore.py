@@ -72,12 +72,16 @@ class PooledSaver(FakeTorchMemorySaver):
         cpu_backup_backend: str | None = None,
     ) -> Iterator[None]:
         with super().region(tag, enable_cpu_backup, enable_disk_backup, cpu_backup_backend):
-            key = (tag, enable_cpu_backup, enable_disk_backup, cpu_backup_backend or "", 0)
+            key = self.pool_key(tag, enable_cpu_backup, enable_disk_backup, cpu_backup_backend)
             self._local.pool = self._impl._mem_pools.setdefault(key, FakePool())
             try:
                 yield
             finally:
                 self._local.pool = None
+
+    def pool_key(self, tag: str, cpu_backup: bool, disk_backup: bool, backend: str | None) -> tuple[Any, ...]:
+        """torch_memory_saver 0.0.10's key: (tag, CPU backup, disk backup, backend, device)."""
+        return (tag, cpu_backup, disk_backup, backend or "", 0)
 
     def allocate(self, tensor: torch.Tensor) -> torch.Tensor:
         pool = getattr(self._local, "pool", None)
@@ -310,19 +314,8 @@ class TestExtents:
 class KeyedOtherwise(PooledSaver):
     """A torch_memory_saver that keys its region pools another way (the device as an object)."""
 
-    @contextlib.contextmanager
-    def region(
-        self,
-        tag: str = "default",
-        enable_cpu_backup: bool = False,
-        enable_disk_backup: bool = False,
-        cpu_backup_backend: str | None = None,
-    ) -> Iterator[None]:
-        with FakeTorchMemorySaver.region(
-            self, tag, enable_cpu_backup, enable_disk_backup, cpu_backup_backend
-        ):
-            self._impl._mem_pools.setdefault((tag, enable_cpu_backup, "cpu:0"), FakePool())
-            yield
+    def pool_key(self, tag: str, cpu_backup: bool, disk_backup: bool, backend: str | None) -> tuple[Any, ...]:
+        return (tag, cpu_backup, "cpu:0")
 
 
 def test_a_saver_whose_pools_do_not_match_the_tag_is_refused_before_anything_is_allocated() -> None:
