@@ -106,15 +106,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             # the syncs' thread: CPU, waiting for a CPU, blocked; the machine's busiest processes
             "scheduling": {k: v for k, v in host.summary(top=6).items() if k != "profile"},
         }
-    for key, picked in (("profile", lambda i: i % 2), ("rebuild_profile", lambda i: 2 + i % 4)):
+
+    def profiled(pick: Any) -> str:
+        """`args.syncs` more syncs of `pool[pick(i)]` under cProfile: functions by own time."""
         profile = cProfile.Profile()
         profile.enable()
         for i in range(args.syncs):
-            one(pool[picked(i)])
+            one(pool[pick(i)])
         profile.disable()
         text = io.StringIO()
         pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(args.top)
-        report[key] = text.getvalue()
+        return text.getvalue()
+
+    report["profile"] = profiled(lambda i: i % 2)
+    report["rebuild_profile"] = profiled(lambda i: 2 + i % 4)
     if args.then_import:
         # What test 5's process holds besides the sender: SGLang's modules (slime's push imports
         # them) and a Ray driver. Then the rebuilding syncs again, timed and profiled.
@@ -124,18 +129,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
         ray.init(num_cpus=4, include_dashboard=False)
         times = [one(pool[2 + i % 4]) for i in range(args.syncs)]
-        profile = cProfile.Profile()
-        profile.enable()
-        for i in range(args.syncs):
-            one(pool[2 + i % 4])
-        profile.disable()
-        text = io.StringIO()
-        pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(args.top)
         report["rebuild_after_imports"] = {
             "host_ms": [round(h, 2) for h, _, _ in times],
             "host_cpu_ms": [round(c, 2) for _, _, c in times],
             "torch_threads": torch.get_num_threads(),
-            "profile": text.getvalue(),
+            "profile": profiled(lambda i: 2 + i % 4),
         }
         ray.shutdown()
     report["plans_built"] = transport._packer.plans_built
