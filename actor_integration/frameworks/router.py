@@ -13,22 +13,23 @@ miles 31f1ca96, `backends/sglang_utils/sglang_engine.py`):
 - `"legacy"` (sglang_router 0.2.1 and older, miles' own router): `POST /add_worker?url=...` and
   `POST /remove_worker?url=...`.
 
-Standard library only; every request has a timeout and every failure is a `RouterError`.
+Standard library only, on kept-alive connections (`http_connections`); every request has a timeout and every failure is a `RouterError`.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
-import urllib.error
 import urllib.parse
-import urllib.request
 from typing import Any
 
 from actor_integration.errors import RouterError
+from actor_integration.rollout.http_connections import Connections
 
 __all__ = ["ROUTER_APIS", "RouterWorkers"]
 
 ROUTER_APIS = ("workers", "workers_by_url", "legacy")
+_HEADERS = {"Content-Type": "application/json"}
 
 
 class RouterWorkers:
@@ -54,7 +55,7 @@ class RouterWorkers:
         self.worker_type = worker_type
         self.bootstrap_port = bootstrap_port
         self.timeout_s = timeout_s
-        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        self._http = Connections(self.router_url)  # kept alive, no proxies
 
     def add(self) -> None:
         """Register the server, as the framework does at launch."""
@@ -101,25 +102,11 @@ class RouterWorkers:
 
     def _call(self, operation: str, method: str, path: str, body: Any) -> Any:
         data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(
-            self.router_url + path, data=data, method=method, headers={"Content-Type": "application/json"}
-        )
         fields = {"router": self.router_url, "worker": self.worker_url, "operation": operation, "path": path}
         try:
-            with self._opener.open(request, timeout=self.timeout_s) as response:
-                raw = response.read().decode(errors="replace")
-        except urllib.error.HTTPError as exc:
-            answer = exc.read().decode(errors="replace").strip()
-            raise RouterError(
-                f"the router at {self.router_url} answered {method} {path} for {self.worker_url} with "
-                f"{exc.code}: {answer}; the server is {'still out of' if operation == 'add' else 'still in'} "
-                "the router",
-                status=exc.code,
-                answer=answer,
-                **fields,
-            ) from None
-        except (urllib.error.URLError, TimeoutError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
+            status, answer_bytes = self._http.request(method, path, data, _HEADERS, self.timeout_s)
+        except (http.client.HTTPException, TimeoutError, OSError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else repr(exc)
             raise RouterError(
                 f"the router at {self.router_url} could not be reached for {method} {path} ({reason}) while "
                 f"{'adding' if operation == 'add' else 'removing'} {self.worker_url}; is it up "
@@ -128,6 +115,17 @@ class RouterWorkers:
                 answer=str(reason),
                 **fields,
             ) from exc
+        raw = answer_bytes.decode(errors="replace")
+        if not 200 <= status < 300:
+            answer = raw.strip()
+            raise RouterError(
+                f"the router at {self.router_url} answered {method} {path} for {self.worker_url} with "
+                f"{status}: {answer}; the server is {'still out of' if operation == 'add' else 'still in'} "
+                "the router",
+                status=status,
+                answer=answer,
+                **fields,
+            )
         try:
             return json.loads(raw) if raw else None
         except json.JSONDecodeError:

@@ -23,15 +23,14 @@ import contextlib
 import http.client
 import itertools
 import json
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from actor_integration.errors import SGLangServerError, SGLangServerTimeout
 from actor_integration.rollout.engine import GENERATION_MODES
+from actor_integration.rollout.http_connections import Connections
 from actor_integration.rollout.sglang import Codec, SGLangWeights, version_tuple
 from actor_integration.rollout.sglang_scheduler import (
     SCHEDULER_LOADER,
@@ -71,8 +70,8 @@ class SGLangHTTPEngine(SchedulerReceiverCalls, SGLangWeights):
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
         self.weights_timeout_s = weights_timeout_s
-        # No proxies from the environment: the server sits next to the trainer, not behind a proxy.
-        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        # Kept-alive connections, no proxies: the server sits next to the actor, not behind a proxy.
+        self._http = Connections(self.url)
         self._headers = {"Content-Type": "application/json"}
         if api_key is not None:
             self._headers["Authorization"] = f"Bearer {api_key}"
@@ -280,23 +279,12 @@ class SGLangHTTPEngine(SchedulerReceiverCalls, SGLangWeights):
         """(status, decoded JSON or text). A 400 is returned when `refused_ok`; other errors raise."""
         timeout = self.timeout_s if timeout_s is None else timeout_s
         data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(self.url + path, data=data, method=method, headers=self._headers)
         try:
-            with self._opener.open(request, timeout=timeout) as response:
-                return response.status, _decode(response.read())
-        except urllib.error.HTTPError as exc:
-            answer = _decode(exc.read())
-            if refused_ok and exc.code == 400:
-                return exc.code, answer
-            raise SGLangServerError(
-                f"SGLang at {self.url} answered {method} {path} with {exc.code}: {_message(answer)}",
-                method=method,
-                path=path,
-                status=exc.code,
-                answer=_message(answer),
-            ) from None
+            status, raw = self._http.request(method, path, data, self._headers, timeout)
         except TimeoutError as exc:
             raise self._timeout(method, path, timeout) from exc
+        except ConnectionRefusedError as exc:
+            raise self._unreachable(method, path, exc) from exc
         except (http.client.HTTPException, ConnectionError) as exc:
             # The server closed the connection without an answer: SGLang's process tree is killed
             # when its scheduler dies (the request that killed it gets no response).
@@ -308,17 +296,29 @@ class SGLangHTTPEngine(SchedulerReceiverCalls, SGLangWeights):
                 status=None,
                 answer=repr(exc),
             ) from exc
-        except urllib.error.URLError as exc:
-            if isinstance(exc.reason, TimeoutError):
-                raise self._timeout(method, path, timeout) from exc
-            raise SGLangServerError(
-                f"SGLang at {self.url} could not be reached for {method} {path}: {exc.reason}; is the server "
-                "up (python -m sglang.launch_server) and the URL right?",
-                method=method,
-                path=path,
-                status=None,
-                answer=str(exc.reason),
-            ) from exc
+        except OSError as exc:
+            raise self._unreachable(method, path, exc) from exc
+        answer = _decode(raw)
+        if 200 <= status < 300 or (refused_ok and status == 400):
+            return status, answer
+        raise SGLangServerError(
+            f"SGLang at {self.url} answered {method} {path} with {status}: {_message(answer)}",
+            method=method,
+            path=path,
+            status=status,
+            answer=_message(answer),
+        )
+
+    def _unreachable(self, method: str, path: str, exc: OSError) -> SGLangServerError:
+        reason = exc.strerror or repr(exc)
+        return SGLangServerError(
+            f"SGLang at {self.url} could not be reached for {method} {path}: {reason}; is the server "
+            "up (python -m sglang.launch_server) and the URL right?",
+            method=method,
+            path=path,
+            status=None,
+            answer=str(reason),
+        )
 
     def _timeout(self, method: str, path: str, timeout: float) -> SGLangServerTimeout:
         return SGLangServerTimeout(
