@@ -52,7 +52,8 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, ClassVar
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, ClassVar, TypeVar
 
 from actor_integration.errors import (
     FollowerCallError,
@@ -80,6 +81,7 @@ __all__ = [
     "engine_directory",
 ]
 
+T = TypeVar("T")
 SERVER_TAGS = ("weights", "kv_cache", "cuda_graph")  # SGLang's GPU_MEMORY_ALL_TYPES, in its order
 ROLE = "rollout"
 
@@ -133,30 +135,36 @@ class ServerMemory:
 
 
 class _ServerGeneration(EngineGeneration):
-    """The sleep's first step: out of the router, then SGLang's pause (abort) and a flush with a
+    """The sleep's first step: out of the router while SGLang pauses (abort) and flushes with a
     deadline. The wake's last step puts the server back only when its weights can be served."""
 
     def __init__(
         self,
         server: SGLangHTTPEngine,
         *,
-        leave: Callable[[], None],
+        while_leaving: Callable[[Callable[[], None]], None],
         close_buffers: Callable[[], None],
         rejoin: Callable[[], None],
         flush_deadline_s: float,
     ) -> None:
         super().__init__(server, mode="abort", flush_deadline_s=flush_deadline_s)
-        self._leave, self._close_buffers, self._rejoin = leave, close_buffers, rejoin
+        self._while_leaving, self._close_buffers, self._rejoin = while_leaving, close_buffers, rejoin
         self.paused = False
 
     def pause(self) -> None:
-        self._leave()
+        # The server's requests go while the router takes it out (one round trip, not two): a
+        # request the router still sends after SGLang's pause waits in SGLang's tokenizer manager,
+        # before the scheduler and its memory, and is served after the wake's continue, on the
+        # version the wake checked.
+        self._while_leaving(self._pause_server)
+
+    def _pause_server(self) -> None:
         # Marked before the requests: a pause SGLang took whose flush then failed (a hung
         # scheduler) leaves the server paused, and the wake that recovers must continue it (a
         # continue on a server that never paused is harmless).
         self.paused = True
         self._close_buffers()
-        super().pause()
+        EngineGeneration.pause(self)
 
     def resume(self) -> None:
         self._rejoin()
@@ -348,7 +356,7 @@ class SGLangActorLifecycle:
         memory = ServerMemory(server)
         generation = _ServerGeneration(
             server,
-            leave=self._lc_leave_router,
+            while_leaving=lambda pause: self._lc_alongside_router("left", pause),
             close_buffers=self._lc_close_trainer_buffers,
             rejoin=self._lc_rejoin,
             flush_deadline_s=self.lifecycle_flush_deadline_s,
@@ -442,9 +450,13 @@ class SGLangActorLifecycle:
         return self._lc_server().served_weight_version()
 
     def _lc_servable(self) -> bool:
+        return self._lc_servable_after(())
+
+    def _lc_servable_after(self, resumed: Sequence[str]) -> bool:
+        """Whether the weights can be served once the tags `resumed` are resident."""
         lifecycle = self.lifecycle
         return (
-            all(r is Residency.RESIDENT for r in lifecycle.residency.values())
+            all(r is Residency.RESIDENT or t in resumed for t, r in lifecycle.residency.items())
             and lifecycle.contents.get("weights") is Contents.VALID
             and self.__dict__.get("_lc_loading") is None
         )
@@ -452,9 +464,15 @@ class SGLangActorLifecycle:
     def _lc_event(self, name: Event, level: str = "info", **fields: Any) -> None:
         self.lifecycle.event(name, level, **fields)
 
+    def _lc_has_followers(self) -> bool:
+        """Whether the engine spans nodes (SGLang's `nnodes`): only then do other actors follow this one."""
+        return int(self.lifecycle_server_args().get("nnodes") or 1) > 1
+
     def _lc_publish(self) -> None:
+        """Node 0's lifecycle, for the engine's followers (none on an engine of one node: no write,
+        which in a Ray actor is a round trip to the cluster's key-value store)."""
         directory: EngineDirectory | None = self.__dict__.get("_lc_directory")
-        if directory is None or self._lc_key is None or self._lc is None:
+        if directory is None or self._lc_key is None or self._lc is None or not self._lc_has_followers():
             return
         directory.put(self._lc_key, {**self.lifecycle_state(), "published_at": time.time()})
 
@@ -472,10 +490,7 @@ class SGLangActorLifecycle:
         """A FAILED engine (its server dead, or in an unknown state) is taken out of the router, best effort."""
         if self._lc is None or self._lc.state is not State.FAILED or not self.__dict__.get("_lc_admitted"):
             return
-        try:
-            self._lc_leave_router()
-        except RouterError as exc:
-            self._lc_event(Event.ROUTER, "warning", action="leave failed", reason=str(exc))
+        self._lc_leave_if_admitted()
 
     def _lc_rejoin(self) -> None:
         """The end of a wake: continue generation and rejoin the router when the weights can be
@@ -483,12 +498,76 @@ class SGLangActorLifecycle:
         if not self._lc_servable():
             self._lc_wait_logged("the end of the wake")
             return
+        generation: _ServerGeneration = self.__dict__["_lc_generation"]
+        self._lc_serve(self._lc_server().continue_generation if generation.paused else lambda: None)
+
+    def _lc_serve(self, resume: Callable[[], Any]) -> Any:
+        """Check the version the server reports, then continue generation (`resume`) while the
+        router puts the server back: a request routed before the continue lands waits in SGLang's
+        tokenizer manager for it. A continue that fails takes the server back out."""
         self._lc_check_version()
         generation: _ServerGeneration = self.__dict__["_lc_generation"]
-        if generation.paused:
-            self._lc_server().continue_generation()
+
+        def continued() -> Any:
+            result = resume()
             generation.paused = False
-        self._lc_join_router()
+            return result
+
+        return self._lc_alongside_router("joined", continued)
+
+    def _lc_pool(self) -> ThreadPoolExecutor:
+        """The actor's one helper thread: the router's requests and the version query run there
+        while the server's own requests run on the calling thread."""
+        pool: ThreadPoolExecutor | None = self.__dict__.get("_lc_helper")
+        if pool is None:
+            pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rl-lifecycle-engine")
+            self.__dict__["_lc_helper"] = pool
+        return pool
+
+    def _lc_alongside_router(self, action: str, main: Callable[[], T]) -> T:
+        """`main()` here while the router takes the server out (`action` "left") or puts it back
+        ("joined") on the helper thread; both have ended when this returns. `main`'s error wins
+        (the router's, if it failed too, is logged); a server put back whose `main` failed is
+        taken out again. State and logs change on this thread only."""
+        router: RouterWorkers | None = self.__dict__.get("_lc_router")
+        admitted = bool(self.__dict__.get("_lc_admitted"))
+        if router is None or admitted == (action == "joined"):
+            return main()
+        future = self._lc_pool().submit(router.remove if action == "left" else router.add)
+        try:
+            result = main()
+        except BaseException:
+            self._lc_router_done(action, router, future, raising=False)
+            if action == "joined":
+                self._lc_leave_if_admitted()
+            raise
+        self._lc_router_done(action, router, future, raising=True)
+        return result
+
+    def _lc_router_done(
+        self, action: str, router: RouterWorkers, future: Future[Any], *, raising: bool
+    ) -> None:
+        error = future.exception()  # waits for the router's answer
+        if error is not None:
+            if raising:
+                raise error
+            failed = "join failed" if action == "joined" else "leave failed"
+            self._lc_event(Event.ROUTER, "warning", action=failed, reason=str(error))
+            return
+        self.__dict__["_lc_admitted"] = action == "joined"
+        extra: dict[str, Any] = (
+            {"weight_version": self.__dict__.get("_lc_served")} if action == "joined" else {}
+        )
+        self._lc_event(
+            Event.ROUTER, action=action, worker=router.worker_url, router=router.router_url, **extra
+        )
+
+    def _lc_leave_if_admitted(self) -> None:
+        """Out of the router, best effort (a failure is logged)."""
+        try:
+            self._lc_leave_router()
+        except RouterError as exc:
+            self._lc_event(Event.ROUTER, "warning", action="leave failed", reason=str(exc))
 
     def _lc_wait_logged(self, when: str) -> None:
         lifecycle = self.lifecycle
@@ -505,7 +584,8 @@ class SGLangActorLifecycle:
 
     def _lc_check_version(self) -> None:
         expected = self.__dict__.get("_lc_served")
-        reported = self._lc_reported_version()
+        asked: Future[str | None] | None = self.__dict__.pop("_lc_version_asked", None)
+        reported = asked.result() if asked is not None else self._lc_reported_version()
         if expected is not None and reported != expected:
             raise StaleWeightsError(
                 f"the SGLang server at {self._lc_url()} reports weight version {reported!r}, but its actor saw "
@@ -515,20 +595,6 @@ class SGLangActorLifecycle:
                 reported=reported,
                 expected=expected,
             )
-
-    def _lc_join_router(self) -> None:
-        router: RouterWorkers | None = self.__dict__.get("_lc_router")
-        if router is None or self.__dict__.get("_lc_admitted"):
-            return
-        router.add()
-        self.__dict__["_lc_admitted"] = True
-        self._lc_event(
-            Event.ROUTER,
-            action="joined",
-            worker=router.worker_url,
-            router=router.router_url,
-            weight_version=self.__dict__.get("_lc_served"),
-        )
 
     # ------------------------------------------------------------------ memory
 
@@ -559,10 +625,17 @@ class SGLangActorLifecycle:
         targets = self._lc_targets(tags, call)
         batch = [t for t in targets if lifecycle.residency[t] is Residency.RELEASED]
         memory: ServerMemory = self.__dict__["_lc_memory"]
+        if batch and self._lc_servable_after(targets):
+            # The version check of the wake's end, asked while the memory comes back (nothing the
+            # wake does changes the version the server reports).
+            self.__dict__["_lc_version_asked"] = self._lc_pool().submit(self._lc_reported_version)
         try:
             with memory.together(resume=batch):
                 lifecycle.wake_up(targets)
         finally:
+            asked: Future[str | None] | None = self.__dict__.pop("_lc_version_asked", None)
+            if asked is not None:
+                asked.exception()  # the wake failed before its end: no request left in flight
             self._lc_leave_if_failed()
             self._lc_publish()
 
@@ -779,12 +852,7 @@ class SGLangActorLifecycle:
             if not self._lc_servable():
                 self._lc_wait_logged(call)
                 return None
-            self._lc_check_version()
-            result = resume()
-            generation: _ServerGeneration = self.__dict__["_lc_generation"]
-            generation.paused = False
-            self._lc_join_router()
-            return result
+            return self._lc_serve(resume)
         finally:
             self._lc_publish()
 

@@ -551,9 +551,13 @@ class FakeRouter:
 
     def __init__(self, *, host: str = "127.0.0.1", port: int = 0) -> None:
         self.workers: dict[str, dict[str, Any]] = {}
+        self.alive = True
         self.lock = threading.Lock()
         self.calls: list[tuple[str, str, Any]] = []
         self.routed: list[tuple[str | None, int]] = []
+        # "add" / "remove" -> gate: a worker being added or removed waits (at most 10 s) until it is set
+        self.stalled: dict[str, threading.Event] = {}
+        self.fail_next: dict[str, tuple[int, Any]] = {}  # "add" / "remove" -> (status, body) answered once
         self._next_id = 0
         self._turn = 0
         router = self
@@ -567,6 +571,9 @@ class FakeRouter:
             def _handle(self, method: str) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length) if length else b""
+                if not router.alive:  # closed: a kept-alive connection goes with it, unanswered
+                    self.close_connection = True
+                    return
                 body = json.loads(raw) if raw else None
                 status, answer = router.handle(method, self.path, body)
                 data = json.dumps(answer).encode()
@@ -592,6 +599,7 @@ class FakeRouter:
         threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True).start()
 
     def close(self) -> None:
+        self.alive = False
         self.httpd.shutdown()
         self.httpd.server_close()
 
@@ -602,8 +610,15 @@ class FakeRouter:
     def handle(self, method: str, target: str, body: Any) -> tuple[int, Any]:
         split = urllib.parse.urlsplit(target)
         path, query = split.path, urllib.parse.parse_qs(split.query)
+        operation = _worker_operation(method, path)
+        gate = self.stalled.get(operation)
+        if gate is not None:
+            gate.wait(10)
         with self.lock:
             self.calls.append((method, target, body))
+            refused = self.fail_next.pop(operation, None) if operation is not None else None
+        if refused is not None:
+            return refused
         if path == "/workers" and method == "POST":
             return self._add(body["url"], body.get("worker_type", "regular"))
         if path == "/workers" and method == "GET":
@@ -670,3 +685,14 @@ class FakeRouter:
         with self.lock:
             self.routed.append((url, status))
         return status, answer
+
+
+def _worker_operation(method: str, path: str) -> str | None:
+    """Which worker change a router request is, in any of the router's APIs ("add", "remove", None)."""
+    if method == "POST" and path in ("/workers", "/add_worker"):
+        return "add"
+    if (method == "DELETE" and path.startswith("/workers/")) or (
+        method == "POST" and path == "/remove_worker"
+    ):
+        return "remove"
+    return None

@@ -59,6 +59,25 @@ def hung_schedulers(world: rollout_calls.World, paths: tuple[str, ...], clients:
             client.timeout_s, client.call_timeout_s = timeout_s, call_timeout_s
 
 
+def _eventually(condition: Any, timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def _arrived(server: Any, path: str, *, since: int) -> list[str]:
+    """The paths the server received from its `since`-th request on, once `path` is among them (5 s at most)."""
+
+    def paths() -> list[str]:
+        return [p for _, p, _ in server.requests[since:]]
+
+    assert _eventually(lambda: path in paths()), f"no {path} came while the other request was held: {paths()}"
+    return paths()
+
+
 def generate_through_router(world: rollout_calls.World) -> Any:
     """One rollout request through the router, waited for (a paused server would hold it)."""
     import requests
@@ -400,6 +419,118 @@ class RolloutSourceSuite:
         methods = METHODS[self.framework]
         methods["generate"](world)  # held by SGLang's pause, not served on the half-written model
         assert check(world) is None
+
+    # ------------------------------------------------------------------ the router's requests alongside the server's
+
+    def test_the_sleep_pauses_the_server_while_the_router_takes_it_out(self, world):
+        """One round trip, not two: SGLang's pause and flush reach the server while the router's
+        removal is still in flight; nothing is released until both have answered."""
+        done, gate = [], threading.Event()
+        world.router.stalled["remove"] = gate
+        thread = threading.Thread(
+            target=lambda: done.append(METHODS[self.framework]["offload"](world)), daemon=True
+        )
+        since = len(world.server.requests)
+        try:
+            thread.start()
+            paths = _arrived(world.server, "/flush_cache", since=since)
+            assert "/pause_generation" in paths and "/release_memory_occupation" not in paths, paths
+            assert world.router.urls() == [world.engine.lifecycle_state()["url"]]  # still in: stalled
+        finally:
+            gate.set()
+            thread.join(10)
+            del world.router.stalled["remove"]
+        assert done == [None] and not world.errors, world.errors
+        assert world.router.urls() == [] and world.engine.lifecycle.state is State.PAUSED
+        assert "/release_memory_occupation" in [p for _, p, _ in world.server.requests[since:]]
+
+    def test_the_wake_asks_the_version_while_the_memory_comes_back(self, world):
+        methods = METHODS[self.framework]
+        methods["offload"](world)
+        methods["onload_weights"](world)
+        rollout_calls.update_weights(world)
+        since = len(world.server.requests)
+        done, gate = [], threading.Event()
+        world.server.stalled["/resume_memory_occupation"] = gate
+        thread = threading.Thread(target=lambda: done.append(methods["onload_kv"](world)), daemon=True)
+        try:
+            thread.start()
+            _arrived(world.server, "/model_info", since=since)  # while the resume is held
+            assert world.router.urls() == [] and world.server.paused
+        finally:
+            gate.set()
+            thread.join(10)
+            del world.server.stalled["/resume_memory_occupation"]
+        assert done == [None] and not world.errors, world.errors
+        assert world.router.urls() == [world.engine.lifecycle_state()["url"]] and not world.server.paused
+
+    def test_a_request_routed_before_the_continue_lands_waits_for_it_and_is_served_on_the_new_version(
+        self, world
+    ):
+        """The router puts the server back while SGLang's continue is in flight: a request it
+        routes in between is held by the paused server, then served on the version just checked."""
+        methods = METHODS[self.framework]
+        methods["offload"](world)
+        methods["onload_weights"](world)
+        rollout_calls.update_weights(world)
+        done, gate, url = [], threading.Event(), world.engine.lifecycle_state()["url"]
+        world.server.stalled["/continue_generation"] = gate
+        thread = threading.Thread(target=lambda: done.append(methods["onload_kv"](world)), daemon=True)
+        try:
+            thread.start()
+            assert _eventually(lambda: world.router.urls() == [url]), "the router waited for the continue"
+            assert world.server.paused
+            methods["generate"](world)  # routed to the paused server: held there
+        finally:
+            gate.set()
+            thread.join(10)
+            del world.server.stalled["/continue_generation"]
+        for held in world.threads:
+            held.join(10)
+        assert done == [None] and not world.errors, world.errors
+        generated = [s for s in world.server.served if s["path"] == "/generate"]
+        assert generated and all(s["ok"] for s in generated) and check(world) is None
+
+    def test_a_continue_that_fails_leaves_the_server_out_of_the_router(self, world):
+        methods = METHODS[self.framework]
+        methods["offload"](world)
+        methods["onload_weights"](world)
+        rollout_calls.update_weights(world)
+        world.server.fail_next["/continue_generation"] = (500, {"error": {"message": "boom"}})
+        with pytest.raises(LifecycleError):
+            methods["onload_kv"](world)
+        assert world.engine.lifecycle.state is State.FAILED and world.router.urls() == []
+        assert world.engine.lifecycle_recover("AWAKE")["admitted"]
+        assert world.router.urls() and check(world) is None
+
+    def test_a_router_that_refuses_the_server_back_fails_the_wake_typed(self, world):
+        from actor_integration.errors import RouterError
+
+        methods = METHODS[self.framework]
+        methods["offload"](world)
+        methods["onload_weights"](world)
+        rollout_calls.update_weights(world)
+        world.router.fail_next["add"] = (503, {"error": "router shutting down"})
+        with pytest.raises(RouterError, match=r"answered POST /workers .* with 503"):
+            world.engine.resume_memory_occupation(tags=["kv_cache", "cuda_graph"])
+        state = world.engine.lifecycle_state()
+        assert state["state"] == State.FAILED.value and not state["admitted"]
+
+    def test_a_cycle_reuses_its_connections_and_a_single_node_engine_publishes_nothing(self, world):
+        """Kept-alive connections: three cycles of the driver's loop open at most two to the server
+        (the version query runs beside the resume) and one to the router, where urllib opened one
+        per request; no follower, so nothing is written for followers to read."""
+        methods = METHODS[self.framework]
+        for _ in range(3):
+            methods["offload"](world)
+            methods["onload_weights"](world)
+            rollout_calls.update_weights(world)
+            methods["onload_kv"](world)
+        assert not world.errors and check(world) is None, world.errors
+        engine = world.engine
+        assert engine.__dict__["_lc_client"]._http.opened <= 2
+        assert engine.__dict__["_lc_router"]._http.opened == 1
+        assert engine._lc_key not in LocalDirectory.entries
 
     # ------------------------------------------------------------------ refusals and idempotency
 
