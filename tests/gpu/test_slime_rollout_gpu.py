@@ -257,7 +257,9 @@ def test_1_the_frameworks_own_calls_on_the_server(rig: Any) -> None:
         "resume_weights_ms": [],
         "resume_kv_ms": [],
         "push_ms": [],
+        "continue_ms": [],
     }
+    plain.time_http_requests()
     for cycle in range(6):
         t0 = time.perf_counter()
         plain.release_memory_occupation()
@@ -267,6 +269,7 @@ def test_1_the_frameworks_own_calls_on_the_server(rig: Any) -> None:
         plain.pause_generation()
         plain.flush_cache()
         times["push_ms"].append(own_push(plain, sets["A" if cycle % 2 else "B"], 1000 + cycle))
+        t25 = time.perf_counter()
         plain.continue_generation()
         t3 = time.perf_counter()
         plain.resume_memory_occupation(tags=REST)
@@ -274,10 +277,10 @@ def test_1_the_frameworks_own_calls_on_the_server(rig: Any) -> None:
         times["release_ms"].append((t1 - t0) * 1e3)
         times["resume_weights_ms"].append((t2 - t1) * 1e3)
         times["resume_kv_ms"].append((t4 - t3) * 1e3)
-    figures = {k: round(statistics.median(v[1:]), 2) for k, v in times.items()}
-    figures["sleep_wake_ms"] = round(
-        figures["release_ms"] + figures["resume_weights_ms"] + figures["resume_kv_ms"], 2
-    )
+        times["continue_ms"].append((t3 - t25) * 1e3)
+    figures: dict[str, Any] = {k: round(statistics.median(v[1:]), 2) for k, v in times.items()}
+    add_sleep_wake(figures)
+    figures["requests"] = plain.http_request_times()  # the actor's own HTTP requests, all six cycles
     rig["figures"]["own"] = figures
     record(f"{rig['framework']}_rollout_plain", figures)
 
@@ -294,7 +297,8 @@ def one_cycle(rig: Any, name: str) -> dict[str, float]:
     engine.pause_generation()
     engine.flush_cache()
     push = own_push(engine, rig["sets"][name], rig["version"])
-    engine.continue_generation()
+    t25 = time.perf_counter()
+    engine.continue_generation()  # absorbed: the server continues at the end of onload_kv
     t3 = time.perf_counter()
     engine.resume_memory_occupation(tags=REST)  # onload_kv
     t4 = time.perf_counter()
@@ -304,7 +308,18 @@ def one_cycle(rig: Any, name: str) -> dict[str, float]:
         "resume_weights_ms": (t2 - t1) * 1e3,
         "resume_kv_ms": (t4 - t3) * 1e3,
         "push_ms": push,
+        "continue_ms": (t3 - t25) * 1e3,
     }
+
+
+def add_sleep_wake(figures: dict[str, Any]) -> None:
+    """The sleep + wake (release, resume of the weights, resume of the rest: the issue's measure)
+    and the same with the trainer's continue_generation, which the framework sends to the server
+    inside the push while the wrap sends it at the end of onload_kv."""
+    figures["sleep_wake_ms"] = round(
+        figures["release_ms"] + figures["resume_weights_ms"] + figures["resume_kv_ms"], 2
+    )
+    figures["sleep_wake_continue_ms"] = round(figures["sleep_wake_ms"] + figures["continue_ms"], 2)
 
 
 def record_repeat(rig: Any, name: str, first: Any) -> None:
@@ -322,6 +337,7 @@ def test_2_cycles_of_the_frameworks_sequence_under_the_wrap(rig: Any) -> None:
     greedy tokens through the router identical whenever the same set is loaded; memory released."""
     engine, router = rig["engine"], rig["router"]
     started = time.monotonic()
+    engine.time_lifecycle_requests()
     one_cycle(rig, "A")
     status, answer = router_generate(router.url)  # the first generation JIT-compiles SGLang's kernels
     assert status == 200, answer
@@ -354,10 +370,8 @@ def test_2_cycles_of_the_frameworks_sequence_under_the_wrap(rig: Any) -> None:
         engine.continue_generation()
         engine.resume_memory_occupation(tags=REST)
     assert rig["tokens"]["A"] != rig["tokens"]["B"]
-    median = {k: round(statistics.median(p[k] for p in phases), 2) for k in phases[0]}
-    median["sleep_wake_ms"] = round(
-        median["release_ms"] + median["resume_weights_ms"] + median["resume_kv_ms"], 2
-    )
+    median: dict[str, Any] = {k: round(statistics.median(p[k] for p in phases), 2) for k in phases[0]}
+    add_sleep_wake(median)
     figures = {
         **rig["figures"],
         "cycles": CYCLES,
@@ -368,10 +382,12 @@ def test_2_cycles_of_the_frameworks_sequence_under_the_wrap(rig: Any) -> None:
         "repeat_differs": {n: rig["tokens_cached"][n] != rig["tokens"][n] for n in rig["tokens"]},
         "repeat_cached_tokens": rig["figures"].get("repeat_cached_tokens"),
         "admitted": engine.lifecycle_state()["admitted"],
+        "requests": engine.lifecycle_request_times(),  # the lifecycle's own, over every cycle of this test
     }
     own = rig["figures"].get("own")
     if own:
-        figures["wrapped_minus_own_sleep_wake_ms"] = round(median["sleep_wake_ms"] - own["sleep_wake_ms"], 2)
+        for key in ("sleep_wake_ms", "sleep_wake_continue_ms"):
+            figures[f"wrapped_minus_own_{key}"] = round(median[key] - own[key], 2)
     rig["figures"]["wrapped"] = median
     record(f"{rig['framework']}_rollout_cycles", figures)
     assert statistics.median(freed) > 1.0, figures
