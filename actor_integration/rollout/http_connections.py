@@ -14,6 +14,10 @@ two rules that keep a reused connection from ever being one the server already c
 - a request is never sent twice: a connection that fails mid-request is closed and the error goes
   to the caller as it is, so a release or a resume cannot reach the server twice.
 
+After sending a request the connection asks for quick acknowledgements (Linux's TCP_QUICKACK):
+without it, a kept-alive connection meets delayed acknowledgements that a server writing its
+answers in two pieces turns into a 40 ms wait per request (`_ack_at_once`).
+
 Requests from several threads at once each get a connection of their own. Errors are the standard
 library's: `TimeoutError`, `ConnectionRefusedError` and other `OSError`s (no connection),
 `http.client.HTTPException`, `ConnectionResetError` and `BrokenPipeError` (the server closed the
@@ -22,8 +26,10 @@ connection without an answer); callers type them.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import select
+import socket
 import threading
 import time
 import urllib.parse
@@ -32,6 +38,7 @@ from collections.abc import Mapping
 __all__ = ["KEEP_ALIVE_S", "Connections"]
 
 KEEP_ALIVE_S = 2.0  # reuse a connection only this long after its last answer
+_QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)  # Linux only
 
 
 class Connections:
@@ -59,6 +66,7 @@ class Connections:
         connection = self._take(timeout)
         try:
             connection.request(method, self.prefix + path, body=body, headers=dict(headers))
+            _ack_at_once(connection)
             response = connection.getresponse()
             data = response.read()
         except BaseException:
@@ -95,6 +103,21 @@ class Connections:
             self.opened += 1
         kind = http.client.HTTPSConnection if self.scheme == "https" else http.client.HTTPConnection
         return kind(self.host, self.port, timeout=timeout)
+
+
+def _ack_at_once(connection: http.client.HTTPConnection) -> None:
+    """Ask the kernel to acknowledge the answer's segments at once (Linux's TCP_QUICKACK; it lapses
+    by itself, so it is set again for every request).
+
+    On a kept-alive connection that sends its next request right after an answer, Linux delays its
+    acknowledgements (up to 40 ms). A server that writes an answer's headers and body apart without
+    TCP_NODELAY (Python's `http.server`, for one) holds the body until the headers are acknowledged:
+    measured on localhost, every request took 44 ms that way, 0.13 ms with this. A fresh connection
+    per request (urllib's) never meets it: a new connection acknowledges at once."""
+    sock = connection.sock
+    if sock is not None and _QUICKACK is not None:
+        with contextlib.suppress(OSError):  # not a TCP socket (a test's stand-in): nothing to hurry
+            sock.setsockopt(socket.IPPROTO_TCP, _QUICKACK, 1)
 
 
 def _closed_by_peer(connection: http.client.HTTPConnection) -> bool:

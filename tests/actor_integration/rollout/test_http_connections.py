@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from actor_integration.rollout import http_connections
 from actor_integration.rollout.http_connections import Connections
 
 
@@ -86,6 +87,38 @@ def test_back_to_back_requests_share_one_connection(server: Server) -> None:
     answers = [get(connections, f"/{i}") for i in range(5)]
     assert answers == [(200, f"/{i}".encode()) for i in range(5)]
     assert connections.opened == 1 and len(server.ports()) == 1
+
+
+def test_every_request_asks_for_quick_acks_after_it_is_sent_and_before_the_answer_is_read(
+    server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without it a kept-alive connection waits up to 40 ms for a server that writes headers and
+    body apart (Python's http.server, this test's server, does): see `_ack_at_once`."""
+    asked: list[int] = []  # the socket's fd at each call
+
+    def record(connection: http.client.HTTPConnection) -> None:
+        assert connection.sock is not None
+        deadline = time.monotonic() + 5
+        while len(server.requests) <= len(asked):  # this request must be on the wire already
+            assert time.monotonic() < deadline, "asked for quick acks before the request was sent"
+            time.sleep(0.001)
+        asked.append(connection.sock.fileno())
+
+    monkeypatch.setattr(http_connections, "_ack_at_once", record)
+    connections = Connections(server.url)
+    assert [get(connections, f"/{i}")[0] for i in range(3)] == [200, 200, 200]
+    assert len(asked) == 3 and len(server.requests) == 3  # once per request
+    assert len(set(asked)) == 1  # on the one kept-alive connection
+
+
+@pytest.mark.skipif(not hasattr(socket, "TCP_QUICKACK"), reason="TCP_QUICKACK is Linux's")
+def test_the_quick_ack_option_is_set_on_the_connections_tcp_socket(server: Server) -> None:
+    connection = http.client.HTTPConnection("127.0.0.1", int(server.url.rsplit(":", 1)[1]), timeout=5)
+    connection.connect()
+    assert connection.sock is not None
+    http_connections._ack_at_once(connection)
+    assert connection.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK) == 1
+    connection.close()
 
 
 def test_a_post_body_arrives_whole_and_the_prefix_leads_every_path(server: Server) -> None:
