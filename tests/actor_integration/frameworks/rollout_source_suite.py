@@ -86,6 +86,13 @@ def generate_through_router(world: rollout_calls.World) -> Any:
     return requests.post(f"{world.router.url}/generate", json=payload, timeout=5)
 
 
+def weights_pushed(world: rollout_calls.World, methods: dict[str, Any]) -> None:
+    """The driver's sequence up to its onload_kv: offload, the weights' memory back, a version pushed."""
+    methods["offload"](world)
+    methods["onload_weights"](world)
+    rollout_calls.update_weights(world)
+
+
 class Env:
     def __init__(
         self, framework: str, module: Any, launched: Any, router: FakeRouter, tree: SourceTree
@@ -206,9 +213,7 @@ class RolloutSourceSuite:
             for _ in range(3):
                 methods["generate"](world)
             assert len(world.server.served) == before + 3
-            methods["offload"](world)
-            methods["onload_weights"](world)
-            rollout_calls.update_weights(world)
+            weights_pushed(world, methods)
             methods["onload_kv"](world)
         assert check(world) is None and not world.errors, world.errors
         for served in world.server.served:
@@ -254,9 +259,7 @@ class RolloutSourceSuite:
         thread.start()
         for _ in range(5):
             time.sleep(0.02)
-            methods["offload"](world)
-            methods["onload_weights"](world)
-            rollout_calls.update_weights(world)
+            weights_pushed(world, methods)
             methods["onload_kv"](world)
         time.sleep(0.05)
         stop.set()
@@ -389,9 +392,7 @@ class RolloutSourceSuite:
 
     def test_a_server_reporting_another_version_stays_out(self, world):
         methods = METHODS[self.framework]
-        methods["offload"](world)
-        methods["onload_weights"](world)
-        rollout_calls.update_weights(world)
+        weights_pushed(world, methods)
         world.server.weight_version = "someone-else's"
         with pytest.raises(LifecycleError) as refused:
             methods["onload_kv"](world)
@@ -446,9 +447,7 @@ class RolloutSourceSuite:
 
     def test_the_wake_asks_the_version_while_the_memory_comes_back(self, world):
         methods = METHODS[self.framework]
-        methods["offload"](world)
-        methods["onload_weights"](world)
-        rollout_calls.update_weights(world)
+        weights_pushed(world, methods)
         since = len(world.server.requests)
         done, gate = [], threading.Event()
         world.server.stalled["/resume_memory_occupation"] = gate
@@ -470,9 +469,7 @@ class RolloutSourceSuite:
         """The router puts the server back while SGLang's continue is in flight: a request it
         routes in between is held by the paused server, then served on the version just checked."""
         methods = METHODS[self.framework]
-        methods["offload"](world)
-        methods["onload_weights"](world)
-        rollout_calls.update_weights(world)
+        weights_pushed(world, methods)
         done, gate, url = [], threading.Event(), world.engine.lifecycle_state()["url"]
         world.server.stalled["/continue_generation"] = gate
         thread = threading.Thread(target=lambda: done.append(methods["onload_kv"](world)), daemon=True)
@@ -493,9 +490,7 @@ class RolloutSourceSuite:
 
     def test_a_continue_that_fails_leaves_the_server_out_of_the_router(self, world):
         methods = METHODS[self.framework]
-        methods["offload"](world)
-        methods["onload_weights"](world)
-        rollout_calls.update_weights(world)
+        weights_pushed(world, methods)
         world.server.fail_next["/continue_generation"] = (500, {"error": {"message": "boom"}})
         with pytest.raises(LifecycleError):
             methods["onload_kv"](world)
@@ -507,9 +502,7 @@ class RolloutSourceSuite:
         from actor_integration.errors import RouterError
 
         methods = METHODS[self.framework]
-        methods["offload"](world)
-        methods["onload_weights"](world)
-        rollout_calls.update_weights(world)
+        weights_pushed(world, methods)
         world.router.fail_next["add"] = (503, {"error": "router shutting down"})
         with pytest.raises(RouterError, match=r"answered POST /workers .* with 503"):
             world.engine.resume_memory_occupation(tags=["kv_cache", "cuda_graph"])
@@ -522,9 +515,7 @@ class RolloutSourceSuite:
         per request; no follower, so nothing is written for followers to read."""
         methods = METHODS[self.framework]
         for _ in range(3):
-            methods["offload"](world)
-            methods["onload_weights"](world)
-            rollout_calls.update_weights(world)
+            weights_pushed(world, methods)
             methods["onload_kv"](world)
         assert not world.errors and check(world) is None, world.errors
         engine = world.engine
