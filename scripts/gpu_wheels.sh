@@ -44,24 +44,18 @@ done
 rm -f .gpuw/all.tar
 echo "$n parts of <= ${part_mib} MiB:"
 du -sh .gpuw/p*
-# slime's engine source for `gpu_sglang.sh slime` (never committed): carry .gpuw/r33 with the last part.
-if [[ -n ${RL_LIFECYCLE_SLIME_SOURCE:-} ]]; then
-    rm -rf .gpuw/r33
-    py=python3
-    [[ -x .venv/bin/python ]] && py=.venv/bin/python # slime_source imports torch: `make install` has it
-    PYTHONPATH=$here "$py" -c 'import sys; from pathlib import Path
-from tests.helpers.engine_source import SLIME_MODULES
-from tests.helpers.slime_source import SlimeSource
-print("slime", SlimeSource.find().export(Path(sys.argv[1]), (*SLIME_MODULES, SlimeSource.PROBE)).resolved_commit(), "->", sys.argv[1])' \
-        .gpuw/r33/slime
-fi
-if [[ -n ${RL_LIFECYCLE_MILES_SOURCE:-} ]]; then
-    rm -rf .gpuw/r33/miles
-    py=python3
-    [[ -x .venv/bin/python ]] && py=.venv/bin/python
-    PYTHONPATH=$here "$py" -c 'import sys; from pathlib import Path
-from tests.helpers.engine_source import MILES_MODULES
-from tests.helpers.miles_source import MilesSource
-print("miles", MilesSource.find().export(Path(sys.argv[1]), (*MILES_MODULES, MilesSource.PROBE)).resolved_commit(), "->", sys.argv[1])' \
-        .gpuw/r33/miles
-fi
+# The frameworks' engine sources for `gpu_sglang.sh slime` / `miles` (never committed), each from
+# its RL_LIFECYCLE_<NAME>_SOURCE when set: carry .gpuw/r33 with the last part.
+py=python3
+[[ -x .venv/bin/python ]] && py=.venv/bin/python # the source helpers import torch: `make install` has it
+for name in slime miles; do
+    source_env="RL_LIFECYCLE_${name^^}_SOURCE"
+    [[ -n ${!source_env:-} ]] || continue
+    rm -rf ".gpuw/r33/$name"
+    PYTHONPATH=$here "$py" -c 'import importlib, sys; from pathlib import Path
+name = sys.argv[1]
+modules = getattr(importlib.import_module("tests.helpers.engine_source"), f"{name.upper()}_MODULES")
+source = getattr(importlib.import_module(f"tests.helpers.{name}_source"), f"{name.capitalize()}Source")
+print(name, source.find().export(Path(sys.argv[2]), (*modules, source.PROBE)).resolved_commit(), "->", sys.argv[2])' \
+        "$name" ".gpuw/r33/$name"
+done
