@@ -8,6 +8,7 @@ told, as NCCL refuses an NVLS or split-shared communicator.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -27,7 +28,8 @@ class FakeCommunicator:
     """A gloo group's stand-in communicator: suspend/resume recorded, refused where told."""
 
     def __init__(self, pg: ProcessGroup, name: str, *, created: bool, fails: bool) -> None:
-        self.pg = pg
+        # Weak, as torch's communicator holds no group: a group torn down is freed here as there.
+        self.pg = weakref.ref(pg)
         self._name = name
         self._created = created
         self._fails = fails
@@ -83,7 +85,7 @@ def install(
         if name == "side_channel":
             return None  # the side channel is gloo in real runs too
         fake = fakes.get(id(pg))
-        if fake is None or fake.pg is not pg:
+        if fake is None or fake.pg() is not pg:
             fake = fakes[id(pg)] = FakeCommunicator(
                 pg, name, created=name not in missing, fails=name in fails
             )

@@ -1,9 +1,21 @@
-"""Run a worker in one spawned process per rank around one TCP store, with a deadline (tests only)."""
+"""Run a worker in one spawned process per rank around one TCP store, with a deadline (tests only).
+
+A rank leaves with `os._exit` once its result is on disk. What a worker leaves behind holds gloo
+process groups past `destroy_process_group()` (megatron-core's parallel_state keeps every group
+it made; tests.helpers.fake_nccl kept its stand-ins): about 20 per rank in the PP=4 registry
+tests. Interpreter finalization then runs their C++ destructors while their worker threads are
+still up, which torch does not make safe (pytorch/pytorch#179291, #190489): once in a CI run
+(stop 43, 2026-12-05) rank 0 died of SIGABRT, "terminate called without an active exception",
+failing a test whose ranks had all done their work. What is under test is the worker's result,
+not torch's interpreter teardown.
+"""
 
 from __future__ import annotations
 
 import io
 import json
+import os
+import sys
 import tempfile
 import time
 import traceback
@@ -37,11 +49,15 @@ def run_world(worker: Worker, world_size: int, *args: Any, deadline_s: float = 6
             start_method="spawn",
         )
         end = time.monotonic() + deadline_s
-        while not context.join(timeout=0.5):
-            if time.monotonic() > end:
-                for process in context.processes:
-                    process.kill()
-                pytest.fail(f"ranks still running after {deadline_s} s: a rendezvous hung")
+        try:
+            while not context.join(timeout=0.5):
+                if time.monotonic() > end:
+                    for process in context.processes:
+                        process.kill()
+                    pytest.fail(f"ranks still running after {deadline_s} s: a rendezvous hung")
+        except mp.ProcessExitedException as exc:
+            wrote = [rank for rank in range(world_size) if (Path(out) / f"rank{rank}.json").exists()]
+            pytest.fail(f"{exc} (ranks that had written their result: {wrote})")
         results = []
         for rank in range(world_size):
             path = Path(out) / f"rank{rank}.json"
@@ -67,3 +83,6 @@ def _entry(rank: int, worker: Worker, world_size: int, port: int, out: str, args
         if dist.is_initialized():
             dist.destroy_process_group()
     (Path(out) / f"rank{rank}.json").write_text(json.dumps(result))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # no interpreter finalization: see the module's docstring
