@@ -3,11 +3,11 @@
 A rank leaves with `os._exit` once its result is on disk. What a worker leaves behind holds gloo
 process groups past `destroy_process_group()` (megatron-core's parallel_state keeps every group
 it made; tests.helpers.fake_nccl kept its stand-ins): about 20 per rank in the PP=4 registry
-tests. Interpreter finalization then runs their C++ destructors while their worker threads are
-still up, which torch does not make safe (pytorch/pytorch#179291, #190489): once in a CI run
-(stop 43, 2026-12-05) rank 0 died of SIGABRT, "terminate called without an active exception",
-failing a test whose ranks had all done their work. What is under test is the worker's result,
-not torch's interpreter teardown.
+tests. Interpreter finalization then runs their C++ destructors with their threads still up,
+which torch does not make safe (pytorch/pytorch#179291, #190489). Once in a CI run (stop 43,
+2026-12-05) rank 0 of such a test died of SIGABRT, "terminate called without an active
+exception"; the run did not say whether its result was written yet (run_world now says), and it
+did not recur here in 131 runs. What is under test is the worker's result, not torch's teardown.
 """
 
 from __future__ import annotations
