@@ -12,7 +12,7 @@ from tests.helpers.spawn import run_world
 
 def _worker(rank: int, world_size: int, store: Any, dying: int) -> dict[str, Any]:
     if rank == dying:
-        os.abort()  # as gloo's teardown aborted rank 0 in one CI run: SIGABRT, no result written
+        os.abort()  # SIGABRT before its result is written, as rank 0 died in one CI run
     return {"rank": rank}
 
 
