@@ -20,8 +20,13 @@ of the job. Read from miles 31f1ca96 (`miles/backends/sglang_utils/sglang_engine
 - a version is whole at `end_weight_update()` (miles' weight-update session), else at
   `continue_generation()`; `begin_weight_update()` opens it. `update_weight_version(v)` relabels
   loaded weights.
-- the router API is miles' own choice: the legacy `/add_worker` for sglang_router <= 0.2.1 or
-  `--use-miles-router`, `DELETE /workers/{url}` before 0.3, else `/workers` by id.
+- the router API is miles' own choice: the legacy `/add_worker` for sglang_router <= 0.2.1,
+  `DELETE /workers/{url}` before 0.3, else `/workers` by id. With `--use-miles-router` the router is
+  miles' own, which registers through `/add_worker` and cannot remove a worker at all: the server
+  stays in it while it sleeps, and requests routed to it wait on SGLang's pause until the wake (see
+  `sglang_actor`). miles' own `shutdown` then fails at its `POST /remove_worker` (404 through that
+  router's proxy) before it kills the server; under the wrap the server is killed anyway and the
+  call returns, so the rollout manager's `ray.kill` that follows it runs.
 - a follower's `pause_generation` / `continue_generation` (which plain miles sends to the
   follower's own port, where no server listens) is a `FollowerCallError`.
 """
@@ -32,7 +37,12 @@ import importlib
 import sys
 from typing import Any, ClassVar
 
-from actor_integration.frameworks.sglang_actor import SGLangActorLifecycle, install_into, wrapped_engine
+from actor_integration.frameworks.sglang_actor import (
+    SGLangActorLifecycle,
+    engine_base,
+    install_into,
+    wrapped_engine,
+)
 from lifecycle import Contents
 
 __all__ = ["MILES_COMMIT", "MilesRolloutMixin", "install", "lifecycle_engine"]
@@ -50,9 +60,11 @@ class MilesRolloutMixin(SGLangActorLifecycle):
         """miles' own choice, by sglang_router's version and `--use-miles-router`."""
         from packaging.version import parse
 
-        owner = sys.modules[_engine_base(type(self)).__module__]
+        if getattr(self.args, "use_miles_router", False):
+            return "miles"  # registers as the legacy API does, but has no removal route
+        owner = sys.modules[engine_base(type(self)).__module__]
         version = parse(owner.sglang_router.__version__)
-        if version <= parse("0.2.1") or getattr(self.args, "use_miles_router", False):
+        if version <= parse("0.2.1"):
             return "legacy"
         return "workers_by_url" if version < parse("0.3.0") else "workers"
 
@@ -162,14 +174,6 @@ def _int(label: str, default: int | None) -> int:
         return int(label)
     except ValueError:
         return 0 if default is None else default
-
-
-def _engine_base(cls: type) -> type:
-    """miles' own SGLangEngine among the bases (the first class after the mixins)."""
-    for klass in cls.__mro__:
-        if "init" in vars(klass) and not issubclass(klass, SGLangActorLifecycle):
-            return klass
-    raise TypeError(f"{cls.__name__} has no miles SGLangEngine among its bases")
 
 
 def lifecycle_engine(engine_class: type) -> type:

@@ -10,8 +10,12 @@ miles 31f1ca96, `backends/sglang_utils/sglang_engine.py`):
 - `"workers"` (sglang_router 0.3 on; slime's and miles' default): `POST /workers` with the URL and
   worker type; removal finds the worker's id in `GET /workers` and sends `DELETE /workers/{id}`;
 - `"workers_by_url"` (sglang_router before 0.3, miles): removal is `DELETE /workers/{quoted url}`;
-- `"legacy"` (sglang_router 0.2.1 and older, miles' own router): `POST /add_worker?url=...` and
-  `POST /remove_worker?url=...`.
+- `"legacy"` (sglang_router 0.2.1 and older): `POST /add_worker?url=...` and
+  `POST /remove_worker?url=...`;
+- `"miles"` (miles' own router, `--use-miles-router`, `miles/router/router.py`): `POST
+  /add_worker?url=...` and `GET /list_workers`. It has no route that removes a worker: a `POST
+  /remove_worker` falls through to its catch-all proxy and reaches a server, which answers 404.
+  `removable` is False, and `remove()` refuses before sending anything.
 
 Standard library only, on kept-alive connections (`http_connections`); every request has a timeout and every failure is a `RouterError`.
 """
@@ -28,7 +32,7 @@ from actor_integration.rollout.http_connections import Connections
 
 __all__ = ["ROUTER_APIS", "RouterWorkers"]
 
-ROUTER_APIS = ("workers", "workers_by_url", "legacy")
+ROUTER_APIS = ("workers", "workers_by_url", "legacy", "miles")
 _HEADERS = {"Content-Type": "application/json"}
 
 
@@ -57,10 +61,15 @@ class RouterWorkers:
         self.timeout_s = timeout_s
         self._http = Connections(self.router_url)  # kept alive, no proxies
 
+    @property
+    def removable(self) -> bool:
+        """Whether this router's API can take a server out (miles' own router cannot)."""
+        return self.api != "miles"
+
     def add(self) -> None:
         """Register the server, as the framework does at launch."""
         quoted = urllib.parse.quote(self.worker_url, safe=":/")
-        if self.api == "legacy":
+        if self.api in ("legacy", "miles"):
             self._call("add", "POST", f"/add_worker?url={quoted}", None)
             return
         payload: dict[str, Any] = {"url": self.worker_url, "worker_type": self.worker_type}
@@ -70,6 +79,17 @@ class RouterWorkers:
 
     def remove(self) -> bool:
         """Take the server out; False when the router did not list it (nothing to remove)."""
+        if not self.removable:
+            raise RouterError(
+                f"the router at {self.router_url} ({self.api!r} API) has no route that removes a worker, so "
+                f"{self.worker_url} cannot be taken out of it; check `removable` before calling remove()",
+                status=None,
+                answer="",
+                router=self.router_url,
+                worker=self.worker_url,
+                operation="remove",
+                path="",
+            )
         if self.api == "legacy":
             quoted = urllib.parse.quote(self.worker_url, safe=":/")
             self._call("remove", "POST", f"/remove_worker?url={quoted}", None)
@@ -87,7 +107,15 @@ class RouterWorkers:
         """Whether the router lists the server (None: the legacy API cannot say)."""
         if self.api == "legacy":
             return None
+        if self.api == "miles":
+            answer = self._call("list", "GET", "/list_workers", None)
+            urls = answer.get("urls", []) if isinstance(answer, dict) else []
+            return any(str(u).rstrip("/") == self.worker_url for u in urls)
         return any(w.get("url", "").rstrip("/") == self.worker_url for w in self._workers("list"))
+
+    def close(self) -> None:
+        """Close the kept-alive connections to the router (a later request opens a new one)."""
+        self._http.close()
 
     def _worker_id(self) -> Any:
         for worker in self._workers("remove"):

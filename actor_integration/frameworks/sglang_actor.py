@@ -14,7 +14,9 @@ never pass through it: the rollout function sends them to the router, which forw
   release or resume of several tags is one request, as the framework sends it. A second release
   and a resume of a resident tag are logged no-ops (the real server exits on either);
 - a sleep takes the server out of the router, pauses generation (abort) and flushes the cache
-  (retried until a deadline) before anything is released, so no request reaches released memory;
+  (retried until a deadline) before anything is released, so no request reaches released memory
+  (a router with no route that removes a worker, miles' own, keeps the server: then SGLang's pause
+  alone holds the requests routed to it, until the wake);
 - weights, per version: valid at launch (the checkpoint), discarded by a release, unknown from the
   first bucket of a version until the trainer's `continue_generation` (miles: `end_weight_update`)
   says the version is whole, then valid at that version; a push into released weights is refused;
@@ -49,6 +51,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -78,6 +81,7 @@ __all__ = [
     "LocalDirectory",
     "SGLangActorLifecycle",
     "ServerMemory",
+    "engine_base",
     "engine_directory",
 ]
 
@@ -254,6 +258,7 @@ class SGLangActorLifecycle:
     # The framework's own attributes (set by its __init__ / init).
     args: Any
     rank: int
+    process: Any
     worker_type: str
     node_rank: int
     server_host: str
@@ -299,6 +304,35 @@ class SGLangActorLifecycle:
 
     def health_generate(self, timeout: float = 5.0) -> Any:
         return self._lc_health(timeout, lambda: self._own("health_generate")(timeout=timeout))
+
+    def shutdown(self) -> Any:
+        """The framework's shutdown (its server out of the router, then killed), then the wrap's
+        helper thread and kept-alive connections closed. Under a router that cannot remove a worker
+        (miles' own), the framework's removal request fails before its kill: the wrap kills the
+        server itself, logs the call as absorbed and returns, so the `ray.kill` that the rollout
+        manager sends after a shutdown that returned runs."""
+        try:
+            return self._own("shutdown")()
+        except Exception as exc:
+            router: RouterWorkers | None = self.__dict__.get("_lc_router")
+            if self._lc is None or router is None or router.removable:
+                raise
+            kill_process_tree = vars(sys.modules[engine_base(type(self)).__module__])["kill_process_tree"]
+            kill_process_tree(self.process.pid)
+            self.__dict__["_lc_admitted"] = False
+            self._lc_event(
+                Event.ABSORBED,
+                "warning",
+                call="shutdown",
+                reason=(
+                    f"the framework's shutdown failed ({type(exc).__name__}: {exc}) at the router at "
+                    f"{router.router_url}, which has no route that removes a worker ({router.api!r} API); "
+                    f"the wrap killed the server at {self._lc_url()} (pid {self.process.pid}) instead"
+                ),
+            )
+            return None
+        finally:
+            self._lc_close()
 
     # ------------------------------------------------------------------ configuration
 
@@ -389,6 +423,19 @@ class SGLangActorLifecycle:
             )
         self.__dict__["_lc_router"] = router
         self.__dict__["_lc_admitted"] = router is not None and not self.__dict__.get("_lc_held_back", False)
+        if router is not None and not router.removable:
+            self._lc_event(
+                Event.ROUTER,
+                "warning",
+                action="cannot leave",
+                worker=router.worker_url,
+                router=router.router_url,
+                reason=(
+                    f"the router ({router.api!r} API) has no route that removes a worker: once joined, this "
+                    "server stays in it while it sleeps, and requests routed to it then wait on SGLang's "
+                    "pause until a whole version is awake"
+                ),
+            )
         self.__dict__.update(_lc_loading=None, _lc_interrupted=False, _lc_update_open=False)
         self._lc_publish()
 
@@ -480,7 +527,7 @@ class SGLangActorLifecycle:
 
     def _lc_leave_router(self) -> None:
         router: RouterWorkers | None = self.__dict__.get("_lc_router")
-        if router is None or not self.__dict__.get("_lc_admitted"):
+        if router is None or not self.__dict__.get("_lc_admitted") or not router.removable:
             return
         router.remove()
         self.__dict__["_lc_admitted"] = False
@@ -524,6 +571,17 @@ class SGLangActorLifecycle:
             self.__dict__["_lc_helper"] = pool
         return pool
 
+    def _lc_close(self) -> None:
+        """The helper thread stopped and the kept-alive connections closed (at shutdown); a later
+        call opens what it needs again."""
+        pool: ThreadPoolExecutor | None = self.__dict__.pop("_lc_helper", None)
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+        for key in ("_lc_client", "_lc_receiver_client", "_lc_router"):
+            client = self.__dict__.get(key)
+            if client is not None:
+                client.close()
+
     def _lc_alongside_router(self, action: str, main: Callable[[], T]) -> T:
         """`main()` here while the router takes the server out (`action` "left") or puts it back
         ("joined") on the helper thread; both have ended when this returns. `main`'s error wins
@@ -531,8 +589,8 @@ class SGLangActorLifecycle:
         taken out again. State and logs change on this thread only."""
         router: RouterWorkers | None = self.__dict__.get("_lc_router")
         admitted = bool(self.__dict__.get("_lc_admitted"))
-        if router is None or admitted == (action == "joined"):
-            return main()
+        if router is None or admitted == (action == "joined") or (action == "left" and not router.removable):
+            return main()  # nothing to change at the router, or nothing it can change (the pause guards)
         future = self._lc_pool().submit(router.remove if action == "left" else router.add)
         try:
             result = main()
@@ -985,6 +1043,14 @@ def wrapped_engine(mixin: type, engine_class: type, module: str) -> type:
         built = type("LifecycleSGLangEngine", (mixin, engine_class), {"__module__": module})
         _BUILT[(mixin, engine_class)] = built
     return built
+
+
+def engine_base(cls: type) -> type:
+    """The framework's own SGLangEngine among a wrapped class's bases (the first after the mixins)."""
+    for klass in cls.__mro__:
+        if "init" in vars(klass) and not issubclass(klass, SGLangActorLifecycle):
+            return klass
+    raise TypeError(f"{cls.__name__} has no framework SGLangEngine among its bases")
 
 
 def install_into(module: Any, wrap: Callable[[type], type]) -> type:

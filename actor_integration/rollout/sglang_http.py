@@ -87,6 +87,10 @@ class SGLangHTTPEngine(SchedulerReceiverCalls, SGLangWeights):
         if scheduler_receiver:
             self._start_scheduler_receiver()
 
+    def close(self) -> None:
+        """Close the kept-alive connections to the server (a later request opens a new one)."""
+        self._http.close()
+
     def _start_scheduler_receiver(self) -> None:
         _status, info = self._request("GET", "/server_info", None)
         info = info if isinstance(info, dict) else {}

@@ -197,10 +197,11 @@ def _miles_methods() -> dict[str, Callable[[World], None]]:
 METHODS = {"slime": _slime_methods(), "miles": _miles_methods()}
 
 
-def started(framework: str, cls: type, launched: Any, router: FakeRouter) -> World:
-    """A world as the driver leaves it before the first rollout (both frameworks' train.py)."""
+def started(framework: str, cls: type, launched: Any, router: FakeRouter, **overrides: Any) -> World:
+    """A world as the driver leaves it before the first rollout (both frameworks' train.py);
+    `overrides` change the job's arguments (miles: `use_miles_router=True`)."""
     router.workers.clear()
-    world = World(framework, cls, launched, router, engine_args(framework, router=router))
+    world = World(framework, cls, launched, router, engine_args(framework, router=router, **overrides))
     world.start()
     methods = METHODS[framework]
     methods["offload"](world)  # create_rollout_manager (slime) / the first offload

@@ -547,9 +547,20 @@ def fake_set(url: str, **values: Any) -> None:
 
 class FakeRouter:
     """sglang_router's worker API (`/workers`, and the legacy `/add_worker` / `/remove_worker`) and
-    its `/generate`, forwarded round robin to the registered servers (503 with none)."""
+    its `/generate`, forwarded round robin to the registered servers (503 with none).
 
-    def __init__(self, *, host: str = "127.0.0.1", port: int = 0) -> None:
+    `kind="miles"` answers as miles' own router (`--use-miles-router`, `miles/router/router.py` at
+    31f1ca96) does instead: `POST /add_worker` (the URL in the query or the body; a second add is
+    no error) and `GET /list_workers`, and every other request, whatever its path, proxied to the
+    registered server with the fewest requests in flight (500 with none). It has no route that
+    removes a worker: a `POST /remove_worker` is proxied to a server like any other request. Its
+    background health check is left out (it asks `/health`, which SGLang answers without generating)."""
+
+    def __init__(self, *, host: str = "127.0.0.1", port: int = 0, kind: str = "sglang") -> None:
+        if kind not in ("sglang", "miles"):
+            raise ValueError(f"FakeRouter: kind must be 'sglang' or 'miles', got {kind!r}")
+        self.kind = kind
+        self.in_flight: dict[str, int] = {}  # miles: requests being proxied, per server
         self.workers: dict[str, dict[str, Any]] = {}
         self.alive = True
         self.lock = threading.Lock()
@@ -619,6 +630,8 @@ class FakeRouter:
             refused = self.fail_next.pop(operation, None) if operation is not None else None
         if refused is not None:
             return refused
+        if self.kind == "miles":
+            return self._handle_as_miles(method, path, query, body)
         if path == "/workers" and method == "POST":
             return self._add(body["url"], body.get("worker_type", "regular"))
         if path == "/workers" and method == "GET":
@@ -651,6 +664,24 @@ class FakeRouter:
             return self._forward(body)
         return 404, {"error": "Not Found"}
 
+    def _handle_as_miles(
+        self, method: str, path: str, query: dict[str, list[str]], body: Any
+    ) -> tuple[int, Any]:
+        if path == "/add_worker" and method == "POST":
+            given = query.get("url") or query.get("worker_url")
+            url = given[0] if given else (body or {}).get("url") or (body or {}).get("worker_url")
+            if not url:
+                return 400, {"error": "worker_url is required (use query ?url=... or JSON body)"}
+            with self.lock:
+                if all(w["url"] != url for w in self.workers.values()):
+                    self.workers[f"w{self._next_id}"] = {"url": url, "worker_type": "regular"}
+                    self._next_id += 1
+                urls = {w["url"]: self.in_flight.get(w["url"], 0) for w in self.workers.values()}
+            return 200, {"status": "success", "worker_urls": urls}
+        if path == "/list_workers" and method == "GET":
+            return 200, {"urls": self.urls()}
+        return self._forward(body, path=path, method=method)
+
     def _add(self, url: str, worker_type: str) -> tuple[int, Any]:
         with self.lock:
             if any(w["url"] == url for w in self.workers.values()):
@@ -660,18 +691,32 @@ class FakeRouter:
             self.workers[worker_id] = {"url": url, "worker_type": worker_type}
         return 202, {"status": "accepted", "worker_id": worker_id, "url": url}
 
-    def _forward(self, body: Any) -> tuple[int, Any]:
+    def _forward(self, body: Any, *, path: str = "/generate", method: str = "POST") -> tuple[int, Any]:
         with self.lock:
             urls = [w["url"] for w in self.workers.values()]
             if not urls:
-                self.routed.append((None, 503))
-                return 503, {"error": "No available workers"}
-            url = urls[self._turn % len(urls)]
-            self._turn += 1
+                none = (
+                    (500, "Internal Server Error") if self.kind == "miles" else (503, "No available workers")
+                )
+                self.routed.append((None, none[0]))
+                return none[0], {"error": none[1]}
+            if self.kind == "miles":  # the fewest requests in flight
+                url = min(urls, key=lambda u: self.in_flight.get(u, 0))
+            else:
+                url = urls[self._turn % len(urls)]
+                self._turn += 1
+            self.in_flight[url] = self.in_flight.get(url, 0) + 1
+        try:
+            return self._send(url, body, path, method)
+        finally:
+            with self.lock:
+                self.in_flight[url] -= 1
+
+    def _send(self, url: str, body: Any, path: str, method: str) -> tuple[int, Any]:
         request = urllib.request.Request(
-            f"{url}/generate",
-            data=json.dumps(body).encode(),
-            method="POST",
+            f"{url}{path}",
+            data=None if body is None else json.dumps(body).encode(),
+            method=method,
             headers={"Content-Type": "application/json"},
         )
         try:

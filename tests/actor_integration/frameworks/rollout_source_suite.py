@@ -110,17 +110,27 @@ class Env:
         ).lifecycle_engine(module.SGLangEngine)
         self.worlds: list[rollout_calls.World] = []
 
-    def world(self, wrapped: bool = True) -> rollout_calls.World:
-        world = started(self.framework, self.wrapped if wrapped else self.plain, self.launched, self.router)
+    def world(self, wrapped: bool = True, *, router: FakeRouter | None = None) -> rollout_calls.World:
+        """A started world; with `FakeRouter(kind="miles")`, behind a router that cannot remove a
+        worker: miles' own (`--use-miles-router`), or, for slime (which has none), the wrapped class
+        told that its router is one."""
+        router = router if router is not None else self.router
+        cls, overrides = self.wrapped if wrapped else self.plain, {}
+        if router.kind == "miles" and self.framework == "miles":
+            overrides["use_miles_router"] = True
+        elif router.kind == "miles":
+            assert wrapped, "slime has no router of its own: only the wrap can be told it has one"
+            cls = type(cls.__name__, (cls,), {"lifecycle_router_api": lambda self: "miles"})
+        world = started(self.framework, cls, self.launched, router, **overrides)
         self.worlds.append(world)
         return world
 
-    def fresh(self, wrapped: bool) -> Any:
+    def fresh(self, wrapped: bool, *, router: FakeRouter | None = None) -> Any:
         def make() -> rollout_calls.World:
             for world in self.worlds:
                 world.close()
             self.worlds.clear()
-            return self.world(wrapped)
+            return self.world(wrapped, router=router)
 
         return make
 
@@ -159,6 +169,12 @@ class RolloutSourceSuite:
         world = env.world()
         yield world
         world.close()
+
+    @pytest.fixture
+    def miles_router(self):
+        router = FakeRouter(kind="miles")
+        yield router
+        router.close()
 
     # ------------------------------------------------------------------ the model check
 
@@ -522,6 +538,79 @@ class RolloutSourceSuite:
         assert engine.__dict__["_lc_client"]._http.opened <= 2
         assert engine.__dict__["_lc_router"]._http.opened == 1
         assert engine._lc_key not in LocalDirectory.entries
+
+    # ------------------------------------------------------------------ a router that cannot remove a worker
+
+    def test_behind_a_router_that_cannot_remove_a_worker_requests_wait_on_the_pause(self, env, miles_router):
+        """miles' own router has no route that removes a worker: the server joins it once the first
+        version is whole and awake, and stays in it. A request routed to it while it sleeps waits on
+        SGLang's pause and is served after the wake, on the new version; then five cycles with
+        requests sent all along: every one served (none refused), each on the current version whole."""
+        world = env.world(router=miles_router)
+        methods, url = METHODS[self.framework], world.engine.lifecycle_state()["url"]
+        assert miles_router.urls() == [url]
+        methods["offload"](world)
+        assert miles_router.urls() == [url] and world.server.paused
+        assert world.engine.lifecycle.state is State.PAUSED
+        served = len(world.server.served)
+        methods["generate"](world)  # routed to the sleeping server: held by the pause
+        assert world.threads and len(world.server.served) == served
+        methods["onload_weights"](world)
+        rollout_calls.update_weights(world)
+        assert len(world.server.served) == served  # still held: the version is in, the KV cache is not
+        methods["onload_kv"](world)
+        for held in world.threads:
+            held.join(10)
+        generated = [s for s in world.server.served if s["path"] == "/generate"]
+        assert len(world.server.served) == served + 1 and generated[-1]["current"] == "2"
+        stop, answers = threading.Event(), []
+
+        def client() -> None:
+            while not stop.is_set():
+                answers.append(generate_through_router(world).status_code)
+
+        thread = threading.Thread(target=client, daemon=True)
+        thread.start()
+        for _ in range(5):
+            time.sleep(0.02)
+            weights_pushed(world, methods)
+            methods["onload_kv"](world)
+        time.sleep(0.05)
+        stop.set()
+        thread.join(30)
+        generated = [s for s in world.server.served if s["path"] == "/generate"]
+        print(
+            f"\nbehind a router that cannot remove a worker: {len(answers)} requests, {answers.count(200)} served"
+        )
+        assert check(world) is None and not world.errors, world.errors
+        assert answers and set(answers) == {200} and all(s["ok"] for s in generated)
+
+    def test_no_sequence_breaks_behind_a_router_that_cannot_remove_a_worker(self, env, miles_router):
+        """Every sequence up to the wrapped depth: no damage, and no call refused that sglang_router's
+        worker API would let through (a sleep that failed at the router would be one)."""
+        behind = explore(
+            env.fresh(wrapped=True, router=miles_router), METHODS[self.framework], WRAPPED_DEPTH, check
+        )
+        usual = explore(env.fresh(wrapped=True), METHODS[self.framework], WRAPPED_DEPTH, check)
+        print(f"\nbehind miles' router, up to length {WRAPPED_DEPTH}:\n{render(self.framework, behind)}")
+        assert behind.violations == 0, render(self.framework, behind)
+        assert (behind.sequences, behind.refusals) == (usual.sequences, usual.refusals)
+
+    def test_a_shutdown_kills_the_server_and_closes_the_wraps_own_thread_and_connections(
+        self, env, miles_router
+    ):
+        """The rollout manager's `shutdown` before its `ray.kill`: the server killed, out of the
+        router, and the wrap's helper thread and kept-alive connections closed. Behind a router that
+        cannot remove a worker too (the framework's own removal request goes nowhere there)."""
+        for router in (env.router, miles_router):
+            world = env.world(router=router)
+            engine, server, url = world.engine, world.server, world.engine.lifecycle_state()["url"]
+            connections = [engine.__dict__[k]._http for k in ("_lc_client", "_lc_router")]
+            helper = engine.__dict__["_lc_helper"]  # the wake's version query ran there
+            assert engine.shutdown() is None
+            assert not server.alive and url not in (router.urls() if router is env.router else [])
+            assert helper._shutdown and "_lc_helper" not in engine.__dict__
+            assert all(not c._idle for c in connections)
 
     # ------------------------------------------------------------------ refusals and idempotency
 

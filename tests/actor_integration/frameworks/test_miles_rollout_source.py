@@ -9,6 +9,9 @@ Needs miles' source: CI has no network, so the suite skips there; run it with
 
 from __future__ import annotations
 
+import pytest
+
+from lifecycle.logs import Event
 from tests.actor_integration.frameworks.rollout_source_suite import RolloutSourceSuite
 from tests.helpers.framework_source import suite_source
 from tests.helpers.miles_source import MilesSource
@@ -60,3 +63,30 @@ class TestMilesRollout(RolloutSourceSuite):
                 assert len(releases) == 5 and all("weights" not in tags for tags in releases), releases
             else:
                 assert found == KILLS + "a resume of a resident tag (KeyError)"
+
+    def test_miles_own_shutdown_behind_its_router_fails_before_the_kill_and_the_wrap_kills(
+        self, env, miles_router
+    ):
+        """With `--use-miles-router`, miles' `shutdown` asks its router `POST /remove_worker`, a route
+        that router lacks: its proxy passes the request to a server, which answers 404, and miles
+        raises before it kills the server (its `stop_engines` then logs the error and skips the
+        `ray.kill`). Under the wrap the server is killed, the call logged as absorbed, and it returns."""
+        import requests
+
+        plain = env.world(wrapped=False, router=miles_router)
+        with pytest.raises(requests.HTTPError, match="404"):
+            plain.engine.shutdown()
+        assert plain.server.alive  # left running, holding its GPU memory
+        world = env.world(router=miles_router)
+        events: list[tuple[Event, dict]] = []
+        log_event = world.engine._lc_event
+
+        def recording(name: Event, *args: object, **fields: object) -> None:
+            events.append((name, fields))
+            log_event(name, *args, **fields)
+
+        world.engine._lc_event = recording
+        assert world.engine.shutdown() is None and not world.server.alive
+        absorbed = [fields for name, fields in events if name == Event.ABSORBED]
+        assert len(absorbed) == 1 and absorbed[0]["call"] == "shutdown"
+        assert "404" in str(absorbed[0]["reason"]) and "'miles' API" in str(absorbed[0]["reason"])

@@ -60,6 +60,34 @@ class TestRouterWorkers:
             RouterWorkers(url, WORKER, timeout_s=2).remove()
         assert unreachable.value.fields["status"] is None and unreachable.value.fields["router"] == url
 
+    def test_miles_own_router_adds_and_lists_but_cannot_remove(self):
+        """miles' router (`--use-miles-router`): `/add_worker` (a second add is no error) and
+        `/list_workers`; with no removal route, remove() refuses before sending anything."""
+        router = FakeRouter(kind="miles")
+        try:
+            workers = RouterWorkers(router.url, WORKER, api="miles")
+            assert workers.removable is False and workers.listed() is False
+            workers.add()
+            workers.add()
+            assert router.urls() == [WORKER] and workers.listed() is True
+            sent = len(router.calls)
+            with pytest.raises(RouterError, match="no route that removes a worker") as refused:
+                workers.remove()
+            assert len(router.calls) == sent and router.urls() == [WORKER]
+            assert refused.value.fields["operation"] == "remove" and refused.value.fields["status"] is None
+        finally:
+            router.close()
+        assert all(RouterWorkers("http://r", WORKER, api=api).removable for api in ("workers", "legacy"))
+
+    def test_miles_chooses_its_own_routers_api_with_use_miles_router(self):
+        from types import SimpleNamespace
+
+        from actor_integration.frameworks.miles_rollout import MilesRolloutMixin
+
+        engine = MilesRolloutMixin()
+        engine.args = SimpleNamespace(use_miles_router=True)
+        assert engine.lifecycle_router_api() == "miles"
+
     def test_arguments_are_checked(self):
         with pytest.raises(ValueError, match="api must be one of"):
             RouterWorkers("http://r", WORKER, api="grpc")
