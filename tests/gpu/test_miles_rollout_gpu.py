@@ -1,7 +1,7 @@
 """miles' own `SGLangEngine` (its source at the commit `actor_integration.frameworks.miles` pins)
 under `MilesRolloutMixin`, as miles runs it: a Ray actor with miles' engine environment, launching a
 real SGLang 0.5.17 HTTP server through miles' own `launch_server_process`, behind a local router;
-the same seven tests as slime's (`test_slime_rollout_gpu.py`), on one server, in file order.
+the same tests as slime's (`test_slime_rollout_gpu.py`), on one server, in file order.
 
 miles at that commit computes only server arguments SGLang 0.5.17 has. Its trainer opens a
 weight-update session (`/begin_weight_update`) that 0.5.17 has no route for, so the framework's
@@ -27,6 +27,7 @@ from tests.gpu.test_slime_rollout_gpu import (  # after the skips: it needs both
     test_3_the_three_killing_sequences_are_absorbed_and_the_server_lives,
     test_4_requests_sent_all_along_are_never_served_on_released_or_stale_weights,
     test_5_our_sender_into_the_same_server_loads_the_same_weights_no_slower_than_the_frameworks_push,
+    test_5b_a_request_sent_to_the_sleeping_server_waits_for_the_wake_and_the_new_version,
     test_6_a_release_on_a_hung_server_is_a_typed_timeout_and_recovers_without_a_restart,
     test_7_a_killed_server_is_a_typed_error_naming_it_and_the_router_is_told,
 )
@@ -41,6 +42,7 @@ __all__ = [
     "test_3_the_three_killing_sequences_are_absorbed_and_the_server_lives",
     "test_4_requests_sent_all_along_are_never_served_on_released_or_stale_weights",
     "test_5_our_sender_into_the_same_server_loads_the_same_weights_no_slower_than_the_frameworks_push",
+    "test_5b_a_request_sent_to_the_sleeping_server_waits_for_the_wake_and_the_new_version",
     "test_6_a_release_on_a_hung_server_is_a_typed_timeout_and_recovers_without_a_restart",
     "test_7_a_killed_server_is_a_typed_error_naming_it_and_the_router_is_told",
 ]

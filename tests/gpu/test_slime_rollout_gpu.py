@@ -639,6 +639,58 @@ def test_5_our_sender_into_the_same_server_loads_the_same_weights_no_slower_than
     assert status_refused == 503 and figures["same_tokens_after_resend"], figures
 
 
+def test_5b_a_request_sent_to_the_sleeping_server_waits_for_the_wake_and_the_new_version(rig: Any) -> None:
+    """What miles' own router does with a sleeping server (it has no route that removes one): it
+    sends the request to the server. The request waits on SGLang's pause through the release, the
+    push and the continue the wrap holds back, and is answered after the wake with the new
+    version's tokens; the server lives."""
+    import psutil
+    import requests
+
+    engine, answers = rig["engine"], []
+    name = "B" if rig["version_set"][str(rig["version"])] == "A" else "A"
+
+    def send() -> None:
+        body = {"input_ids": PROMPTS, "sampling_params": {"temperature": 0.0, "max_new_tokens": NEW_TOKENS}}
+        try:
+            reply = requests.post(f"{rig['url']}/generate", json=body, timeout=120)
+            answers.append((reply.status_code, reply.json() if reply.status_code == 200 else reply.text))
+        except Exception as exc:
+            answers.append((type(exc).__name__, str(exc)))
+        answers.append(time.monotonic())
+
+    engine.release_memory_occupation()  # offload: out of the router, paused, released
+    thread = threading.Thread(target=send, daemon=True)
+    thread.start()
+    time.sleep(1.0)
+    held_asleep = not answers
+    rig["version"] += 1
+    engine.resume_memory_occupation(tags=["weights"])  # onload_weights
+    engine.pause_generation()
+    engine.flush_cache()
+    own_push(engine, rig["sets"][name], rig["version"])
+    engine.continue_generation()  # held back by the wrap until the wake
+    time.sleep(0.5)
+    held_loaded = not answers
+    woke = time.monotonic()
+    engine.resume_memory_occupation(tags=REST)  # onload_kv: continue, back into the router
+    rig["version_set"][str(rig["version"])] = name
+    thread.join(120)
+    (status, answer), answered = answers if len(answers) == 2 else (("no answer", None), None)
+    figures = {
+        "held_while_asleep_1s": held_asleep,
+        "held_after_the_push": held_loaded,
+        "status": status,
+        "answered_after_wake_start_ms": None if answered is None else round((answered - woke) * 1e3, 1),
+        "weight_version": answer[0].get("meta_info", {}).get("weight_version") if status == 200 else None,
+        "same_tokens": status == 200 and set_tokens(rig, name, answer),
+        "server_pid_alive": psutil.pid_exists(rig["pid"]),
+    }
+    record(f"{rig['framework']}_rollout_request_while_asleep", figures)
+    assert held_asleep and held_loaded and figures["same_tokens"], figures
+    assert figures["answered_after_wake_start_ms"] is not None and figures["answered_after_wake_start_ms"] > 0
+
+
 def test_6_a_release_on_a_hung_server_is_a_typed_timeout_and_recovers_without_a_restart(rig: Any) -> None:
     """The server's scheduler and detokenizer stopped (SIGSTOP: a hung scheduler) while it serves:
     the rollout manager's offload gets no answer to its flush. A typed timeout naming the server
