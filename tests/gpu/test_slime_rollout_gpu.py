@@ -618,7 +618,7 @@ def test_5_our_sender_into_the_same_server_loads_the_same_weights_no_slower_than
         "ours_all_ms": [round(v, 1) for v in ours],
         # the sender's: pack (and its CPU time), ready (packing and checksums), engine (acknowledgement)
         "ours_phases_ms": phases,
-        "ours_calls": ours_calls,  # per timed sync: {call: calls, ms, cpu_ms, max_ms}
+        "ours_calls": ours_calls,  # per timed sync: {call: calls, ms, median_ms, max_ms, cpu_ms}
         "host_during_ours": {k: v for k, v in ours_host.summary().items() if k != "profile"},
         "host_during_own": {k: v for k, v in own_host.summary().items() if k != "profile"},
         "profiled_syncs": profiled.summary(top=30),

@@ -3,50 +3,30 @@ a plain one at a running server (tests only; slime's and miles' engine actor mod
 
 from __future__ import annotations
 
-import statistics
-import threading
-import time
 import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
+from tests.helpers.host_time import CallTimes
 
-class RequestTimes:
-    """Wall time of HTTP requests, per "<who> <METHOD> <path>", while a test runs."""
 
-    def __init__(self) -> None:
-        self.rows: dict[str, list[float]] = {}
-        self.lock = threading.Lock()
+class RequestTimes(CallTimes):
+    """Each HTTP request's times, named "<who> <METHOD> <path>", while a test runs."""
 
-    def timed(
+    def request_timed(
         self, who: str, send: Callable[..., Any], method_at: int = 0, path_at: int = 1
     ) -> Callable[..., Any]:
         """`send` timed; its `method_at`-th and `path_at`-th arguments (or its `method` and `url`
         keywords, as `requests.post` passes them to `Session.request`) name the request."""
 
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            start = time.perf_counter()
-            try:
-                return send(*args, **kwargs)
-            finally:
-                spent = (time.perf_counter() - start) * 1e3
-                method = kwargs.get("method", args[method_at] if len(args) > method_at else "?")
-                target = str(kwargs.get("url", args[path_at] if len(args) > path_at else "?"))
-                path = urllib.parse.urlsplit(target).path if "://" in target else target.split("?")[0]
-                path = "/workers/{id}" if path.startswith("/workers/") else path
-                with self.lock:
-                    self.rows.setdefault(f"{who} {str(method).upper()} {path}", []).append(spent)
+        def name(*args: Any, **kwargs: Any) -> str:
+            method = kwargs.get("method", args[method_at] if len(args) > method_at else "?")
+            target = str(kwargs.get("url", args[path_at] if len(args) > path_at else "?"))
+            path = urllib.parse.urlsplit(target).path if "://" in target else target.split("?")[0]
+            path = "/workers/{id}" if path.startswith("/workers/") else path
+            return f"{who} {str(method).upper()} {path}"
 
-        return timed
-
-    def take(self) -> dict[str, dict[str, float]]:
-        """{request: n, median ms, max ms} since the last take."""
-        with self.lock:
-            rows, self.rows = self.rows, {}
-        return {
-            key: {"n": len(ms), "median_ms": round(statistics.median(ms), 3), "max_ms": round(max(ms), 3)}
-            for key, ms in sorted(rows.items())
-        }
+        return self.timed(send, name)
 
 
 class ActorReads:
@@ -72,7 +52,7 @@ class ActorReads:
         for key, who in (("_lc_client", "server"), ("_lc_router", "router")):
             client = self.__dict__.get(key)
             if client is not None:
-                client._http.request = times.timed(who, client._http.request)
+                client._http.request = times.request_timed(who, client._http.request)
 
     def lifecycle_request_times(self) -> dict[str, dict[str, float]]:
         times: RequestTimes = self.__dict__["_test_request_times"]
@@ -98,7 +78,7 @@ class PointAt:
 
         times = self.__dict__.setdefault("_test_request_times", RequestTimes())
         session = requests.sessions.Session
-        session.request = times.timed("server", session.request, method_at=1, path_at=2)  # type: ignore[method-assign]
+        session.request = times.request_timed("server", session.request, method_at=1, path_at=2)  # type: ignore[method-assign]
 
     def http_request_times(self) -> dict[str, dict[str, float]]:
         times: RequestTimes = self.__dict__["_test_request_times"]

@@ -30,9 +30,10 @@ import gc
 import io
 import os
 import pstats
+import statistics
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -259,49 +260,50 @@ class HostTime:
 
 
 class CallTimes:
-    """Wall and thread-CPU time of chosen methods of objects, per call name, until `take()`.
+    """Wall and thread-CPU time of calls, per name, until `take()` (thread-safe).
 
     `CallTimes().wrap(obj, ["export", "ready"])` replaces those methods on that instance with
-    timed ones (the class is untouched); a call inside another wrapped call counts in both."""
+    timed ones (the class is untouched); a call inside another wrapped call counts in both.
+    `timed(fn, name)` times any callable; `name` is a string or a function of the call's
+    arguments (`engine_actor_reads.RequestTimes` names each HTTP request by method and path)."""
 
     def __init__(self) -> None:
-        self._rows: dict[str, list[float]] = {}  # name: [calls, wall s, cpu s, longest wall s]
+        self._rows: dict[str, list[tuple[float, float]]] = {}  # name: [(wall s, cpu s) per call]
         self._lock = threading.Lock()
 
     def wrap(self, obj: Any, names: list[str], prefix: str | None = None) -> CallTimes:
         label = prefix if prefix is not None else type(obj).__name__
         for name in names:
             original = getattr(obj, name)  # AttributeError here, not at the first call
-            setattr(obj, name, self._timed(f"{label}.{name}", original))
+            setattr(obj, name, self.timed(original, f"{label}.{name}"))
         return self
 
-    def _timed(self, key: str, original: Any) -> Any:
+    def timed(self, original: Callable[..., Any], name: str | Callable[..., str]) -> Callable[..., Any]:
         def timed(*args: Any, **kwargs: Any) -> Any:
             wall, cpu = time.perf_counter(), time.thread_time()
             try:
                 return original(*args, **kwargs)
             finally:
-                spent = time.perf_counter() - wall
-                used = time.thread_time() - cpu
+                sample = (time.perf_counter() - wall, time.thread_time() - cpu)
+                key = name if isinstance(name, str) else name(*args, **kwargs)
                 with self._lock:
-                    row = self._rows.setdefault(key, [0, 0.0, 0.0, 0.0])
-                    row[0] += 1
-                    row[1] += spent
-                    row[2] += used
-                    row[3] = max(row[3], spent)
+                    self._rows.setdefault(key, []).append(sample)
 
         return timed
 
     def take(self) -> dict[str, dict[str, float]]:
-        """{name: calls, wall ms, its thread's CPU ms, longest call ms} since the last take."""
+        """{name: calls, wall ms in all, median and longest call ms, its thread's CPU ms in all},
+        by name, since the last take."""
         with self._lock:
             rows, self._rows = self._rows, {}
-        return {
-            key: {
-                "calls": int(n),
-                "ms": round(wall * 1e3, 3),
-                "cpu_ms": round(cpu * 1e3, 3),
-                "max_ms": round(longest * 1e3, 3),
+        taken: dict[str, dict[str, float]] = {}
+        for key, samples in sorted(rows.items()):
+            walls = [wall for wall, _cpu in samples]
+            taken[key] = {
+                "calls": len(samples),
+                "ms": round(sum(walls) * 1e3, 3),
+                "median_ms": round(statistics.median(walls) * 1e3, 3),
+                "max_ms": round(max(walls) * 1e3, 3),
+                "cpu_ms": round(sum(cpu for _wall, cpu in samples) * 1e3, 3),
             }
-            for key, (n, wall, cpu, longest) in rows.items()
-        }
+        return taken

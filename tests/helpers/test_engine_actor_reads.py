@@ -40,7 +40,7 @@ def test_the_lifecycles_requests_are_timed_per_path(servers: Any) -> None:
         "router GET /workers",
         "router DELETE /workers/{id}",
     }
-    assert times["server POST /flush_cache"]["n"] == 2 and times["server POST /flush_cache"]["max_ms"] > 0
+    assert times["server POST /flush_cache"]["calls"] == 2 and times["server POST /flush_cache"]["max_ms"] > 0
     assert actor.lifecycle_request_times() == {}  # taken
 
 
