@@ -15,8 +15,9 @@ of the job. Read from miles 31f1ca96 (`miles/backends/sglang_utils/sglang_engine
   `--offload-rollout-level`, `kv_cache` and `weights`. With the weights kept resident, plain miles'
   `onload_weights` resumes resident weights (SGLang's `KeyError`, the server exits); here it is a
   no-op and the weights stay valid.
-- `pause_generation(mode)` (miles' default "retract") is sent as given; the sleep pauses with
-  "abort" (retracted requests stay queued, and SGLang 0.5.17 asserts an idle scheduler on release).
+- `pause_generation(mode)` (miles' default "retract") is sent as given, except while the sleep's
+  pause holds (absorbed, as slime's); the sleep pauses with "abort" (retracted requests stay
+  queued, and SGLang 0.5.17 asserts an idle scheduler on release).
 - a version is whole at `end_weight_update()` (miles' weight-update session), else at
   `continue_generation()`; `begin_weight_update()` opens it. `update_weight_version(v)` relabels
   loaded weights.

@@ -154,6 +154,7 @@ class _ServerGeneration(EngineGeneration):
         super().__init__(server, mode="abort", flush_deadline_s=flush_deadline_s)
         self._while_leaving, self._close_buffers, self._rejoin = while_leaving, close_buffers, rejoin
         self.paused = False
+        self.by_sleep = False  # paused by the sleep, not continued since: nothing runs on the server
 
     def pause(self) -> None:
         # The server's requests go while the router takes it out (one round trip, not two): a
@@ -166,7 +167,7 @@ class _ServerGeneration(EngineGeneration):
         # Marked before the requests: a pause SGLang took whose flush then failed (a hung
         # scheduler) leaves the server paused, and the wake that recovers must continue it (a
         # continue on a server that never paused is harmless).
-        self.paused = True
+        self.paused = self.by_sleep = True
         self._close_buffers()
         EngineGeneration.pause(self)
 
@@ -557,7 +558,7 @@ class SGLangActorLifecycle:
 
         def continued() -> Any:
             result = resume()
-            generation.paused = False
+            generation.paused = generation.by_sleep = False
             return result
 
         return self._lc_alongside_router("joined", continued)
@@ -915,13 +916,23 @@ class SGLangActorLifecycle:
             self._lc_publish()
 
     def _lc_pause(self, call: str, pause: Callable[[], Any]) -> Any:
-        """The trainer's `pause_generation`: sent as it is (a second pause is harmless to SGLang); the
-        next bucket opens a version."""
+        """The trainer's `pause_generation`: the next bucket opens a version. Sent as it is, unless
+        the sleep paused the server and it has not continued since (absorbed, None): nothing runs
+        there, and SGLang's pause in "abort" mode (slime's) would abort the requests waiting on the
+        sleep's pause, which are otherwise served after the wake on the new version."""
         if self.node_rank != 0:
             raise self._lc_follower_error(call, "generation is node 0's to pause and continue")
         self.__dict__.update(_lc_update_open=True, _lc_loading=None, _lc_interrupted=False)
-        result = pause()
         generation: _ServerGeneration = self.__dict__["_lc_generation"]
+        if generation.by_sleep:
+            self._lc_event(
+                Event.ABSORBED,
+                call=call,
+                reason="generation is paused since the sleep and nothing runs; a second pause would abort "
+                "the requests waiting for the wake",
+            )
+            return None
+        result = pause()
         generation.paused = True
         return result
 

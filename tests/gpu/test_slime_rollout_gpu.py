@@ -642,8 +642,9 @@ def test_5_our_sender_into_the_same_server_loads_the_same_weights_no_slower_than
 def test_5b_a_request_sent_to_the_sleeping_server_waits_for_the_wake_and_the_new_version(rig: Any) -> None:
     """What miles' own router does with a sleeping server (it has no route that removes one): it
     sends the request to the server. The request waits on SGLang's pause through the release, the
-    push and the continue the wrap holds back, and is answered after the wake with the new
-    version's tokens; the server lives."""
+    trainer's pause (absorbed by the wrap: slime's, in "abort" mode, would abort the waiting
+    request), the push and the continue the wrap holds back, and is answered after the wake with
+    the new version's tokens; the server lives."""
     import psutil
     import requests
 

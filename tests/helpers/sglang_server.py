@@ -23,7 +23,10 @@ serialized with `encode_names`, as `SGLangHTTPEngine(serialize_names=encode_name
 which opens the trainer's buffers (shm on CPU), verifies and loads them, and writes its reply file.
 
 Generation waits while paused (SGLang's tokenizer manager holds requests on `is_pause`), and
-`/health_generate` answers 503 after its timeout then, without reaching the scheduler. Each
+`/health_generate` answers 503 after its timeout then, without reaching the scheduler. A request
+is registered before it waits, so an abort of every request meanwhile (a pause in "abort" mode,
+slime's trainer's; `/abort_request` with `abort_all`) reaches it: at the continue it is answered
+400, "Request ... was aborted" (`aborted` counts them), never served. Each
 generation that runs is recorded with the weights it read (`served`): per parameter, the version
 last written into it (`checkpoint` at launch, `garbage` after a release without backup).
 
@@ -129,6 +132,8 @@ class FakeSGLangServer:
         self.stalled: dict[str, threading.Event] = {}
         self.requests: list[tuple[str, str, Any]] = []
         self.served: list[dict[str, Any]] = []
+        self.aborts = 0  # aborts of every request so far (a pause in "abort" mode, abort_all)
+        self.aborted: list[str] = []  # requests that waited on the pause and were aborted meanwhile
         self.deaths: list[str] = []
         self.active = 0  # requests inside a handler, not waiting on the pause
         server = self
@@ -296,6 +301,7 @@ class FakeSGLangServer:
         if path == "/abort_request":
             with self.cond:
                 self.queued = {"running": 0, "waiting": 0}
+                self.aborts += bool(body.get("abort_all"))
             return 200, ""
         if path == "/pause_generation":
             mode = body.get("mode", "abort")
@@ -303,6 +309,7 @@ class FakeSGLangServer:
                 self.paused = True
                 if mode == "abort":
                     self.queued = {"running": 0, "waiting": 0}
+                    self.aborts += 1
                 elif mode == "retract":
                     self.queued = {"running": 0, "waiting": self.queued["running"] + self.queued["waiting"]}
             return 200, {"message": "Generation paused successfully.", "status": "ok"}
@@ -434,6 +441,7 @@ class FakeSGLangServer:
     def _generate(self, path: str, body: dict[str, Any], *, health: bool = False) -> tuple[int, Any]:
         started = time.monotonic()
         with self.cond:
+            aborts = self.aborts  # the request's state, registered before it waits
             self.active -= 1  # waiting on the pause is not running
             self.cond.notify_all()
             try:
@@ -445,6 +453,10 @@ class FakeSGLangServer:
                 self.active += 1
             if not self.alive:
                 raise _Dropped("dead")
+            if not health and self.aborts != aborts:
+                rid = f"fake-{len(self.requests)}"
+                self.aborted.append(rid)
+                return 400, {"error": {"message": f"Request {rid} was aborted"}}
             gpu_tags = {"weights", "kv_cache"} | ({"cuda_graph"} if self.cuda_graph else set())
             if self.released & gpu_tags:
                 self.die(

@@ -83,6 +83,32 @@ class TestWhatLiveServersDo:
         thread.join(5)
         assert len(answers[0][0]) == 2 and server.served[-1]["path"] == "/generate"
 
+    @pytest.mark.parametrize("mode", ["abort", "retract"])
+    def test_a_request_waiting_on_the_pause_is_aborted_by_a_second_pause_in_abort_mode(self, server, mode):
+        """SGLang registers a request before it waits on the pause, so an abort of every request
+        (a pause in "abort" mode) reaches it: at the continue it is answered 400, never served.
+        A pause in "retract" mode leaves it waiting; it is served after the continue."""
+        sglang = client(server)
+        sglang.pause_generation("abort")
+        answers = []
+
+        def send() -> None:
+            try:
+                answers.append(sglang.generate([[1]], max_new_tokens=2))
+            except SGLangServerError as exc:
+                answers.append(exc.fields["status"])
+
+        thread = threading.Thread(target=send)
+        thread.start()
+        time.sleep(0.2)
+        sglang.pause_generation(mode)
+        sglang.continue_generation()
+        thread.join(5)
+        if mode == "abort":
+            assert answers == [400] and len(server.aborted) == 1 and not server.served
+        else:
+            assert len(answers[0][0]) == 2 and not server.aborted and server.served
+
     def test_health_generate_while_paused_answers_503_without_reaching_the_scheduler(self, server):
         sglang = client(server)
         sglang.release_memory_occupation(None)
