@@ -86,6 +86,37 @@ def generate_through_router(world: rollout_calls.World) -> Any:
     return requests.post(f"{world.router.url}/generate", json=payload, timeout=5)
 
 
+def cycles_with_requests_all_along(
+    world: rollout_calls.World, methods: dict[str, Any], cycles: int = 5
+) -> list[Any]:
+    """`cycles` of the driver's loop while a client sends the rollout's requests through the router
+    without pause; each answer's status (or the exception's name)."""
+    stop, answers = threading.Event(), []
+
+    def client() -> None:
+        import requests
+
+        while not stop.is_set():
+            payload = {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2}}
+            try:
+                answers.append(
+                    requests.post(f"{world.router.url}/generate", json=payload, timeout=30).status_code
+                )
+            except Exception as exc:
+                answers.append(type(exc).__name__)
+
+    thread = threading.Thread(target=client, daemon=True)
+    thread.start()
+    for _ in range(cycles):
+        time.sleep(0.02)
+        weights_pushed(world, methods)
+        methods["onload_kv"](world)
+    time.sleep(0.05)
+    stop.set()
+    thread.join(30)
+    return answers
+
+
 def weights_pushed(world: rollout_calls.World, methods: dict[str, Any]) -> None:
     """The driver's sequence up to its onload_kv: offload, the weights' memory back, a version pushed."""
     methods["offload"](world)
@@ -257,29 +288,7 @@ class RolloutSourceSuite:
     def test_requests_sent_all_along_are_never_served_on_released_or_stale_weights(self, world):
         """A client sending the rollout's requests through the router without pause, through sleeps,
         syncs and wakes: each is served on the current version whole, or refused (no worker)."""
-        methods, stop, answers = METHODS[self.framework], threading.Event(), []
-
-        def client() -> None:
-            import requests
-
-            while not stop.is_set():
-                payload = {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2}}
-                try:
-                    answers.append(
-                        requests.post(f"{world.router.url}/generate", json=payload, timeout=30).status_code
-                    )
-                except Exception as exc:
-                    answers.append(type(exc).__name__)
-
-        thread = threading.Thread(target=client, daemon=True)
-        thread.start()
-        for _ in range(5):
-            time.sleep(0.02)
-            weights_pushed(world, methods)
-            methods["onload_kv"](world)
-        time.sleep(0.05)
-        stop.set()
-        thread.join(30)
+        answers = cycles_with_requests_all_along(world, METHODS[self.framework])
         generated = [s for s in world.server.served if s["path"] == "/generate"]
         print(
             f"\n{len(answers)} requests: {answers.count(200)} served, {answers.count(503)} found no worker; "
@@ -563,21 +572,7 @@ class RolloutSourceSuite:
             held.join(10)
         generated = [s for s in world.server.served if s["path"] == "/generate"]
         assert len(world.server.served) == served + 1 and generated[-1]["current"] == "2"
-        stop, answers = threading.Event(), []
-
-        def client() -> None:
-            while not stop.is_set():
-                answers.append(generate_through_router(world).status_code)
-
-        thread = threading.Thread(target=client, daemon=True)
-        thread.start()
-        for _ in range(5):
-            time.sleep(0.02)
-            weights_pushed(world, methods)
-            methods["onload_kv"](world)
-        time.sleep(0.05)
-        stop.set()
-        thread.join(30)
+        answers = cycles_with_requests_all_along(world, methods)
         generated = [s for s in world.server.served if s["path"] == "/generate"]
         print(
             f"\nbehind a router that cannot remove a worker: {len(answers)} requests, {answers.count(200)} served"
