@@ -526,14 +526,6 @@ class SGLangActorLifecycle:
 
     # ------------------------------------------------------------------ the router
 
-    def _lc_leave_router(self) -> None:
-        router: RouterWorkers | None = self.__dict__.get("_lc_router")
-        if router is None or not self.__dict__.get("_lc_admitted") or not router.removable:
-            return
-        router.remove()
-        self.__dict__["_lc_admitted"] = False
-        self._lc_event(Event.ROUTER, action="left", worker=router.worker_url, router=router.router_url)
-
     def _lc_leave_if_failed(self) -> None:
         """A FAILED engine (its server dead, or in an unknown state) is taken out of the router, best effort."""
         if self._lc is None or self._lc.state is not State.FAILED or not self.__dict__.get("_lc_admitted"):
@@ -624,7 +616,7 @@ class SGLangActorLifecycle:
     def _lc_leave_if_admitted(self) -> None:
         """Out of the router, best effort (a failure is logged)."""
         try:
-            self._lc_leave_router()
+            self._lc_alongside_router("left", lambda: None)
         except RouterError as exc:
             self._lc_event(Event.ROUTER, "warning", action="leave failed", reason=str(exc))
 
