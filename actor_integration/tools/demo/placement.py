@@ -32,6 +32,7 @@ from actor_integration.weight_sync.nodes import (
 from actor_integration.weight_sync.topology import SlotTopology
 
 VOCAB = 97
+ENGINE_KINDS = ("reference", "sglang")  # what the demo's checks branch on
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,10 @@ class Placement:
     designed: tuple[TransportRow, ...]  # what the node topology says they should choose
     nodes: dict[str, str]  # node id → "id8 (ip)"
     places: dict[str, dict[int, dict[str, Any]]]  # role → rank → where it runs (node, pid, GPUs)
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINE_KINDS:
+            raise ValueError(f"Placement: engine must be one of {list(ENGINE_KINDS)}, got {self.engine!r}")
 
     @property
     def transport(self) -> str:
@@ -103,7 +108,7 @@ def place(ray: Any, args: argparse.Namespace, device: str, out: Path, console: C
             f"{trainers} trainer ranks need {trainers} GPUs (one rank per GPU: NCCL refuses two "
             f"ranks on one GPU, 'Duplicate GPU detected'); this cluster has {gpus}"
         )
-    engine = getattr(args, "engine", "reference")
+    engine: str = getattr(args, "engine", "reference")
     if engine == "sglang" and device != "cuda":
         refuse("--engine sglang needs a GPU (SGLang runs on CUDA); torch sees none")
     if engine == "sglang":
@@ -195,13 +200,7 @@ def place(ray: Any, args: argparse.Namespace, device: str, out: Path, console: C
         device,
     )
     nodes = {n.node_id: n.label for n in cluster_nodes()}
-    for slot, (ranks, engine) in enumerate(
-        zip(topology.slots.slots, topology.slots.slot_engines, strict=True)
-    ):
-        node = topology.ranks[ranks[0]].node
-        console.print(
-            f"slot {slot} on node {nodes.get(node, node_label(node))}: trainer ranks {list(ranks)}, engine {engine}"
-        )
+    render_slots(topology, nodes, console)
     pairs = {p.rank: p for p in topology.pairs() if p.colocated}
     init_method = ray.get(actors[0].rendezvous.remote(), timeout=args.timeout_s)
     infos = ray.get(
@@ -288,6 +287,18 @@ def _node_topology(
         return NodeTopology.plan(SlotTopology.plan(trainers, engine_gpu_counts), ranks, engines)
     except PlacementError as exc:
         refuse(str(exc))
+
+
+def render_slots(topology: NodeTopology, nodes: dict[str, str], console: Console) -> None:
+    """One line per slot: its node, its trainer ranks and its engine index. A function of its own:
+    its loop variable once rebound `place`'s engine kind to the last slot's index (issue 46)."""
+    for slot, (ranks, index) in enumerate(
+        zip(topology.slots.slots, topology.slots.slot_engines, strict=True)
+    ):
+        node = topology.ranks[ranks[0]].node
+        console.print(
+            f"slot {slot} on node {nodes.get(node, node_label(node))}: trainer ranks {list(ranks)}, engine {index}"
+        )
 
 
 def render_transports(rows: tuple[TransportRow, ...], nodes: dict[str, str], console: Console) -> None:

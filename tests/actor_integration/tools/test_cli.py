@@ -46,6 +46,9 @@ class TestDemo:
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         summary = json.loads((out / "summary.json").read_text())
         assert summary["ok"] and summary["device"] == "cpu" and summary["transport"] == "shm"
+        # The engine kind the demo's checks branch on (once rebound to the last slot's index, 0,
+        # which made a SGLang run skip every SGLang check: issue 46).
+        assert summary["engine"] == "reference" and summary["sglang"] is None
         # Step 1's sync is skipped: its weights are not compared, and step 2 starts with a refusal.
         assert [s["checksum_ok"] for s in summary["steps"]] == [None, True, True]
         assert summary["steps"][0]["sync_skipped"] and summary["steps"][0]["stale_rollouts"] == {"0": None}
