@@ -20,6 +20,10 @@ SCATTER = 2  # bucket -> tensors: copy byte-exact (no write past a tensor's end)
 # the padding after it up to its 16-byte boundary, so a round whose entries tile their buckets
 # is checked against the senders' WSUM64 in the pass that writes it (the two-pass path).
 SCATTER_CHECKED = 3
+# tensors: checksum only, reading like GATHER (bytes past a tensor's end count as zeros), each word
+# weighted by its index in the bucket the tensor came from: the digest of what a round wrote,
+# computed where it was written, compared with the sender's WSUM64.
+DIGEST = 4
 COLUMNS = 4  # table row: src word offset, dst word offset, bytes, group << 32 | word index in the bucket
 
 
@@ -46,7 +50,8 @@ def segments_kernel(
     tag = tl.load(row + 3)
     pos = tag.to(tl.int32)  # the low 32 bits: word index in the bucket, wrapping like the checksum
     group = tag >> 32  # which (s1, s2) pair of `sums` this chunk adds to
-    nvec = (nbytes // 16) * 4 if MODE >= 2 else ((nbytes + 15) // 16) * 4  # words written
+    copies = MODE == 2 or MODE == 3  # byte-exact copies into tensors
+    nvec = (nbytes // 16) * 4 if copies else ((nbytes + 15) // 16) * 4  # words written
     nvec = tl.multiple_of(nvec, 4)
     nread = ((nbytes + 15) // 16) * 4 if MODE == 3 else nvec  # words read (and summed)
     nread = tl.multiple_of(nread, 4)
@@ -61,12 +66,12 @@ def segments_kernel(
         offs = lane + it * BLOCK
         mask = offs < nvec
         w = tl.load(src_ptr + offs, mask=offs < nread, other=0)
-        if MODE == 0:
-            # Bytes past the tensor's end (inside its last 16-byte word) are written as zeros.
+        if MODE == 0 or MODE == 4:
+            # Bytes past the tensor's end (inside its last 16-byte word) are written (or summed) as zeros.
             valid = tl.minimum(tl.maximum(nbytes - offs * 4, 0), 4)
             keep = tl.where(valid == 4, -1, (1 << (valid * 8)) - 1)
             w = w & keep
-        if MODE != 1:
+        if MODE == 0 or copies:
             tl.store(dst_ptr + offs, w, mask=mask)
         if MODE != 2:
             acc1 += w
@@ -76,7 +81,7 @@ def segments_kernel(
         # int64 (which wraps mod 2**64, a multiple of the 2**32 the checksum keeps).
         tl.atomic_add(sums + group * 2, tl.sum(acc1.to(tl.int64), axis=0), sem="relaxed")
         tl.atomic_add(sums + group * 2 + 1, tl.sum(acc2.to(tl.int64), axis=0), sem="relaxed")
-    if MODE >= 2:
+    if copies:
         tail = nbytes - nvec * 4  # 0 to 15 bytes after the last whole 16-byte word
         a8 = anchor.to(tl.pointer_type(tl.uint8))
         b = tl.arange(0, 16)

@@ -616,9 +616,10 @@ def checksum(region: torch.Tensor, nbytes: int, kind: str) -> int:
 _SLICE_WORDS = 1 << 24  # bounds the int64 temporaries of the torch fallback to 128 MiB
 
 
-def wsum64_sums(region: torch.Tensor, nbytes: int) -> torch.Tensor:
+def wsum64_sums(region: torch.Tensor, nbytes: int, *, first_word: int = 0) -> torch.Tensor:
     """(s1, s2) of WSUM64 as an int64 tensor on the region's device, not yet reduced mod 2**32
-    (no host sync): the torch fallback of the fused kernels."""
+    (no host sync): the torch fallback of the fused kernels. `first_word`: where the region's
+    first word sits in its bucket (the sums of the bucket's parts add up to the bucket's)."""
     end = padded(nbytes, ALIGN)
     if region.numel() < end:  # a host region cut at the payload: the tail words read as zeros
         tail = torch.zeros(end, dtype=torch.uint8, device=region.device)
@@ -628,10 +629,25 @@ def wsum64_sums(region: torch.Tensor, nbytes: int) -> torch.Tensor:
     total = torch.zeros(2, dtype=torch.int64, device=region.device)
     for start in range(0, words.numel(), _SLICE_WORDS):
         w = words[start : start + _SLICE_WORDS].to(torch.int64)
-        index = torch.arange(start + 1, start + 1 + w.numel(), dtype=torch.int64, device=region.device)
+        first = first_word + start + 1
+        index = torch.arange(first, first + w.numel(), dtype=torch.int64, device=region.device)
         total[0] += w.sum()
         total[1] += ((w * index) & _MASK32).sum()
     return total
+
+
+def wsum64_segment(tensor: torch.Tensor, offset: int) -> torch.Tensor:
+    """(s1, s2) of `tensor`'s bytes as they would sit at byte `offset` of a bucket whose other bytes
+    are zeros (any offset, any layout: a contiguous copy is taken where needed). Summed over the
+    entries of a bucket, this is the bucket's WSUM64: what a receiver wrote can be checked against
+    what the sender packed, wherever the bytes went."""
+    data = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+    lead = offset % WORD
+    if lead:  # a word shared with the bytes before: shift the segment onto word boundaries
+        shifted = torch.zeros(lead + data.numel(), dtype=torch.uint8, device=data.device)
+        shifted[lead:] = data
+        data = shifted
+    return wsum64_sums(data, data.numel(), first_word=offset // WORD)
 
 
 def wsum64_value(sums: torch.Tensor | Sequence[int]) -> int:

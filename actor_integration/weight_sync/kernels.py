@@ -35,16 +35,18 @@ import torch
 
 from actor_integration.weight_sync.buckets import (
     ALIGN,
+    WORD,
     Bucket,
     PackedEntries,
     no_data_error,
     pack_into,
     padded,
+    wsum64_segment,
     wsum64_sums,
     wsum64_value,
 )
 
-GATHER, VERIFY, SCATTER, SCATTER_CHECKED = 0, 1, 2, 3
+GATHER, VERIFY, SCATTER, SCATTER_CHECKED, DIGEST = 0, 1, 2, 3, 4
 
 
 def _tuning() -> dict[str, int]:
@@ -188,6 +190,13 @@ class Table:
             gate,
         )
 
+    def reading_targets(self) -> Table:
+        """The same rows reading where they write (a scatter's targets): run as DIGEST, the sums
+        of what the targets hold, each word weighted by its place in its bucket."""
+        rows = self.rows.clone()
+        rows[:, 0] = rows[:, 1]
+        return Table(rows, self.count)
+
 
 _warmed: set[Any] = set()
 
@@ -210,7 +219,7 @@ def warm_up(device: torch.device | str | int | None = None) -> bool:
         one = torch.tensor([16], dtype=torch.int64)
         table = Table.build(device, where, where + 32, one, torch.zeros(1, dtype=torch.int64))
         sums = torch.zeros((1, 2), dtype=torch.int64, device=device)
-        for mode in (GATHER, VERIFY, SCATTER, SCATTER_CHECKED):
+        for mode in (GATHER, VERIFY, SCATTER, SCATTER_CHECKED, DIGEST):
             table.run(mode, device, sums)
         table.run(SCATTER, device, gate=torch.ones(1, dtype=torch.int32, device=device))  # the gated copy
         if device.type == "cuda":
@@ -492,6 +501,7 @@ class ScatterPlan:
     slow_bytes: int
     slow_extents: Table | None = None  # verify rows over the torch-copied targets' places in their buckets
     buckets: int = 0
+    digest: Table | None = None  # the fast rows reading their targets (`scatter_digest`), made on first use
 
 
 def plan_scatter(
@@ -588,6 +598,53 @@ def scatter_checked(
     return sums
 
 
+# ---------------------------------------------------------------------------------------------- written
+
+
+def written_sums(
+    segments: Sequence[tuple[torch.Tensor, int, int]], groups: int, device: torch.device | str
+) -> torch.Tensor:
+    """The digest of what a round wrote, computed where it was written: an int64 (groups, 2)
+    tensor on `device` (no host sync) of each bucket's WSUM64 (s1, s2) over what the tensors hold
+    now. `segments`: (tensor, bucket, byte offset of its bytes in that bucket), tiling the bucket's
+    entries; a tensor that holds what was sent adds exactly what its bytes added to the sender's
+    sums, so the totals equal the senders' values iff every written tensor holds the sent bytes."""
+    device = normalized(device)
+    sums = torch.zeros((groups, 2), dtype=torch.int64, device=device)
+    use_kernel = fused(device)
+    ready = [use_kernel and o % WORD == 0 and _kernel_ready(t, device) for t, _g, o in segments]
+    fast = [s for s, ok in zip(segments, ready, strict=True) if ok]
+    if fast:
+        where = _addresses([t for t, _g, _o in fast])
+        Table.build(
+            device,
+            where,
+            where,
+            torch.tensor([t.numel() * t.element_size() for t, _g, _o in fast], dtype=torch.int64),
+            torch.tensor([o for _t, _g, o in fast], dtype=torch.int64),
+            groups=torch.tensor([g for _t, g, _o in fast], dtype=torch.int64),
+        ).run(DIGEST, device, sums)
+    for (tensor, group, offset), ok in zip(segments, ready, strict=True):
+        if not ok:
+            sums[group] += wsum64_segment(tensor, offset).to(device)
+    return sums
+
+
+def scatter_digest(plan: ScatterPlan, device: torch.device | str) -> torch.Tensor:
+    """`written_sums` of a scatter's targets, per bucket of the plan (no host sync): the fast rows
+    read back where they wrote, the torch-copied targets summed by torch."""
+    device = normalized(device)
+    sums = torch.zeros((plan.buckets, 2), dtype=torch.int64, device=device)
+    if plan.fast is not None:
+        if plan.digest is None:
+            plan.digest = plan.fast.reading_targets()
+        plan.digest.run(DIGEST, device, sums)
+    for k, offset, nbytes, target in plan.slow:
+        if nbytes:
+            sums[k] += wsum64_segment(target, offset).to(device)
+    return sums
+
+
 # ---------------------------------------------------------------------------------------------- check
 
 
@@ -678,6 +735,26 @@ def self_check(device: torch.device | str, *, large: bool = True, seed: int = 0)
             problems.append(f"checked scatter: {name!r} ({entry.nbytes} bytes) differs from the source")
     if not bool((arena[untouched] == 0xC3).all()):
         problems.append("checked scatter: wrote outside its targets (sentinel bytes changed)")
+    # The digest of what was written, read back from the targets: the sentinels after each target
+    # must not count, and one changed byte in a target must show.
+    (digest,) = scatter_digest(plan, device).tolist()
+    if wsum64_value(digest) != reference_sum:
+        problems.append(
+            f"digest: the targets' sums {wsum64_value(digest):#x}, the sent bucket's {reference_sum:#x}"
+        )
+    segments = [(t, 0, e.offset) for e, t in zip(bucket.entries, targets, strict=True)]
+    (listed,) = written_sums(segments, 1, device).tolist()
+    if wsum64_value(listed) != reference_sum:
+        problems.append(
+            f"digest: written_sums gave {wsum64_value(listed):#x}, the sent bucket's {reference_sum:#x}"
+        )
+    largest = max(range(len(targets)), key=lambda i: bucket.entries[i].nbytes)
+    flat = targets[largest].reshape(-1).view(torch.uint8)
+    flat[7] ^= 0x01
+    (changed,) = scatter_digest(plan, device).tolist()
+    flat[7] ^= 0x01
+    if wsum64_value(changed) == reference_sum:
+        problems.append("digest: a changed byte in a written target left the digest unchanged")
     fused_region[5] ^= 0x10  # a flipped bit in the bucket: the checked copy must see it
     (flipped,) = scatter_checked(plan, [fused_region], [bucket.nbytes], device).tolist()
     fused_region[5] ^= 0x10

@@ -3,6 +3,7 @@ kernels, the Triton kernel itself under TRITON_INTERPRET (where Triton is instal
 manifests and the layout cache. The GPU tests run the compiled kernel against the same checks."""
 
 import importlib.util
+import itertools
 import os
 import pickle
 import subprocess
@@ -54,6 +55,23 @@ class TestWsum64:
         s2 = (-1 * 1 - 1 * 2 + (2**31 - 1) * 3 + 7 * 4) % 2**32
         assert value == (s2 << 32) | s1
 
+    def test_the_sums_of_any_split_of_a_bucket_add_up_to_its_checksum(self):
+        """What a receiver wrote is checked piece by piece, wherever each piece went: the pieces'
+        sums at their offsets (any byte boundary) add up to the whole bucket's WSUM64."""
+        g = torch.Generator().manual_seed(3)
+        region = torch.randint(0, 256, (1001,), generator=g, dtype=torch.uint8)
+        cuts = [0, 1, 2, 7, 16, 17, 333, 334, 998, 1001]
+        total = sum(buckets_module.wsum64_segment(region[a:b], a) for a, b in itertools.pairwise(cuts))
+        assert buckets_module.wsum64_value(total) == checksum(region, 1001, WSUM64)
+        moved = region[333:998].clone()  # a piece held elsewhere, as a parameter holds it
+        assert torch.equal(
+            buckets_module.wsum64_segment(moved, 333), buckets_module.wsum64_segment(region[333:998], 333)
+        )
+        moved[100] ^= 1
+        assert not torch.equal(
+            buckets_module.wsum64_segment(moved, 333), buckets_module.wsum64_segment(region[333:998], 333)
+        )
+
 
 class TestTorchPath:
     def test_awkward_tensors_pack_verify_and_unpack_like_torch(self):
@@ -101,7 +119,8 @@ class TestTritonKernelCompiled:
     def test_every_mode_compiles_for_sm90_with_16_byte_vector_loads_and_stores(self):
         """Compiled for an H100/H200 target without a GPU (pointers 16-byte aligned, as Triton
         specialises them at launch): the copy modes move whole 16-byte vectors, the checked
-        copy like the plain one, and the checksummed modes add with atomics."""
+        copy like the plain one, the checksummed modes add with atomics, and the digest of what
+        was written reads and adds without storing anything."""
         code = (
             "import re, triton\n"
             "from triton.backends.compiler import GPUTarget\n"
@@ -110,12 +129,14 @@ class TestTritonKernelCompiled:
             "signature = {'anchor': '*i32', 'table': '*i64', 'sums': '*i64', 'gate': '*i32', 'MODE': 'constexpr',"
             " 'BLOCK': 'constexpr', 'ITERS': 'constexpr', 'GATED': 'constexpr'}\n"
             "attrs = {(i,): [['tt.divisibility', 16]] for i in range(4)}\n"
-            "for mode in range(4):\n"
+            "for mode in range(5):\n"
             "    constexprs = {'MODE': mode, 'BLOCK': 1024, 'ITERS': 16, 'GATED': False}\n"
             "    source = ASTSource(fn=k.segments_kernel, signature=signature, constexprs=constexprs, attrs=attrs)\n"
             "    ptx = triton.compile(source, target=GPUTarget('cuda', 90, 32), options={'num_warps': 4}).asm['ptx']\n"
-            "    ops = re.findall(r'\\b((?:ld|st)\\.global\\.v4|red\\.global)', ptx)\n"
-            "    print(mode, ops.count('ld.global.v4'), ops.count('st.global.v4'), ops.count('red.global'))\n"
+            # Atomic adds whose result is unused: red.global (older Triton) or atom.global (Triton 3.8).
+            "    ops = re.findall(r'\\b((?:ld|st)\\.global\\.v4|(?:red|atom)\\.global)', ptx)\n"
+            "    atomics = ops.count('red.global') + ops.count('atom.global')\n"
+            "    print(mode, ops.count('ld.global.v4'), ops.count('st.global.v4'), atomics)\n"
         )
         env = dict(
             os.environ, TRITON_DEFAULT_FP_FUSION="1", PYTHONPATH=os.pathsep.join([str(REPO), *sys.path])
@@ -127,10 +148,10 @@ class TestTritonKernelCompiled:
         counts = {
             int(line.split()[0]): [int(v) for v in line.split()[1:]] for line in run.stdout.splitlines()
         }
-        gather, verify, scatter, checked = (counts[m] for m in range(4))
+        gather, verify, scatter, checked, digest = (counts[m] for m in range(5))
         assert all(c[0] > 0 for c in counts.values())  # 16-byte loads in every mode
-        assert gather[1] > 0 and scatter[1] > 0 and checked[1] == scatter[1] and verify[1] == 0
-        assert gather[2] == verify[2] == checked[2] > 0 and scatter[2] == 0
+        assert gather[1] > 0 and scatter[1] > 0 and checked[1] == scatter[1] and verify[1] == digest[1] == 0
+        assert gather[2] == verify[2] == checked[2] == digest[2] > 0 and scatter[2] == 0
 
 
 class TestTilesBucket:
