@@ -199,6 +199,14 @@ class CorruptBucketError(WeightSyncError):
     unless `written` is true (a receiver that checks while it writes, `keep_previous=False`)."""
 
 
+class WrittenWeightsError(WeightSyncError):
+    """After a round was written, the engine's tensors do not hold what the senders sent: the digest
+    of what was written, computed where it was written, differs from the senders' checksum of the
+    buckets (a loader or copy wrote something else). The weights are unknown (generation refused)
+    until a round loads whole. Fields: version, round, buckets (their indices), expected, got,
+    written (always true)."""
+
+
 # ---------------------------------------------------------------------- rollout engines (SGLang)
 
 

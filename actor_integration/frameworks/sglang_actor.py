@@ -69,7 +69,12 @@ from actor_integration.frameworks.router import RouterWorkers
 from actor_integration.rollout.engine import EngineGeneration
 from actor_integration.rollout.sglang_http import SGLangHTTPEngine
 from actor_integration.rollout.sglang_scheduler import SCHEDULER_LOADER
-from actor_integration.weight_sync.wire import CorruptBucketError, RankPayload, WeightSyncError
+from actor_integration.weight_sync.wire import (
+    CorruptBucketError,
+    RankPayload,
+    WeightSyncError,
+    WrittenWeightsError,
+)
 from lifecycle import Contents, Hooks, Lifecycle, LifecyclePolicy, Residency, State
 from lifecycle.errors import IllegalTransitionError, LifecycleFailedError
 from lifecycle.events import configure_rank_log, log_path
@@ -783,6 +788,7 @@ class SGLangActorLifecycle:
                     version=version,
                     bytes=sent[1],  # the version's rounds loaded before this one, as RolloutActor logs them
                     checksum_ok=not isinstance(error, CorruptBucketError),
+                    digest_ok=False if isinstance(error, WrittenWeightsError) else None,
                     written=bool(error.fields.get("written")),
                     duration_ms=round((time.perf_counter() - sent[0]) * 1e3, 3),
                     transport=first.transport,
@@ -796,6 +802,7 @@ class SGLangActorLifecycle:
                     version=version,
                     bytes=sent[1],
                     checksum_ok=True,
+                    digest_ok=answer["timings"].get("digest"),  # the schedulers read back what they wrote
                     duration_ms=round((time.perf_counter() - sent[0]) * 1e3, 3),
                     transport=first.transport,
                     ok=True,

@@ -34,7 +34,7 @@ from actor_integration.rollout.engine import (
     RolloutEngine,
 )
 from actor_integration.weight_sync.receiver import VersionGate, WeightReceiver
-from actor_integration.weight_sync.wire import CorruptBucketError, RankPayload
+from actor_integration.weight_sync.wire import CorruptBucketError, RankPayload, WrittenWeightsError
 from lifecycle import Contents, Hooks, Lifecycle, LifecyclePolicy, State
 from lifecycle.errors import LifecycleError
 from lifecycle.events import configure_rank_log, log_path
@@ -114,6 +114,7 @@ class RolloutActor:
         if callable(describe):
             self.lifecycle.bind(engine=describe())  # which engine and version every log line is about
         self._loaded_bytes = 0
+        self._digests: list[bool | None] = []  # per round of the version being loaded
         self._engine_ms: dict[str, Any] = {}  # the engine's own phases of the last round (LoadsPayloads)
         self._unopened = False
         self._stages = bool(getattr(built, "stages_weights", False))
@@ -205,6 +206,7 @@ class RolloutActor:
         if round_index == 0:
             self._loaded_bytes = 0
             self._engine_ms = {}  # a version loaded another way reports no engine phases
+            self._digests = []
         final = payloads[0].final
         overwriting = final if self._stages else round_index == 0
 
@@ -236,6 +238,7 @@ class RolloutActor:
                         version, payloads, round_index=round_index, final=final
                     )
                     self._engine_ms = loaded.get("timings") or {}
+                    self._digests.append(self._engine_ms.get("digest"))
                 except CorruptBucketError:
                     raise  # verified before any write; accounted for below
                 except BaseException as error:
@@ -251,6 +254,7 @@ class RolloutActor:
                 targets = self.engine.weight_targets(version, round_index=round_index, final=final)  # type: ignore[attr-defined]
                 self._unopened = False  # from here on the receiver accounts for every bucket
                 loaded = self.receiver.load_into(payloads, targets, before_write=before_write)
+                self._digests.append(self.receiver.last_digest)
                 self.engine.weights_written(  # type: ignore[attr-defined]
                     version, loaded.names, round_index=round_index, final=final
                 )
@@ -268,6 +272,7 @@ class RolloutActor:
                             version, received.shards, round_index=received.round, final=received.final
                         )
                     nbytes, transport = received.nbytes, received.transport
+                self._digests.append(None)  # the engine copied the views itself: nothing read back
             self._loaded_bytes += nbytes
         except CorruptBucketError as error:
             elapsed = time.perf_counter() - self.gate.started
@@ -295,6 +300,27 @@ class RolloutActor:
                 ok=False,
             )
             raise
+        except WrittenWeightsError as error:
+            self.gate.abort()
+            # Written, and not what was sent: unknown until a round loads whole, whatever wrote it.
+            self.lifecycle.note_weights(
+                Contents.UNKNOWN,
+                version,
+                reason=f"version {version}: the written weights differ from what was sent",
+            )
+            self.lifecycle.event(
+                Event.SYNC_LOADED,
+                "error",
+                version=version,
+                bytes=self._loaded_bytes,
+                checksum_ok=True,
+                digest_ok=False,
+                buckets=error.fields.get("buckets"),
+                written=True,
+                transport=payloads[0].transport,
+                ok=False,
+            )
+            raise
         except BaseException:
             self.gate.abort()
             raise
@@ -307,6 +333,9 @@ class RolloutActor:
                 version=version,
                 bytes=self._loaded_bytes,
                 checksum_ok=self.receiver.verify,
+                # What the engine holds, read back where it was written: True when every round was
+                # checked, None where a round could not be (the engine copied it itself).
+                digest_ok=None if None in self._digests else all(self._digests),
                 duration_ms=round(elapsed * 1e3, 3),
                 transport=transport,
                 ok=True,

@@ -80,6 +80,23 @@ class LoadPlans:
         self._plans[key] = None
         return LOADERS
 
+    def written(self, model: Any, key: Any) -> list[tuple[torch.Tensor, int, int]] | None:
+        """Where the layout's last load put each received tensor: (the parameter's view, bucket,
+        byte offset in the bucket), for the digest of what was written; None where the loaders
+        transform or shard the tensors (no plan: what they wrote cannot be read back as sent)."""
+        plan = self._plans.get(key)
+        if plan is None:
+            return None
+        params = dict(model.named_parameters())
+        return [
+            (
+                params[c.param].data.as_strided(c.shape, c.dst_stride, c.dst_offset),
+                c.bucket,
+                c.src_offset * c.dtype.itemsize,
+            )
+            for c in plan.copies
+        ]
+
     def forget(self) -> None:
         self._plans.clear()
 

@@ -162,10 +162,17 @@ def decode_payload(data: dict[str, Any]) -> RankPayload:
 
 
 def encode_request(
-    op: str, *, call: str, reply: str, ranks: int, payloads: Sequence[RankPayload] | None = None
+    op: str,
+    *,
+    call: str,
+    reply: str,
+    ranks: int,
+    payloads: Sequence[RankPayload] | None = None,
+    digest: bool = True,
 ) -> list[str]:
     """The tensor names of one call: one request per TP rank, in TP rank order (SGLang gives every
-    rank the same list; each reads its own entry)."""
+    rank the same list; each reads its own entry). `digest`: a round's schedulers read back what
+    they wrote and compare it with the senders' checksums."""
     if op not in OPS:
         raise ValueError(f"unknown scheduler op {op!r}; one of {list(OPS)}")
     if payloads is not None and len(payloads) != ranks:
@@ -178,6 +185,7 @@ def encode_request(
         request: dict[str, Any] = {"op": op, "call": call, "reply": reply, "rank": rank}
         if payloads is not None:
             request["payload"] = encode_payload(payloads[rank])
+            request["digest"] = digest
         names.append(PREFIX + json.dumps(request, separators=(",", ":")))
     return names
 
@@ -258,6 +266,13 @@ def _load_round(model: Any, request: dict[str, Any], group: Any) -> dict[str, An
         except Exception as exc:
             loaded = _failure(exc, written=True)
         timings["load_ms"] = _ms(t1)
+        if loaded["ok"] and request.get("digest", True):
+            t3 = time.perf_counter()
+            try:  # read back what was written, before the buckets close (their trailers hold the sums)
+                loaded["digest"] = _written_digest(model, payload, received.buckets[0])
+            except Exception as exc:
+                loaded = _failure(exc, written=True)
+            timings["digest_ms"] = _ms(t3)
     t2 = time.perf_counter()
     try:
         stack.close()  # waits for the copies: the trainer may overwrite its buffers once we answer
@@ -271,7 +286,41 @@ def _load_round(model: Any, request: dict[str, Any], group: Any) -> dict[str, An
     outcome = _gathered(loaded, group)
     outcome["timings"] = timings
     outcome["load"] = loaded.get("load")
+    digests = [r.get("digest") for r in outcome["ranks"] if r is not None]
+    outcome["digest"] = True if digests and all(d is True for d in digests) else None
     return outcome
+
+
+def _written_digest(model: Any, payload: RankPayload, buckets: Sequence[tuple[Any, Any]]) -> bool | None:
+    """Whether this rank's parameters hold what was sent (the digest of what the copies wrote,
+    read where they wrote it, against the senders' sums); None where it cannot be told (SGLang's
+    loaders transform or shard the tensors, or the buckets carry no device checksum). Raises
+    `WrittenWeightsError` on a mismatch."""
+    from actor_integration.errors import WrittenWeightsError
+    from actor_integration.weight_sync import kernels
+    from actor_integration.weight_sync.receiver import mismatched, sent_sums
+
+    segments = _plans.written(model, _layout(payload))
+    if not segments:
+        return None
+    device = segments[0][0].device
+    sent = sent_sums(buckets, device)
+    if sent is None:
+        return None
+    bad = mismatched(kernels.written_sums(segments, len(buckets), device), sent)
+    if bad:
+        indices = [buckets[i][1].index for i in bad]
+        raise WrittenWeightsError(
+            f"version {payload.version} round {payload.round}: after SGLang's loaders ran, the parameters "
+            f"do not hold what was sent in bucket(s) {indices} of rank {payload.rank} (the digest of the "
+            "written parameters against the senders' checksum)",
+            version=payload.version,
+            round=payload.round,
+            rank=payload.rank,
+            buckets=indices,
+            written=True,
+        )
+    return True
 
 
 def _layout(payload: RankPayload) -> Any:

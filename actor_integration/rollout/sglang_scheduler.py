@@ -21,7 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from actor_integration.rollout import sglang_receiver
-from actor_integration.weight_sync.wire import CorruptBucketError, RankPayload, WeightSyncError
+from actor_integration.weight_sync.wire import (
+    CorruptBucketError,
+    RankPayload,
+    WeightSyncError,
+    WrittenWeightsError,
+)
 
 SCHEDULER_LOADER = sglang_receiver.LOADER
 
@@ -48,6 +53,9 @@ class SchedulerReceiverCalls:
     _mixed: int | None
     _reply_dir: Path
     _calls: Iterator[int]
+    # Each round's schedulers read back what they wrote and compare it with the senders' checksums
+    # (about a read of the weights on the GPU); False skips it.
+    weight_digest: bool = True
 
     # ------------------------------------------------------------------ what the host provides
 
@@ -120,6 +128,7 @@ class SchedulerReceiverCalls:
             "scheduler_ms": reply.get("ms"),
             "call_ms": round((time.perf_counter() - started) * 1e3, 3),
             "load_path": reply.get("load"),  # SGLang's loaders, or their recorded copies (load_plan.py)
+            "digest": reply.get("digest"),  # the schedulers read back what they wrote (None: could not)
         }
         return {"nbytes": sum(p.nbytes for p in payloads), "timings": timings}
 
@@ -154,7 +163,12 @@ class SchedulerReceiverCalls:
         call = f"{os.getpid()}-{next(self._calls)}-{uuid.uuid4().hex[:6]}"
         reply_path = self._reply_dir / f"{call}.json"
         names = sglang_receiver.encode_request(
-            op, call=call, reply=str(reply_path), ranks=self.tp_size, payloads=payloads
+            op,
+            call=call,
+            reply=str(reply_path),
+            ranks=self.tp_size,
+            payloads=payloads,
+            digest=self.weight_digest,
         )
         serialized = self._serialize_names(names)
         with self._weight_session(round_index=round_index, final=final):
@@ -193,4 +207,6 @@ class SchedulerReceiverCalls:
         fields = {**(first.get("fields") or {}), "version": version, "written": written, "tp_ranks": ranks}
         if first.get("error") == "CorruptBucketError":
             raise CorruptBucketError(message, **fields)
+        if first.get("error") == "WrittenWeightsError":
+            raise WrittenWeightsError(message, **fields)
         raise WeightSyncError(message, **{**fields, "error": first.get("error")})

@@ -66,6 +66,7 @@ from actor_integration.weight_sync.wire import (
     StaleVersionError,
     WeightSyncError,
     WeightSyncTimeout,
+    WrittenWeightsError,
     payload_mismatch,
 )
 
@@ -101,6 +102,7 @@ __all__ = [
     "WeightSyncError",
     "WeightSyncTimeout",
     "WeightTargets",
+    "WrittenWeightsError",
     "configure_sender",
     "decide_transport",
     "iter_buckets",

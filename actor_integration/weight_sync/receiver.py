@@ -15,6 +15,13 @@ then writes the round while checksumming what it reads (one read of the buckets,
 the engine's tensors) and compares afterwards. A corrupt bucket is still refused with
 `CorruptBucketError` (its `written` field true), but the targets hold part of the round by then:
 the rollout marks its weights invalid until a round loads whole (the sender re-sends it once).
+
+After the copies, `load_into` checks what it wrote where it wrote it (`digest`, on by default): the
+WSUM64 of every target, each word weighted by its place in the bucket it came from, summed per
+bucket on the device (one launch, a read of the written bytes) and compared with the senders'
+checksums. A mismatch raises `WrittenWeightsError`: the engine does not hold what was sent.
+`sent_sums` and `mismatched` are the same check for receivers that write elsewhere (SGLang's
+schedulers, through their copy plans).
 """
 
 from __future__ import annotations
@@ -29,11 +36,18 @@ from typing import Any, overload
 
 import torch
 
-from actor_integration.errors import CorruptBucketError, StaleVersionError, WeightSyncError
+from actor_integration.errors import (
+    CorruptBucketError,
+    StaleVersionError,
+    WeightSyncError,
+    WrittenWeightsError,
+)
 from actor_integration.weight_sync import kernels
 from actor_integration.weight_sync.buckets import (
     ALIGN,
+    CRC32,
     NONE,
+    SUM32,
     WSUM64,
     WSUM64_DEVICE,
     BucketManifest,
@@ -43,12 +57,21 @@ from actor_integration.weight_sync.buckets import (
     padded,
     tiles_bucket,
     unpack,
+    wsum64_sums,
     wsum64_value,
 )
 from actor_integration.weight_sync.transport import ReceiverTransport, receiver_class
 from actor_integration.weight_sync.wire import RankPayload, payload_mismatch
 
-__all__ = ["LoadedRound", "ReceivedRound", "VersionGate", "WeightReceiver", "WeightTargets"]
+__all__ = [
+    "LoadedRound",
+    "ReceivedRound",
+    "VersionGate",
+    "WeightReceiver",
+    "WeightTargets",
+    "mismatched",
+    "sent_sums",
+]
 
 
 @dataclass(frozen=True)
@@ -196,6 +219,11 @@ class WeightReceiver:
     passes; a corrupt round has then been written (`CorruptBucketError.written`), the engine's
     weights are invalid until the round is sent again. Rounds the copy cannot check whole (host
     checksums, a layout that does not tile its buckets) are verified first either way.
+
+    `digest` (default True): after `load_into` wrote a round, the targets are read back on the
+    device and their digest compared with the senders' checksums (`WrittenWeightsError` on a
+    mismatch); `last_digest` says whether the last round was checked (True), or could not be
+    (None: no device checksum sent, or verification off). About a read of the written bytes.
     """
 
     def __init__(
@@ -203,10 +231,13 @@ class WeightReceiver:
         *,
         verify: bool = True,
         keep_previous: bool = True,
+        digest: bool = True,
         transports: Mapping[str, ReceiverTransport] | None = None,
     ) -> None:
         self.verify = verify
         self.keep_previous = keep_previous
+        self.digest = digest
+        self.last_digest: bool | None = None
         self._transports: dict[str, ReceiverTransport] = dict(transports or {})
         self._uploads: dict[tuple[torch.device, int, int], torch.Tensor] = {}  # device copies of host buckets
         self._plans: OrderedDict[Any, _Plan] = OrderedDict()
@@ -292,6 +323,7 @@ class WeightReceiver:
                 plan = self._plan(buckets, targets)
                 if plan.tiled:
                     self._write_checked(buckets, plan, transport, timings, before_write)
+                    self._check_written(buckets, plan, timings)
                     return _loaded(first, buckets, len(payloads))
             pending = self._launch_verify(buckets)
             plan = self._plan(buckets, targets)  # host work, while the device verifies
@@ -315,6 +347,7 @@ class WeightReceiver:
                 if device.type == "cuda":
                     torch.cuda.current_stream(device).synchronize()
             timings["copy_ms"] = _ms(t2)
+            self._check_written(buckets, plan, timings)
             return _loaded(first, buckets, len(payloads))
         finally:
             for b in buckets:
@@ -446,6 +479,37 @@ class WeightReceiver:
             got, want = p.host[0].tolist(), p.host[1].tolist()
             for i, actual, expected in zip(p.indices, got, want, strict=True):
                 self._compare(buckets[i], wsum64_value(actual), wsum64_value(expected), written=written)
+
+    def _check_written(self, buckets: list[_Bucket], plan: _Plan, timings: dict[str, float]) -> None:
+        """Read back what the round wrote, on its devices, and compare with the senders' sums."""
+        self.last_digest = None
+        if not (self.digest and self.verify):
+            return
+        t0 = time.perf_counter()
+        checked = False
+        for device, (scatter_plan, indices) in plan.by_device.items():
+            chosen = [buckets[i] for i in indices]
+            sent = sent_sums([(_work(b), b.manifest) for b in chosen], device)
+            if sent is None:
+                return  # host checksums: nothing on the device to compare with
+            bad = mismatched(kernels.scatter_digest(scatter_plan, device), sent)
+            if bad:
+                b = chosen[bad[0]]
+                raise WrittenWeightsError(
+                    f"version {b.payload.version} round {b.payload.round}: after the copy, what the engine's "
+                    f"tensors hold differs from what was sent in bucket(s) {[chosen[i].manifest.index for i in bad]} "
+                    f"of rank {b.payload.rank} (the digest of the written tensors against the senders' "
+                    f"{b.manifest.checksum_kind}); the weights are not what the trainer sent and stay unknown "
+                    "until a round loads whole",
+                    version=b.payload.version,
+                    round=b.payload.round,
+                    rank=b.payload.rank,
+                    buckets=[chosen[i].manifest.index for i in bad],
+                    written=True,
+                )
+            checked = True
+        self.last_digest = checked or None
+        timings["digest_ms"] = _ms(t0)
 
     def _verify(self, buckets: list[_Bucket]) -> None:
         self._check(buckets, self._launch_verify(buckets))
@@ -601,16 +665,41 @@ def _gates(pending: dict[torch.device, _Pending], plan: _Plan) -> dict[torch.dev
 
 
 def _expected(chosen: list[_Bucket], device: torch.device) -> torch.Tensor:
-    """The senders' (s1, s2) of each bucket as an (n, 2) int64 tensor on `device`: read from the
-    bucket's trailer (WSUM64_DEVICE, no host round trip) or made from the manifest's value."""
+    sent = sent_sums([(_work(b), b.manifest) for b in chosen], device)
+    assert sent is not None, "verified on the device: every bucket carries a WSUM64"
+    return sent
+
+
+def sent_sums(
+    buckets: Sequence[tuple[torch.Tensor, BucketManifest]], device: torch.device
+) -> torch.Tensor | None:
+    """The senders' (s1, s2) of each verified (region, manifest) as an (n, 2) int64 tensor on
+    `device`: read from the bucket's trailer (WSUM64_DEVICE, no host round trip), made from the
+    manifest's value (WSUM64), or, for a bucket the sender checksummed on the host (CRC32, SUM32)
+    and the receiver verified against it, computed here over the verified bytes. None if a bucket
+    carries no checksum: what was written cannot be compared with anything sent."""
     rows = []
-    for b in chosen:
-        if b.manifest.checksum_kind == WSUM64_DEVICE:
-            rows.append(checksum_trailer(_work(b), b.manifest.nbytes))
+    for region, manifest in buckets:
+        if manifest.checksum_kind == WSUM64_DEVICE:
+            rows.append(checksum_trailer(region, manifest.nbytes).to(device))
+        elif manifest.checksum_kind == WSUM64:
+            value = manifest.checksum
+            rows.append(
+                torch.tensor(
+                    [value & 0xFFFFFFFF, (value >> 32) & 0xFFFFFFFF], dtype=torch.int64, device=device
+                )
+            )
+        elif manifest.checksum_kind in (CRC32, SUM32):
+            rows.append(wsum64_sums(region, manifest.nbytes).to(device))
         else:
-            value = b.manifest.checksum
-            rows.append(torch.tensor([value & 0xFFFFFFFF, (value >> 32) & 0xFFFFFFFF], device=device))
-    return torch.stack(rows)
+            return None
+    return torch.stack(rows) if rows else None
+
+
+def mismatched(written: torch.Tensor, sent: torch.Tensor) -> list[int]:
+    """The buckets whose written digest differs from the senders' sums mod 2**32 (one host sync)."""
+    differs = ((written - sent) & 0xFFFFFFFF).ne(0).any(dim=1)
+    return [int(i) for i in differs.nonzero().flatten().tolist()]
 
 
 def _work(b: _Bucket) -> torch.Tensor:

@@ -12,7 +12,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from actor_integration.errors import CorruptBucketError, StaleVersionError, WeightSyncError, WeightSyncTimeout
+from actor_integration.errors import (
+    CorruptBucketError,
+    StaleVersionError,
+    WeightSyncError,
+    WeightSyncTimeout,
+    WrittenWeightsError,
+)
 from actor_integration.weight_sync.buckets import BucketManifest
 
 __all__ = [
@@ -21,6 +27,7 @@ __all__ = [
     "StaleVersionError",
     "WeightSyncError",
     "WeightSyncTimeout",
+    "WrittenWeightsError",
     "payload_mismatch",
 ]
 

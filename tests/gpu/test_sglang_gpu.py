@@ -124,10 +124,14 @@ def load(rig: dict[str, Any], name: str) -> dict[str, float]:
     t4 = time.perf_counter()
     actor.wake_up(REST)
     t5 = time.perf_counter()
+    timings = actor.engine_timings()
     engine_ms = {
-        f"engine_{k}": float(v) for k, v in actor.engine_timings().items() if isinstance(v, (int, float))
+        f"engine_{k}": float(v)
+        for k, v in timings.items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool)
     }
-    rig.setdefault("load_paths", []).append(actor.engine_timings().get("load_path"))
+    rig.setdefault("load_paths", []).append(timings.get("load_path"))
+    rig.setdefault("digests", []).append(timings.get("digest"))  # the schedulers read back what they wrote
     return {
         "sleep_ms": (t1 - t0) * 1e3,
         "wake_weights_ms": (t2 - t1) * 1e3,
@@ -183,11 +187,15 @@ def test_release_resume_sync_cycles_with_cuda_graphs_keep_greedy_tokens_and_memo
         "freed_by_sleep_gib": round(freed, 2),
         **{k: round(v, 1) for k, v in spread.items()},
         "load_paths": sorted(set(rig.get("load_paths", []))),
+        "digests": sorted({str(d) for d in rig.get("digests", [])}),
         "tokens_A": tokens["A"][0],
         "tokens_B": tokens["B"][0],
     }
     record("sglang_cycles", figures)
     assert spread["awake_free_spread_mib"] < 512 and spread["asleep_free_spread_mib"] < 512, figures
+    # Every sync's written parameters read back equal to what was sent, once a copy plan exists
+    # (the first load records it: its digest is read through the recorded copies too).
+    assert figures["digests"] == ["True"], figures
 
 
 def test_each_release_frees_what_sglang_says_the_tag_holds_or_is_flagged_short(rig: dict[str, Any]) -> None:

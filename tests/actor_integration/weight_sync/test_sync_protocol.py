@@ -23,6 +23,7 @@ from actor_integration.weight_sync import (
     WeightSender,
     WeightSyncError,
     WeightSyncTimeout,
+    WrittenWeightsError,
     kernels,
 )
 from actor_integration.weight_sync.disk import DiskSender
@@ -333,6 +334,65 @@ class TestLoadingInPlace:
         assert isinstance(info.value.__cause__, CorruptBucketError)
         assert actor.weights_checksum() == weights_checksum(good.named_weights())
         assert actor.generate([[1, 2]], 4) == good.generate([[1, 2]], max_new_tokens=4)
+        sender.close()
+
+
+class TestWrittenDigest:
+    """After a round is written, the receiver reads back what the engine's tensors hold, where
+    they were written, and compares it with what the senders checksummed."""
+
+    def one_round_sender(self, actor):
+        return sender_for(actor, ShmSender(), round_buckets=None)
+
+    def test_every_version_is_confirmed_held_as_sent(self, actor):
+        sender = self.one_round_sender(actor)
+        with capture_events() as events:
+            for version in (1, 2):
+                sender.send(version, trained(version).named_weights())
+        loaded = [e for e in events if e["event"] == "weight_sync.loaded"]
+        assert [e["digest_ok"] for e in loaded] == [True, True]
+        assert actor.receiver.last_digest is True and "digest_ms" in actor.receiver.last_timings
+        sender.close()
+
+    def test_a_copy_that_wrote_other_bytes_is_a_typed_error_and_generation_is_refused(
+        self, actor, monkeypatch
+    ):
+        """The copy writes the round, then one byte of a target changes (a faulty copy, a loader
+        writing beside it): the buckets verified, but the engine does not hold what was sent."""
+        sender = self.one_round_sender(actor)
+        good = trained(1)
+        sender.send(1, good.named_weights())
+        original = kernels.scatter_slow
+
+        def faulty(plan, regions):
+            original(plan, regions)
+            plan.slow[0][3].view(-1)[0] += 1.0
+
+        monkeypatch.setattr(kernels, "scatter_slow", faulty)
+        with (
+            capture_events() as events,
+            pytest.raises(WeightSyncError, match="differs from what was sent") as info,
+        ):
+            sender.send(2, trained(2).named_weights())
+        assert isinstance(info.value.__cause__, WrittenWeightsError)
+        assert info.value.__cause__.fields["written"] is True and info.value.__cause__.fields["version"] == 2
+        (failed,) = [e for e in events if e["event"] == "weight_sync.loaded"]
+        assert failed["digest_ok"] is False and failed["ok"] is False
+        with pytest.raises(InvalidWeightsError):
+            actor.generate([[1, 2]], 4)
+        monkeypatch.setattr(kernels, "scatter_slow", original)
+        fixed = trained(3)
+        sender.send(3, fixed.named_weights())
+        assert actor.generate([[1, 2]], 4) == fixed.generate([[1, 2]], max_new_tokens=4)
+        sender.close()
+
+    def test_no_claim_where_the_receiver_does_not_verify(self):
+        actor = RolloutActor(ReferenceEngine(CONFIG), receiver=WeightReceiver(verify=False, digest=True))
+        sender = sender_for(actor, ShmSender(), round_buckets=None, checksums=False)
+        with capture_events() as events:
+            sender.send(1, trained(1).named_weights())
+        (loaded,) = [e for e in events if e["event"] == "weight_sync.loaded"]
+        assert loaded["digest_ok"] is None and actor.receiver.last_digest is None
         sender.close()
 
 
