@@ -1,8 +1,9 @@
 """Checks of the weight-sync events in lifecycle logs, per actor and across the ranks of a slot.
 
 Per actor: `weight_sync.update` (a trainer rank sent a version) and `weight_sync.loaded` (an
-engine loaded one) happen inside the sync body (SYNCING), and versions increase (the same version
-again only as the retry of a failed one). Across ranks, every rank of a slot reports each
+engine loaded one) happen inside the sync body (SYNCING), versions increase (the same version
+again only as the retry of a failed one), and a load whose written weights differ from what was
+sent (`digest_ok` false) is a finding. Across ranks, every rank of a slot reports each
 version, exactly one rank coordinates and it is the slot's first rank, with one transport per
 slot and version. `lifecycle.checker.LogChecker` feeds the events with the replayed state.
 
@@ -58,6 +59,14 @@ class WeightSyncChecks:
         if state is not None and state is not State.SYNCING:
             body = "updates run" if event is Event.SYNC_UPDATE else "the rollout loads"
             self._at(key, line, f"{what} logged in {state}; {body} inside the sync body (SYNCING)")
+        if event is Event.SYNC_LOADED and d.get("digest_ok") is False:
+            self._at(
+                key,
+                line,
+                f"{what}: the engine's weights differ from what was sent (the digest of what was written, "
+                f"read where it was written, against the senders' checksum; buckets {d.get('buckets')}): "
+                "generation stays refused until a version loads whole",
+            )
         previous = self._last.get((key, event))
         # The same version again is a retry, legal only after a failed attempt.
         if previous is not None and (version < previous[0] or (version == previous[0] and previous[2])):

@@ -968,6 +968,27 @@ class TestWeightSyncFindings:
             "weight_sync.loaded (version 2) logged in AWAKE",
         )
 
+    def test_a_load_whose_written_weights_differ_from_what_was_sent(
+        self, corpus: dict[str, Path], tmp_path: Path
+    ) -> None:
+        """A load logged with digest_ok false (the engine read back other bytes than were sent) is
+        a finding at its line; true or absent (an engine that cannot read back) is none."""
+        paths = copy_sync(corpus, tmp_path)
+        lines = load(paths["engine0"])
+        i = find(lines, "weight_sync.loaded", version=2)
+        lines[i]["digest_ok"] = True
+        dump(paths["engine0"], lines)
+        assert check_files(list(paths.values())) == []
+        lines[i].update(digest_ok=False, buckets=[3])
+        dump(paths["engine0"], lines)
+        assert_finding(
+            check_files(list(paths.values())),
+            paths["engine0"],
+            i + 1,
+            "the engine's weights differ from what was sent",
+            "buckets [3]",
+        )
+
     def test_versions_must_increase(self, corpus: dict[str, Path], tmp_path: Path) -> None:
         paths = copy_sync(corpus, tmp_path)
         lines = load(paths["engine1"])
