@@ -26,7 +26,7 @@ from actor_integration.tools.demo.step import StepDriver
 def run_demo(args: argparse.Namespace) -> int:
     """Run `lifecycle demo` with parsed options (`actor_integration.tools.demo.options`); the exit code."""
     # Wide enough for the per-rank table even when the output is a pipe (CI logs, `| tee`).
-    console = Console(width=max(Console().width, 170))
+    console = Console(width=max(Console().width, 184))  # the per-rank table on one line a row
     out = Path(args.out).resolve()
     device = resolve_device(args.device, args.transport)  # refuses before anything is written
     for sub in ("logs", "checkpoints", "transfer"):

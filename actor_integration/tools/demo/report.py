@@ -68,6 +68,12 @@ def per_rank_rows(
             if m.kind == "weight_sync" and m.name.startswith(name) and m.args.get("ok", True)
         ]
         nbytes = sum(int(a.get("bytes", 0)) for a in synced)
+        # The engine's read-back of what each load wrote (weight_sync.loaded's digest_ok).
+        digests = [
+            m.args.get("digest_ok")
+            for m in lanes_marks(lane, Event.SYNC_LOADED.value)
+            if m.args.get("digest_ok") is not None
+        ]
         sync_s = sum(float(a.get("duration_ms", 0.0)) for a in synced) / 1e3
         checks = checksums.get((lane.role or "", lane.rank or 0), [])
         rows.append(
@@ -83,12 +89,19 @@ def per_rank_rows(
                 "gbps": round(nbytes / sync_s / 1e9, 3) if sync_s > 0 else 0.0,
                 "checksum_ok": sum(checks),
                 "checksum_total": len(checks),
+                "read_back_ok": sum(1 for d in digests if d is True),
+                "read_back_total": len(digests),
                 "lifecycle_s_per_step": round(in_steps / len(walls), 4) if walls else None,
                 "lifecycle_share": round(in_steps / sum(walls.values()), 4) if sum(walls.values()) else None,
                 "release": release_audit(lane),
             }
         )
     return rows
+
+
+def lanes_marks(lane: Lane, name: str) -> list[Any]:
+    """The lane's weight-sync marks of one event, failed ones included."""
+    return [m for m in lane.marks if m.kind == "weight_sync" and m.name.startswith(name)]
 
 
 def release_audit(lane: Lane) -> dict[str, Any] | None:
@@ -147,6 +160,20 @@ def sglang_verdicts(args: argparse.Namespace, driver: StepDriver, lanes: Sequenc
                 True,
             )
         )
+    read_back = [
+        m.args.get("digest_ok")
+        for lane in lanes
+        if lane.role == "rollout"
+        for m in lanes_marks(lane, Event.SYNC_LOADED.value)
+        if m.args.get("ok", True)
+    ]
+    lines.append(
+        (
+            f"SGLang's schedulers read back what each sync wrote, equal to what was sent: "
+            f"{sum(1 for d in read_back if d is True)}/{len(read_back)} syncs",
+            bool(read_back) and all(d is True for d in read_back),
+        )
+    )
     for step in sorted(set(getattr(args, "corrupt_sync", ()))):
         record = next((s for s in steps if s["step"] == step), None)
         resends = None if record is None else record.get("corrupt_resends")
@@ -195,9 +222,18 @@ COLUMNS = (
     "synced",
     "GB/s",
     "checksum",
+    "read back",
     "lifecycle s/step",
     "% of step",
 )
+
+
+def _read_back(row: dict[str, Any]) -> str:
+    """Loads whose written weights the engine read back equal to what was sent (— where none was)."""
+    if not row["read_back_total"]:
+        return "—"
+    colour = "green" if row["read_back_ok"] == row["read_back_total"] else "bold red"
+    return f"[{colour}]{row['read_back_ok']}/{row['read_back_total']}[/]"
 
 
 def render_table(rows: list[dict[str, Any]], console: Any) -> None:
@@ -220,6 +256,7 @@ def render_table(rows: list[dict[str, Any]], console: Any) -> None:
             _size(row["bytes_synced"]),
             f"{row['gbps']:.2f}",
             f"[{colour}]{checks}[/]",
+            _read_back(row),
             "—" if per_step is None else f"{per_step:.3f}",
             "—" if share is None else f"{share:.1%}",
         )

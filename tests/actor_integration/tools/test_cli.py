@@ -64,6 +64,9 @@ class TestDemo:
             rows[("trainer", r)]["checksum_ok"] == rows[("trainer", r)]["checksum_total"] == 3 for r in (0, 1)
         )
         assert rows[("rollout", 0)]["checksum_ok"] == rows[("rollout", 0)]["checksum_total"] == 2
+        # Every load the rollout completed was read back where it was written, equal to what was
+        # sent; the corrupt round (step 3) was refused before any write, so it is no failed read-back.
+        assert rows[("rollout", 0)]["read_back_ok"] == rows[("rollout", 0)]["read_back_total"] >= 2
         assert rows[("trainer", 0)]["failures"] == 1 and rows[("trainer", 0)]["SAVING_s"] > 0
         assert rows[("rollout", 0)]["bytes_synced"] == 2 * rows[("trainer", 0)]["bytes_synced"] > 0
         assert "FAILED" in proc.stdout and "recover(target=PAUSED)" in proc.stdout

@@ -135,7 +135,7 @@ class TestSGLangVerdicts:
     """The checks of a run on a real SGLang engine (the H200 runs them), on made-up step records."""
 
     @staticmethod
-    def verdicts(records, *, corrupt=(), kill=None, killed=None):
+    def verdicts(records, *, corrupt=(), kill=None, killed=None, read_back=(True, True)):
         import argparse
         import types
 
@@ -143,7 +143,14 @@ class TestSGLangVerdicts:
 
         args = argparse.Namespace(corrupt_sync=list(corrupt), kill_engine=kill)
         driver = types.SimpleNamespace(records=records, killed=killed)
-        return sglang_verdicts(args, driver, [])
+        # The rollout's weight_sync.loaded marks, as the timeline reads them from its log.
+        marks = [
+            types.SimpleNamespace(
+                kind="weight_sync", name="weight_sync.loaded", args={"ok": True, "digest_ok": digest}
+            )
+            for digest in read_back
+        ]
+        return sglang_verdicts(args, driver, [types.SimpleNamespace(role="rollout", marks=marks)])
 
     def test_a_clean_run_passes_every_check(self):
         records = [
@@ -157,7 +164,19 @@ class TestSGLangVerdicts:
             },
         ]
         result = self.verdicts(records, corrupt=[2])
-        assert all(ok for _line, ok in result["lines"]) and len(result["lines"]) == 4
+        assert all(ok for _line, ok in result["lines"]) and len(result["lines"]) == 5
+
+    @pytest.mark.parametrize("read_back", [(True, False), (True, None), ()])
+    def test_a_sync_not_read_back_as_sent_fails_the_run(self, read_back):
+        """SGLang's schedulers confirm each sync held what was sent; a mismatch, a sync they could
+        not read back, or none at all fails the run."""
+        records = [{"step": 1, "refused_before_sync": True, "resync_identical": True}]
+        lines = dict(self.verdicts(records, read_back=read_back)["lines"])
+        (line,) = [k for k in lines if "read back" in k]
+        assert (
+            lines[line] is False
+            and f"{sum(1 for d in read_back if d is True)}/{len(read_back)} syncs" in line
+        )
 
     def test_tokens_that_differ_after_a_resync_fail_the_run_and_name_the_step(self):
         records = [{"step": 1, "refused_before_sync": True, "resync_identical": True}]
