@@ -169,8 +169,10 @@ def run_shape(name: str, args: argparse.Namespace) -> dict[str, Any]:
 
         theirs = timed(slime, args.iters)
         slime_sum = actor.weights_checksum()
+        # The schedulers let go of the trainer's staging before the sender frees it, as the
+        # rollout's sleep does (benchmarks/probe_sglang_release_order.py runs the other order).
+        engine.release_payload_handles()
         sender.close()
-        engine.release_payload_handles()  # the schedulers let go of the staging, so it can be freed
         torch.cuda.empty_cache()
         ceiling = d2d(nbytes, args.iters)
         row.update(
