@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 TORCH_CPU ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-slow lint diagrams bench gpu-test demo clean
+.PHONY: install test test-slow lint diagrams bench gpu-test gpu-check demo clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv --system-site-packages $(VENV)
@@ -46,6 +46,13 @@ bench: $(STAMP)
 # One pytest process per GPU test file: torch_memory_saver's hook mode and Megatron's state are process-wide.
 gpu-test: $(STAMP)
 	PY=$(PY) bash scripts/gpu_suite.sh tests
+
+# The GPU regression command (scripts/gpu_check.sh) on a GPU host of your own with SGLang installed:
+# the SGLang GPU tests, the real-engine demo with and without its flags, the kill demo, the sync
+# bench and the slime and miles rollout tests, then one summary table. On the lent device machine,
+# `scripts/gpu_check.sh prepare` here and the device calls it prints.
+gpu-check: $(STAMP)
+	GPU_CHECK_INSTALLED=1 GPU_CHECK_BUDGET_S=$${GPU_CHECK_BUDGET_S:-86400} PY=$(PY) bash scripts/gpu_check.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -6,6 +6,10 @@
 #   tests     tests/gpu/test_sglang_gpu.py (CUDA graphs, 20+ cycles, release audit, faults, timing)
 #   bench     benchmarks/bench_sglang_sync.py (our sync vs slime's into the same engine, 0.5B and 7B)
 #   demo      lifecycle demo --engine sglang (a fault, a skipped sync, a corrupt round), lifecycle check
+#   demoplain lifecycle demo --engine sglang with no faults or flags (4 steps), lifecycle check
+#   probeorder benchmarks/probe_sglang_release_order.py (which of the sync bench's old steps ended
+#             SGLang's scheduler: a sleep before any generate, or the sender freed before the
+#             schedulers let go of its staging)
 #   kill      lifecycle demo --engine sglang --kill-engine 2 (SGLang's scheduler killed), lifecycle check
 #   budget    lifecycle demo on the GPU (reference engine, real torch_memory_saver) with the memory
 #             budget (its default) and with --no-memory-budget, same arguments, lifecycle check on each
@@ -39,6 +43,10 @@ export RL_LIFECYCLE_MILES_SOURCE=${RL_LIFECYCLE_MILES_SOURCE:-$PWD/.gpuw/r33/mil
 step() {
     local name=$1 limit=$2
     shift 2
+    if [[ -n ${DEADLINE:-} ]]; then # the calling command's own limit (scripts/gpu_check.sh)
+        local left=$((DEADLINE - $(date +%s) - 5))
+        ((left < limit)) && limit=$((left > 10 ? left : 10))
+    fi
     echo "=== $name: $*"
     local start=$SECONDS
     timeout -k 10 "$limit" "$@" >"$WORK/$name.log" 2>&1
@@ -71,6 +79,7 @@ install() {
     [[ ${#missing[@]} -eq 0 ]] || "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$PSITE" \
         "${missing[@]}" || return 1
     [[ -f .gpuw/tvmffi.tgz ]] && mkdir -p "$TVM_FFI_CACHE_DIR" && tar -xzf .gpuw/tvmffi.tgz -C "$TVM_FFI_CACHE_DIR"
+    rm -rf "$W"/wheels "$W"/all.tar.part* # installed: the disk they held is free again
     touch "$HOME/sgw/.installed"
     "$PY" -c 'import sglang, ray, torch, torch_memory_saver; print("sglang", sglang.__version__, "ray", ray.__version__, "torch", torch.__version__)'
 }
@@ -99,6 +108,15 @@ for part in "$@"; do
             --inject-fault rollout:memory.pause@3 --corrupt-sync 4 --out "$WORK/demo-sglang" --no-progress
         step demo_sglang_check 40 "$PY" -m actor_integration.tools.cli check "$WORK/demo-sglang/logs"
         [[ -n ${OUT:-} ]] && cp "$WORK"/demo-sglang/timeline.png "$OUT"/timeline-sglang.png 2>/dev/null
+        ;;
+    demoplain)
+        TAIL=45 step demo_sglang_plain 240 "$PY" -m actor_integration.tools.cli demo --engine sglang \
+            --model-config configs/qwen2-tiny --steps 4 --out "$WORK/demo-plain" --no-progress
+        step demo_sglang_plain_check 40 "$PY" -m actor_integration.tools.cli check "$WORK/demo-plain/logs"
+        ;;
+    probeorder)
+        TAIL=30 step probe_release_order 240 "$PY" benchmarks/probe_sglang_release_order.py \
+            --out "$WORK/probe_release_order.json"
         ;;
     kill)
         TAIL=30 step demo_sglang_kill 200 "$PY" -m actor_integration.tools.cli demo --engine sglang \

@@ -16,23 +16,33 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$here"
 part_mib=${PART_MIB:-56}
-[[ -d .sgw/batch1 && -d .sgw/batch2 ]] ||
-    "${SGLANG_GPU:?set SGLANG_GPU to the directory holding fetch_wheels.sh}/fetch_wheels.sh" .sgw >/dev/null
-mkdir -p .gpuw/wheels
+: "${SGLANG_GPU:?set SGLANG_GPU to the directory holding fetch_wheels.sh and strip_wheel.py}"
+[[ -d .sgw/batch1 && -d .sgw/batch2 ]] || "$SGLANG_GPU/fetch_wheels.sh" .sgw >/dev/null
+rm -rf .gpuw/wheels && mkdir -p .gpuw/wheels
 rm -rf .gpuw/p* .gpuw/all.tar
 cp .sgw/batch1/*.whl .sgw/batch2/*.whl .gpuw/wheels/
-# Ray and the project's own imports (structlog, transitions, rich, matplotlib for the timeline).
-project=(
-    ray==2.60.0 click msgpack structlog transitions rich markdown-it-py mdurl pygments psutil
-    matplotlib contourpy cycler fonttools kiwisolver pyparsing pillow python-dateutil six
-    pyyaml requests urllib3 certifi charset-normalizer idna protobuf packaging
-    megatron-core==0.19.2
-)
+# Ray and the project's own imports the machine's image lacks (its package list is in the device
+# library's KINDS.md: click, msgpack, rich, psutil, matplotlib, pyyaml, requests, protobuf and
+# packaging are there). Set PROJECT_WHEELS_ALL=1 for a machine without them.
+project=(ray==2.60.0 structlog transitions megatron-core==0.19.2)
+if [[ -n ${PROJECT_WHEELS_ALL:-} ]]; then
+    project+=(click msgpack rich markdown-it-py mdurl pygments psutil matplotlib contourpy cycler fonttools
+        kiwisolver pyparsing pillow python-dateutil six pyyaml requests urllib3 certifi charset-normalizer idna
+        protobuf packaging)
+fi
+rm -rf .gpuw/project
 pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --abi cp312 --abi abi3 --abi none --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 --platform any -d .gpuw/project "${project[@]}" 2>/dev/null
 mkdir -p .gpuw/wheels/project
-cp .gpuw/project/*.whl .gpuw/wheels/project/
+for whl in .gpuw/project/*.whl; do
+    case $(basename "$whl") in
+    # Ray's Java jar and the dashboard's source maps: 32 MiB of 76 that nothing here loads.
+    ray-*) python3 "${SGLANG_GPU}/strip_wheel.py" "$whl" ".gpuw/wheels/project/$(basename "$whl")" \
+        'ray/jars/*' 'ray/dashboard/client/build/static/js/*.map' >/dev/null ;;
+    *) cp "$whl" .gpuw/wheels/project/ ;;
+    esac
+done
 tar -cf .gpuw/all.tar -C .gpuw wheels
 split -b "${part_mib}m" -d -a 1 .gpuw/all.tar .gpuw/all.tar.part
 n=0
@@ -41,6 +51,7 @@ for part in .gpuw/all.tar.part*; do
     mkdir -p ".gpuw/p$n"
     mv "$part" ".gpuw/p$n/"
 done
+for part in .gpuw/p*; do echo "$n" >"$part/parts"; done # the device side knows when it has them all
 rm -f .gpuw/all.tar
 echo "$n parts of <= ${part_mib} MiB:"
 du -sh .gpuw/p*

@@ -1,0 +1,147 @@
+"""The summary table of `scripts/gpu_check.sh`: one row per step, pass or fail, its headline figure.
+
+    python3 scripts/gpu_check_table.py WORK STEP...
+
+Reads what `scripts/gpu_sglang.sh` left in WORK: `summary.txt` (one "name rc=N Ts" line per command
+it ran), each command's log and the figures the benchmarks and GPU tests wrote as JSON. Standard
+library only: it runs on the GPU machine before anything is installed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+# Each step of gpu_check.sh: the commands gpu_sglang.sh runs for it (their names in summary.txt).
+COMMANDS = {
+    "bench": ["bench_sglang_sync"],
+    "demo": ["demo_sglang", "demo_sglang_check"],
+    "demoplain": ["demo_sglang_plain", "demo_sglang_plain_check"],
+    "tests": ["test_sglang_gpu"],
+    "kill": ["demo_sglang_kill", "demo_sglang_kill_check"],
+    "probeorder": ["probe_release_order"],
+    "slime": ["test_slime_rollout_gpu", "slime_rollout_check"],
+    "miles": ["test_miles_rollout_gpu", "miles_rollout_check"],
+}
+
+
+def ran(work: Path) -> dict[str, tuple[int, int]]:
+    """name -> (exit code, seconds) of the last run of each command."""
+    out: dict[str, tuple[int, int]] = {}
+    summary = work / "summary.txt"
+    for line in summary.read_text().splitlines() if summary.is_file() else []:
+        match = re.fullmatch(r"(\S+) rc=(-?\d+) (\d+)s", line.strip())
+        if match:
+            out[match[1]] = (int(match[2]), int(match[3]))
+    return out
+
+
+def log(work: Path, name: str) -> str:
+    path = work / f"{name}.log"
+    return path.read_text(errors="replace") if path.is_file() else ""
+
+
+def last(pattern: str, text: str) -> str | None:
+    found = re.findall(pattern, text, flags=re.MULTILINE)
+    return found[-1].strip() if found else None
+
+
+def pytest_line(text: str) -> str:
+    return last(r"^=*\s*(\d+ (?:passed|failed|error)[^=\n]*?)\s*=*$", text) or "no pytest summary"
+
+
+def check_line(text: str) -> str:
+    return last(r"^(lifecycle check: .*)$", text) or last(r"^(\d+ finding.*)$", text) or "no check output"
+
+
+def demo_headline(work: Path, name: str) -> str:
+    text = log(work, name)
+    verdict = last(r"^(demo (?:OK|FAILED).*)$", text) or "no verdict"
+    checks = re.findall(r"^(.*?: \d+/\d+ (?:steps|syncs).*)$", text, flags=re.MULTILINE)
+    failed = [c for c in checks if re.search(r"(\d+)/(\d+)", c) and _short(c)]
+    parts = [verdict, f"{len(checks) - len(failed)}/{len(checks)} SGLang checks passed"]
+    parts += [f"FAILED: {c.strip()[:120]}" for c in failed]
+    killed = last(r"^(killed scheduler at step .*)$", text)
+    if killed:
+        parts.append(killed[:140])
+    return "; ".join(parts)
+
+
+def _short(line: str) -> bool:
+    a, b = (int(v) for v in re.search(r"(\d+)/(\d+)", line).groups())  # type: ignore[union-attr]
+    return a != b or b == 0
+
+
+def bench_headline(work: Path) -> str:
+    path = work / "bench_sglang_sync.json"
+    if not path.is_file():
+        return last(r"^(\S*Error.*)$", log(work, "bench_sglang_sync")) or "no figures"
+    rows: list[dict[str, Any]] = json.loads(path.read_text())["rows"]
+    return "; ".join(
+        f"{r['shape']} {r['gb']} GB: ours {r['ours_ms']} ms, slime {r['slime_ms']} ms ({r['ours_over_slime']}x), "
+        f"d2d {r['d2d_ms']} ms, same weights {r['identical_engine_weights']}, "
+        f"read back {r.get('ours_breakdown_ms', {}).get('engine_digest_ms', '?')} ms"
+        for r in rows
+    )
+
+
+def probe_headline(work: Path) -> str:
+    lines = re.findall(
+        r"^probe (\S+): (ok|FAILED)(.*)$", log(work, "probe_release_order"), flags=re.MULTILINE
+    )
+    return ", ".join(
+        f"{stage} {verdict}{'' if verdict == 'ok' else rest[:160]}" for stage, verdict, rest in lines
+    )
+
+
+def figures(work: Path, name: str) -> dict[str, Any]:
+    path = work / f"{name}.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def headline(work: Path, step: str) -> str:
+    if step == "bench":
+        return bench_headline(work)
+    if step in ("demo", "demoplain", "kill"):
+        name = COMMANDS[step][0]
+        return f"{demo_headline(work, name)}; {check_line(log(work, COMMANDS[step][1]))}"
+    if step == "probeorder":
+        return probe_headline(work) or "no stages"
+    if step == "tests":
+        cycles = figures(work, "sglang_cycles")
+        extra = ""
+        if cycles:
+            extra = f"; {cycles.get('cycles')} cycles, load paths {cycles.get('load_paths')}, read back {cycles.get('digests')}"
+        return pytest_line(log(work, COMMANDS[step][0])) + extra
+    if step in ("slime", "miles"):
+        return f"{pytest_line(log(work, COMMANDS[step][0]))}; {check_line(log(work, COMMANDS[step][1]))}"
+    return ""
+
+
+def main(argv: list[str]) -> int:
+    work, steps = Path(argv[0]), argv[1:]
+    commands = ran(work)
+    rows = ["| step | result | s | headline |", "|---|---|---|---|"]
+    for step in steps:
+        names = COMMANDS.get(step, [step])
+        done = [commands[n] for n in names if n in commands]
+        if not done:
+            rows.append(f"| {step} | not run | | |")
+            continue
+        ok = len(done) == len(names) and all(rc == 0 for rc, _s in done)
+        timed_out = any(rc in (124, 137) for rc, _s in done)
+        result = "pass" if ok else ("FAIL (time limit)" if timed_out else "FAIL")
+        seconds = sum(s for _rc, s in done)
+        rows.append(f"| {step} | {result} | {seconds} | {headline(work, step).replace('|', '/')} |")
+    install = commands.get("install")
+    if install is not None:
+        rows.append(f"| (install) | {'pass' if install[0] == 0 else 'FAIL'} | {install[1]} | |")
+    print("\n".join(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
