@@ -48,7 +48,8 @@ gpu-test: $(STAMP)
 	PY=$(PY) bash scripts/gpu_suite.sh tests
 
 # The GPU regression command (scripts/gpu_check.sh) on a GPU host of your own with SGLang installed:
-# the SGLang GPU tests, the real-engine demo with and without its flags, the kill demo, the sync
+# the SGLang GPU tests, the weight-sync GPU tests (the copy and read-back kernels), the real-engine
+# demo with and without its flags, the kill demo, the sync
 # bench and the slime and miles rollout tests, then one summary table. On the lent device machine,
 # `scripts/gpu_check.sh prepare` here and the device calls it prints.
 gpu-check: $(STAMP)

@@ -38,9 +38,9 @@ if [[ $# -gt 0 ]]; then
 fi
 
 # The usual seconds of each step (H100/H200, sglang 0.5.17): a step starts only if these fit.
-declare -A usual=([bench]=200 [demo]=200 [demoplain]=150 [tests]=300 [kill]=150 [probeorder]=120
+declare -A usual=([bench]=200 [demo]=200 [demoplain]=150 [tests]=300 [wsync]=150 [kill]=150 [probeorder]=120
     [slime]=300 [miles]=300)
-read -r -a steps <<<"${GPU_CHECK_STEPS:-bench demo demoplain tests kill probeorder slime miles}"
+read -r -a steps <<<"${GPU_CHECK_STEPS:-bench demo demoplain tests wsync kill probeorder slime miles}"
 for s in "${steps[@]}"; do
     [[ -n ${usual[$s]:-} ]] || {
         echo "scripts/gpu_check.sh: unknown step '$s' in GPU_CHECK_STEPS; steps: ${!usual[*]}" >&2

@@ -21,6 +21,7 @@ COMMANDS = {
     "demo": ["demo_sglang", "demo_sglang_check"],
     "demoplain": ["demo_sglang_plain", "demo_sglang_plain_check"],
     "tests": ["test_sglang_gpu"],
+    "wsync": ["test_weight_sync_gpu"],
     "kill": ["demo_sglang_kill", "demo_sglang_kill_check"],
     "probeorder": ["probe_release_order"],
     "slime": ["test_slime_rollout_gpu", "slime_rollout_check"],
@@ -116,6 +117,8 @@ def headline(work: Path, step: str) -> str:
         if cycles:
             extra = f"; {cycles.get('cycles')} cycles, load paths {cycles.get('load_paths')}, read back {cycles.get('digests')}"
         return pytest_line(log(work, COMMANDS[step][0])) + extra
+    if step == "wsync":
+        return pytest_line(log(work, COMMANDS[step][0]))
     if step in ("slime", "miles"):
         return f"{pytest_line(log(work, COMMANDS[step][0]))}; {check_line(log(work, COMMANDS[step][1]))}"
     return ""
