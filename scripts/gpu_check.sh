@@ -4,7 +4,7 @@
 # Every change to code these paths run goes through it on its final commit (`make gpu-check`).
 #
 #   Here, once:     scripts/gpu_check.sh prepare
-#                   (SGLANG_GPU names ../shared/sglang-gpu; RL_LIFECYCLE_SLIME_SOURCE and
+#                   (SGLANG_GPU names the directory of the SGLang wheel set's fetch_wheels.sh; RL_LIFECYCLE_SLIME_SOURCE and
 #                   RL_LIFECYCLE_MILES_SOURCE the frameworks' sources: the wheel parts .gpuw/p1..pN
 #                   and the engine sources .gpuw/r33, all git-ignored)
 #   On the device:  call after call, back to back (the machine is given back 30 s after a call),

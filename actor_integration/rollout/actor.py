@@ -32,6 +32,7 @@ from actor_integration.rollout.engine import (
     LoadsPayloads,
     QueryableEngineMemory,
     RolloutEngine,
+    implements,
 )
 from actor_integration.weight_sync.receiver import VersionGate, WeightReceiver
 from actor_integration.weight_sync.wire import CorruptBucketError, RankPayload, WrittenWeightsError
@@ -122,8 +123,8 @@ class RolloutActor:
     def _release_handles(self) -> None:
         """Drop every trainer buffer this rollout holds open, here and in the engine's processes."""
         self.receiver.release()
-        if isinstance(self.engine, LoadsPayloads):
-            self.engine.release_payload_handles()
+        if implements(self.engine, LoadsPayloads):
+            self.engine.release_payload_handles()  # type: ignore[attr-defined]
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -223,11 +224,11 @@ class RolloutActor:
         # How the round reaches the engine: received by the engine's own processes (unopened),
         # written into its tensors by the receiver (no intermediate tensor), handed over as whole
         # buckets, or as views it copies itself.
-        unopened = isinstance(self.engine, LoadsPayloads) and self.engine.accepts_payloads(
+        unopened = implements(self.engine, LoadsPayloads) and self.engine.accepts_payloads(  # type: ignore[attr-defined]
             payloads[0].transport
         )
-        in_place = not unopened and isinstance(self.engine, LoadsInPlace)
-        whole_buckets = not unopened and not in_place and isinstance(self.engine, LoadsBuckets)
+        in_place = not unopened and implements(self.engine, LoadsInPlace)
+        whole_buckets = not unopened and not in_place and implements(self.engine, LoadsBuckets)
         whole_buckets = whole_buckets and bool(getattr(self.engine, "accepts_buckets", True))
         try:
             if unopened:

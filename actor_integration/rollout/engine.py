@@ -122,6 +122,15 @@ class ReportsQueue(Protocol):
     def queued_requests(self) -> dict[str, int]: ...
 
 
+def implements(engine: Any, protocol: type) -> bool:
+    """Whether `engine` has every method of `protocol` (one of this module's), looked up as a call
+    finds it: a delegating wrapper's `__getattr__` counts. `isinstance` on a runtime protocol does
+    not consult `__getattr__` from Python 3.12 on, so a wrapped engine silently lost its load path
+    there (the demo's fault-injecting wrapper over SGLang took the slow path on the GPU machine)."""
+    members = [name for name, value in vars(protocol).items() if callable(value) and not name.startswith("_")]
+    return all(callable(getattr(engine, name, None)) for name in members)
+
+
 class Clock(Protocol):
     """What `EngineGeneration` waits with: the `time` module, or a fake one in tests."""
 
@@ -221,9 +230,9 @@ class EngineGeneration:
             backoff = min(backoff * 2, 1.0)
         queued: dict[str, int] | None = None
         what = "the engine cannot say what is queued"
-        if isinstance(self.engine, ReportsQueue):
+        if implements(self.engine, ReportsQueue):
             try:
-                queued = self.engine.queued_requests()
+                queued = self.engine.queued_requests()  # type: ignore[attr-defined]
                 what = f"still queued: {queued}"
             except Exception as exc:  # the report is a courtesy: never mask the not-idle error
                 what = f"asking what is queued failed: {exc!r}"

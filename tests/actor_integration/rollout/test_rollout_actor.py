@@ -265,3 +265,38 @@ class TestRefusedPayloadsAreAccountedFor:
 def _view(actor):
     state = actor.lifecycle_state()
     return state["state"], state["residency"]
+
+
+def _static_instancecheck(cls, instance):
+    """Python 3.12's isinstance on a runtime protocol: members looked up statically, so a
+    wrapper's `__getattr__` is not consulted."""
+    import inspect
+
+    members = [n for n, v in vars(cls).items() if callable(v) and not n.startswith("_")]
+    return all(inspect.getattr_static(instance, n, None) is not None for n in members)
+
+
+class TestDelegatingWrappers:
+    """An engine behind a delegating wrapper (the demo's fault injector, a user's tracing proxy)
+    keeps its load path: RolloutActor asks for the methods as a call finds them."""
+
+    def test_a_wrapped_in_place_engine_is_loaded_in_place_under_pythons_static_protocol_check(
+        self, monkeypatch
+    ):
+        import typing
+
+        from actor_integration.rollout.engine import LoadsInPlace, implements
+        from actor_integration.tools.demo.rollout import FaultyEngine
+        from lifecycle.faults import FaultInjector
+
+        # Where isinstance is not static already (before 3.12), make it so, as 3.12 does it.
+        monkeypatch.setattr(typing._ProtocolMeta, "__instancecheck__", _static_instancecheck)
+        wrapped = FaultyEngine(ReferenceEngine(CONFIG), FaultInjector())
+        assert not isinstance(wrapped, LoadsInPlace) and implements(wrapped, LoadsInPlace)
+        actor = RolloutActor(wrapped)
+        sender = shm_sender_into(actor, bucket_bytes=1 << 20, deadline_s=5.0)
+        model = trained(1)
+        sender.send(1, model.named_weights())
+        assert actor.receiver.last_digest is True  # written by the receiver in place, and read back
+        assert actor.weights_checksum() == weights_checksum(model.named_weights())
+        sender.close()
