@@ -323,6 +323,32 @@ class TestMetadataGuard:
         assert cache.hits > 0
 
 
+class TestDigestTables:
+    """The read-back's chunk rows, with the kernel launch stubbed (the kernel itself is tested under
+    the interpreter and on the GPU): built once per set of written tensors, reused after."""
+
+    def test_the_same_written_tensors_reuse_their_rows(self, monkeypatch):
+        monkeypatch.setattr(
+            kernels, "_module", type("Launcher", (), {"launch": staticmethod(lambda *a: None)})
+        )
+        monkeypatch.setattr(kernels, "INTERPRET_ON_CPU", True)
+        builds = []
+        real = kernels.Table.build.__func__
+
+        def counting(cls, *args, **kwargs):
+            builds.append(1)
+            return real(cls, *args, **kwargs)
+
+        monkeypatch.setattr(kernels.Table, "build", classmethod(counting))
+        params = [torch.zeros(64), torch.zeros(32)]
+        segments = [(params[0], 0, 0), (params[1], 0, 256)]
+        for _ in range(3):
+            kernels.written_sums(segments, 1, "cpu")
+        assert len(builds) == 1
+        kernels.written_sums([(params[1], 0, 0)], 1, "cpu")  # other places in the bucket: other rows
+        assert len(builds) == 2
+
+
 class TestPackerPlans:
     """The device packer's plan cache, with the kernel launch stubbed (the copy kernel itself is
     tested under the interpreter and on the GPU): which tensors it sends to the kernel."""
