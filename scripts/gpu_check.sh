@@ -37,8 +37,9 @@ if [[ $# -gt 0 ]]; then
     exit 2
 fi
 
-# The usual seconds of each step (H100/H200, sglang 0.5.17): a step starts only if these fit.
-declare -A usual=([bench]=200 [demo]=200 [demoplain]=150 [tests]=300 [wsync]=150 [kill]=150 [probeorder]=120
+# The usual seconds of each step (measured on an H100, sglang 0.5.17, 2026-12-06; slime and miles
+# not yet measured): a step starts only if these fit.
+declare -A usual=([bench]=110 [demo]=200 [demoplain]=110 [tests]=110 [wsync]=60 [kill]=100 [probeorder]=55
     [slime]=300 [miles]=300)
 read -r -a steps <<<"${GPU_CHECK_STEPS:-bench demo demoplain tests wsync kill probeorder slime miles}"
 for s in "${steps[@]}"; do
