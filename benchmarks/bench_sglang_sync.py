@@ -58,6 +58,24 @@ def trainer_tensors(config_dir: Path) -> dict[str, torch.Tensor]:
     return materialize(tensor_specs(shape), "cuda", seed=1)
 
 
+def engine_arguments(name: str) -> dict[str, Any]:
+    """How the bench starts SGLang for a shape in configs/: dummy weights, CUDA graphs off (the
+    load path is the same with them), a KV pool beside the trainer's copies."""
+    return {
+        "model_path": str(REPO / "configs" / name),
+        "load_format": "dummy",
+        "skip_tokenizer_init": True,
+        "enable_memory_saver": True,
+        "mem_fraction_static": MEM_FRACTION.get(name, 0.3),
+        "attention_backend": "triton",
+        "sampling_backend": "pytorch",
+        "disable_cuda_graph": True,
+        "context_length": 4096,
+        "dtype": "bfloat16",
+        "random_seed": 0,
+    }
+
+
 def timed(fn: Any, iters: int) -> list[float]:
     """Seconds per call, after one cold call (handles opened, kernels compiled)."""
     fn()
@@ -97,19 +115,7 @@ def run_shape(name: str, args: argparse.Namespace) -> dict[str, Any]:
 
     config = REPO / "configs" / name
     started = time.monotonic()
-    engine = SGLangEngine(
-        model_path=str(config),
-        load_format="dummy",
-        skip_tokenizer_init=True,
-        enable_memory_saver=True,
-        mem_fraction_static=MEM_FRACTION.get(name, 0.3),
-        attention_backend="triton",
-        sampling_backend="pytorch",
-        disable_cuda_graph=True,
-        context_length=4096,
-        dtype="bfloat16",
-        random_seed=0,
-    )
+    engine = SGLangEngine(**engine_arguments(name))
     row: dict[str, Any] = {"shape": name, "engine_start_s": round(time.monotonic() - started, 1)}
     try:
         weights = trainer_tensors(config)

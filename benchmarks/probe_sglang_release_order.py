@@ -49,24 +49,13 @@ def main(argv: list[str] | None = None) -> int:
 
     from actor_integration.rollout import RolloutActor, SGLangEngine
     from actor_integration.weight_sync import RankSlot, WeightSender
-    from actor_integration.weight_sync.checkpoint_layouts import ModelShape, materialize, tensor_specs
     from actor_integration.weight_sync.cuda_ipc import CudaIpcSender
 
-    config = REPO / "configs" / args.shape
-    engine = SGLangEngine(
-        model_path=str(config),
-        load_format="dummy",
-        skip_tokenizer_init=True,
-        enable_memory_saver=True,
-        mem_fraction_static=0.15,
-        attention_backend="triton",
-        sampling_backend="pytorch",
-        disable_cuda_graph=True,
-        context_length=4096,
-        dtype="bfloat16",
-        random_seed=0,
-    )
-    weights = materialize(tensor_specs(ModelShape.from_hf_config(config)), "cuda", seed=1)
+    sys.path.insert(0, str(REPO))  # run as a script: the repository's benchmarks/ as a package
+    from benchmarks.bench_sglang_sync import engine_arguments, trainer_tensors
+
+    engine = SGLangEngine(**engine_arguments(args.shape))  # as the bench starts it
+    weights = trainer_tensors(REPO / "configs" / args.shape)
     actor = RolloutActor(engine)
     versions = iter(range(1, 100))
 

@@ -289,16 +289,12 @@ class RolloutActor:
                         "written (keep_previous=False): the weights hold part of a corrupt round"
                     ),
                 )
-            self.lifecycle.event(
-                Event.SYNC_LOADED,
-                "error",
-                version=version,
-                bytes=self._loaded_bytes,
+            self._failed_load(
+                version,
+                payloads,
                 checksum_ok=False,
                 written=bool(error.fields.get("written")),
                 duration_ms=round(elapsed * 1e3, 3),
-                transport=payloads[0].transport,
-                ok=False,
             )
             raise
         except WrittenWeightsError as error:
@@ -309,17 +305,13 @@ class RolloutActor:
                 version,
                 reason=f"version {version}: the written weights differ from what was sent",
             )
-            self.lifecycle.event(
-                Event.SYNC_LOADED,
-                "error",
-                version=version,
-                bytes=self._loaded_bytes,
+            self._failed_load(
+                version,
+                payloads,
                 checksum_ok=True,
                 digest_ok=False,
                 buckets=error.fields.get("buckets"),
                 written=True,
-                transport=payloads[0].transport,
-                ok=False,
             )
             raise
         except BaseException:
@@ -343,6 +335,18 @@ class RolloutActor:
                 **extra,
             )
         return {"version": version, "round": round_index, "final": final, "bytes": self._loaded_bytes}
+
+    def _failed_load(self, version: int, payloads: list[RankPayload], **fields: Any) -> None:
+        """The `weight_sync.loaded` error event of a round the engine refused or found wrong."""
+        self.lifecycle.event(
+            Event.SYNC_LOADED,
+            "error",
+            version=version,
+            bytes=self._loaded_bytes,
+            transport=payloads[0].transport,
+            ok=False,
+            **fields,
+        )
 
     # ------------------------------------------------------------------ inspection
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import importlib
 import os
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -448,11 +448,16 @@ def _build_verify_table(
 def _verify_table(regions: Sequence[torch.Tensor], nbytes: Sequence[int], device: torch.device) -> Table:
     addresses = tuple(r.data_ptr() for r in regions)
     sizes = tuple(padded(n, ALIGN) for n in nbytes)
-    key = (device, CHUNK_BYTES, addresses, sizes)
+    return _cached_table(
+        (device, CHUNK_BYTES, addresses, sizes), lambda: _build_verify_table(regions, nbytes, device)
+    )
+
+
+def _cached_table(key: Any, build: Callable[[], Table]) -> Table:
+    """The table under `key`, built on first use; the oldest dropped past `_VERIFY_TABLES_KEPT`."""
     table = _verify_tables.get(key)
     if table is None:
-        table = _build_verify_table(regions, nbytes, device)
-        _verify_tables[key] = table
+        table = _verify_tables[key] = build()
         while len(_verify_tables) > _VERIFY_TABLES_KEPT:
             _verify_tables.popitem(last=False)
     else:
@@ -630,19 +635,14 @@ def _digest_table(device: torch.device, fast: list[tuple[int, int, int, int]]) -
     """The DIGEST rows over (address, bytes, bucket, offset) segments, cached like the verify
     tables: a receiver's copy plan writes the same parameters every update, and building the
     rows (pinned, chunked) cost more than the read itself (20 of 26 ms at 7B on an H100)."""
-    key = (device, CHUNK_BYTES, DIGEST, tuple(fast))
-    table = _verify_tables.get(key)
-    if table is None:
+
+    def build() -> Table:
         where, nbytes, groups, offsets = (
             torch.tensor(column, dtype=torch.int64) for column in zip(*fast, strict=True)
         )
-        table = Table.build(device, where, where, nbytes, offsets, groups=groups)
-        _verify_tables[key] = table
-        while len(_verify_tables) > _VERIFY_TABLES_KEPT:
-            _verify_tables.popitem(last=False)
-    else:
-        _verify_tables.move_to_end(key)
-    return table
+        return Table.build(device, where, where, nbytes, offsets, groups=groups)
+
+    return _cached_table((device, CHUNK_BYTES, DIGEST, tuple(fast)), build)
 
 
 def scatter_digest(plan: ScatterPlan, device: torch.device | str) -> torch.Tensor:
