@@ -45,6 +45,7 @@ class Meta:
     type: str = "awex"
     version: int | None = None
     path: str = "/tmp/areal-like"
+    exists: bool = True  # a checkpoint on disk (RecoverHandler._load_checkpoint raises without one)
 
 
 # ---------------------------------------------------------------------------------------------- the trainer
@@ -106,6 +107,7 @@ class MegatronEngineLike:
         self._offload_depth = 0
         self._awex_adapter: Any = AwexAdapterLike(self)
         self.rollout_engine: Any = None
+        self.rank = 0  # only rank 0 calls the rollout (AReaL: dist.get_rank() == 0)
         self.cpu_group = None
         self.publish: Callable[[int, int], None] = lambda version, value: None
 
@@ -160,6 +162,8 @@ class MegatronEngineLike:
             self.read("optimizer", "save")
 
     def load(self, meta: Any = None) -> None:
+        if meta is not None and not getattr(meta, "exists", True):
+            raise FileNotFoundError(f"Checkpoint path {meta.path} does not exist.")
         with self._offload_aware_context():
             self.read("weights", "load")
             self.read("optimizer", "load")
@@ -167,12 +171,29 @@ class MegatronEngineLike:
     def update_weights(self, meta: Any) -> None:
         self._awex_adapter.execute_colocate_weight_update(meta.version or 0)
         self._awex_adapter.finish_colocate_weight_update(training_world_size=1)
-        self.rollout_engine.onload(tags=["kv_cache"])  # rank 0
-        self.rollout_engine.continue_generation()
+        if self.rank == 0:
+            self.rollout_engine.onload(tags=["kv_cache"])
+            self.rollout_engine.continue_generation()
 
 
 class LifecycleEngineLike(ArealTrainerMixin, MegatronEngineLike):
     """What an AReaL user writes for the trainer."""
+
+
+class TrainerRank(LifecycleEngineLike):
+    """One trainer rank in a Ray actor: its writer publishes to an `awex_fake_server`; rank 0 reaches
+    the rollout (`RayCalls` of its actor), as AReaL's rank 0 reaches it through its callback."""
+
+    def __init__(self, rank: int, server_url: str, rollout: Any = None) -> None:
+        super().__init__()
+        self.rank = rank
+        self.publish = publish_to(server_url)
+        self.rollout_engine = rollout
+
+    def flush_logs(self) -> bool:
+        from lifecycle import flush_logs
+
+        return flush_logs()
 
 
 # ---------------------------------------------------------------------------------------------- the rollout
@@ -246,6 +267,11 @@ class LifecycleRemoteEngineLike(ArealRolloutMixin, RemoteEngineLike):
     """What an AReaL user writes for the rollout."""
 
     lifecycle_flush_deadline_s = 0.0
+
+    def flush_logs(self) -> bool:
+        from lifecycle import flush_logs
+
+        return flush_logs()
 
 
 # ---------------------------------------------------------------------------------------------- SGLang, in this process
@@ -530,6 +556,8 @@ def awex_fake_server(**kwargs: Any) -> Any:
 
         def awex_transfer(self, version: int) -> tuple[int, Any]:
             with self.cond:
+                if version in getattr(self, "transfers", []):
+                    return 200, {"version": version}  # another trainer rank's shard of the same version
                 if not self.engine_paused:
                     return 504, {
                         "detail": f"weights_update_finished for v{version} never came: queue not read"

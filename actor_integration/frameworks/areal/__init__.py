@@ -15,6 +15,7 @@ Read from AReaL `AREAL_COMMIT` (its main on 2026-08-22; #1500, which added the c
 `AREAL_PR1500_COMMIT`): docs/frameworks/areal.md says which file does what.
 """
 
+from actor_integration.frameworks.areal.driver import ArealColocateDriver, RayCalls
 from actor_integration.frameworks.areal.rollout import (
     IDLE_POLL_ENV,
     ROLLOUT_TAGS,
@@ -38,10 +39,12 @@ __all__ = [
     "IDLE_POLL_ENV",
     "ROLLOUT_TAGS",
     "TRAINER_TAGS",
+    "ArealColocateDriver",
     "ArealRolloutMixin",
     "ArealTrainerMixin",
     "AwexMemory",
     "GradBufferRelease",
+    "RayCalls",
     "areal_rollout_policy",
     "areal_trainer_policy",
 ]

@@ -40,7 +40,7 @@ from actor_integration.rollout.engine import ABORT_THEN_IN_PLACE, PAUSE_MODES, E
 from actor_integration.rollout.sglang_http import SGLangHTTPEngine
 from lifecycle import Contents, Hooks, Lifecycle, LifecyclePolicy, Residency, State
 from lifecycle.errors import IllegalTransitionError
-from lifecycle.events import configure_rank_log
+from lifecycle.events import configure_rank_log, log_path
 from lifecycle.logs import Event
 
 __all__ = [
@@ -380,6 +380,13 @@ class ArealRolloutMixin:
         in the scheduler and loaded `version` (None: the next one). Generation continues if the engine
         is then awake."""
         lifecycle = self.lifecycle
+        if (
+            version is not None
+            and lifecycle.weight_version == version
+            and lifecycle.contents.get("weights") is Contents.VALID
+            and lifecycle.residency.get("weights") is Residency.RESIDENT
+        ):
+            return  # told already (trainer rank 0, then the driver): the same transfer
         if lifecycle.residency.get("weights") is not Residency.RELEASED:
             raise IllegalTransitionError(
                 f"lifecycle_weights_updated(version={version}): the engine's weights were "
@@ -406,6 +413,12 @@ class ArealRolloutMixin:
     def lifecycle_state(self) -> dict[str, Any]:
         """The machine's snapshot (what a driver reads)."""
         return self.lifecycle.snapshot()
+
+    def lifecycle_log_path(self) -> str | None:
+        """The JSON-lines file this engine's lifecycle events go to (None: not to a file)."""
+        self.lifecycle  # noqa: B018 - configures the rank log on first use
+        path = log_path()
+        return None if path is None else str(path)
 
     def _lc_parts(self) -> dict[str, Any]:
         self.lifecycle  # noqa: B018 - builds the machine and its backends on first use

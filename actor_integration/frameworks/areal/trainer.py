@@ -176,7 +176,7 @@ class ArealTrainerMixin(LifecycleMixin):
         return {
             "policy": areal_trainer_policy(),
             "hooks": Hooks(memory=memory, clear_memory=GradBufferRelease(self._awex_adapter, clear)),
-            "rank": dist.get_rank() if dist.is_initialized() else None,
+            "rank": self._areal_rank(),
             "role": self.lifecycle_role,
             "initial": State.PAUSED if released else State.AWAKE,
         }
@@ -241,7 +241,7 @@ class ArealTrainerMixin(LifecycleMixin):
             return super(LifecycleMixin, self).update_weights(meta)  # type: ignore[misc]
         lifecycle = self.lifecycle
         rollout: Any = getattr(self, "rollout_engine", None)
-        first = not dist.is_initialized() or dist.get_rank() == 0
+        first = self._areal_rank() in (0, None)  # AReaL's rank 0 calls the rollout
         if first and callable(getattr(rollout, "lifecycle_before_weights_update", None)):
             rollout.lifecycle_before_weights_update()  # generation held in place, its weights released
         lifecycle.sleep(["optimizer"])  # AReaL's first step: room for the weights it may resume
@@ -281,6 +281,13 @@ class ArealTrainerMixin(LifecycleMixin):
             lifecycle.sleep(gone)
         if back:
             lifecycle.wake_up(back)
+
+    def _areal_rank(self) -> int | None:
+        """The engine's global rank: torch.distributed's, else AReaL's own `rank` attribute."""
+        if dist.is_initialized():
+            return dist.get_rank()
+        rank = getattr(self, "rank", None)
+        return rank if isinstance(rank, int) else None
 
     def _barrier(self) -> None:
         """AReaL's end of offload and onload: the device synchronised, every rank past the same point."""
