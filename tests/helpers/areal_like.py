@@ -28,7 +28,12 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from actor_integration.frameworks.areal import ArealRolloutMixin, ArealTrainerMixin
+from actor_integration.frameworks.areal import (
+    ArealRolloutControllerMixin,
+    ArealRolloutMixin,
+    ArealTrainControllerMixin,
+    ArealTrainerMixin,
+)
 from lifecycle import Residency
 from lifecycle.testing import ProtocolViolation
 
@@ -274,6 +279,83 @@ class LifecycleRemoteEngineLike(ArealRolloutMixin, RemoteEngineLike):
         return flush_logs()
 
 
+# ---------------------------------------------------------------------------------------------- AReaL's controllers
+
+
+class RolloutControllerLike:
+    """AReaL's `RolloutController` (single controller): each call fanned out to every worker's engine
+    (`_collective_rpc`); the trainer's rank-0 `RolloutCallback` reaches it for onload and continue."""
+
+    def __init__(self, engines: list[Any]) -> None:
+        self.engines = engines
+
+    def _collective_rpc(self, method: str, http_timeout: float = 60.0, **kwargs: Any) -> list[Any]:
+        return [getattr(engine, method)(**kwargs) for engine in self.engines]
+
+    def pause(self) -> None:
+        self._collective_rpc("pause")
+
+    def resume(self) -> None:
+        self._collective_rpc("resume")
+
+    def pause_generation_sync(self) -> None:
+        self._collective_rpc("pause_generation", http_timeout=120.0)
+
+    def pause_generation(self) -> None:
+        self._collective_rpc("pause_generation")
+
+    def continue_generation(self) -> None:
+        self._collective_rpc("continue_generation")
+
+    def offload(self, tags: list[str] | None = None) -> None:
+        self._collective_rpc("offload", tags=tags, http_timeout=120.0)
+
+    def onload(self, tags: list[str] | None = None) -> None:
+        self._collective_rpc("onload", tags=tags, http_timeout=120.0)
+
+    def set_version(self, version: int) -> None:
+        pass
+
+
+class TrainControllerLike:
+    """AReaL's `TrainController`: each call fanned out to its workers' engines; `connect_engine`
+    gives rank 0 a callback to the rollout controller (here the controller itself)."""
+
+    def __init__(self, engines: list[Any]) -> None:
+        self.engines = engines
+        self.rollout: Any = None
+
+    def connect_engine(self, rollout: Any, meta: Any) -> None:
+        self.rollout = rollout
+        self.engines[0].rollout_engine = rollout
+
+    def _call(self, method: str, *args: Any) -> list[Any]:
+        return [getattr(engine, method)(*args) for engine in self.engines]
+
+    def offload(self) -> None:
+        self._call("offload")
+
+    def onload(self) -> None:
+        self._call("onload")
+
+    def load(self, meta: Any) -> None:
+        self._call("load", meta)
+
+    def update_weights(self, meta: Any) -> None:
+        self._call("update_weights", meta)
+
+    def set_version(self, version: int) -> None:
+        pass
+
+
+class LifecycleRolloutController(ArealRolloutControllerMixin, RolloutControllerLike):
+    """What an AReaL user writes for the rollout controller."""
+
+
+class LifecycleTrainController(ArealTrainControllerMixin, TrainControllerLike):
+    """What an AReaL user writes for the train controller."""
+
+
 # ---------------------------------------------------------------------------------------------- SGLang, in this process
 
 
@@ -420,7 +502,9 @@ def recover_like(trainer: Any, rollout: Any, version: int, *, checkpoint: bool =
     try:
         rollout.pause()
         try:
-            rollout.pause_generation()  # pause_generation_sync, on every worker
+            # the controller's pause_generation_sync: every worker's pause_generation
+            sync = getattr(rollout, "pause_generation_sync", None)
+            (sync or rollout.pause_generation)()
             rollout.offload(tags=["kv_cache"])
             rollout.offload(tags=["weights"])
             if not checkpoint:

@@ -9,13 +9,19 @@ One adapter per outside system:
   release, resume and continue under the rollout table, the AWEX plugin's resume of `weights` in
   the scheduler recorded, admission refused on weights nothing reloaded.
 - `driver`: what AReaL's `rl_trainer` and `RecoverHandler` do between the two, through
-  `LifecycleGroup` for the trainer's ranks (`ArealColocateDriver`).
+  `LifecycleGroup` for the trainer's ranks (`ArealColocateDriver`), and the transfer's report
+  through AReaL's own controllers (`ArealTrainControllerMixin`, `ArealRolloutControllerMixin`).
 
 Read from AReaL `AREAL_COMMIT` (its main on 2026-08-22; #1500, which added the colocate path, is
 `AREAL_PR1500_COMMIT`): docs/frameworks/areal.md says which file does what.
 """
 
-from actor_integration.frameworks.areal.driver import ArealColocateDriver, RayCalls
+from actor_integration.frameworks.areal.driver import (
+    ArealColocateDriver,
+    ArealRolloutControllerMixin,
+    ArealTrainControllerMixin,
+    RayCalls,
+)
 from actor_integration.frameworks.areal.rollout import (
     IDLE_POLL_ENV,
     ROLLOUT_TAGS,
@@ -40,7 +46,9 @@ __all__ = [
     "ROLLOUT_TAGS",
     "TRAINER_TAGS",
     "ArealColocateDriver",
+    "ArealRolloutControllerMixin",
     "ArealRolloutMixin",
+    "ArealTrainControllerMixin",
     "ArealTrainerMixin",
     "AwexMemory",
     "GradBufferRelease",

@@ -16,6 +16,15 @@ engine under `ArealRolloutMixin`:
     driver.recover(load_meta, meta)  # RecoverHandler's colocate branch
 
 `rollout` is the engine object, or `RayCalls(handle)` for an engine in a Ray actor.
+
+Under AReaL's own single controller the same calls go through its `TrainController` and
+`RolloutController`, which fan each one out to the workers' engines (built on the two mixins).
+Only the transfer's report needs the controllers' help, since AReaL's rank-0 `RolloutCallback`
+has no route for it: `ArealTrainControllerMixin.update_weights` tells the connected rollout
+controller, whose `ArealRolloutControllerMixin` fans the report out to its workers.
+
+    class LifecycleTrainController(ArealTrainControllerMixin, TrainController): ...
+    class LifecycleRolloutController(ArealRolloutControllerMixin, RolloutController): ...
 """
 
 from __future__ import annotations
@@ -25,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # Ray is the `ray` extra: the driver imports it only through the group it is given
     from actor_integration.actors.ray_group import LifecycleGroup
 
-__all__ = ["ArealColocateDriver", "RayCalls"]
+__all__ = ["ArealColocateDriver", "ArealRolloutControllerMixin", "ArealTrainControllerMixin", "RayCalls"]
 
 
 class RayCalls:
@@ -101,3 +110,37 @@ class ArealColocateDriver:
             self.update_weights(meta)
         finally:
             self.to_rollout()
+
+
+class ArealRolloutControllerMixin:
+    """AReaL's `RolloutController`: the transfer's report fanned out to every worker's engine (each
+    built on `ArealRolloutMixin`), as the controller fans out its own calls (`_collective_rpc`)."""
+
+    _collective_rpc: Any
+
+    def lifecycle_before_weights_update(self) -> None:
+        self._collective_rpc("lifecycle_before_weights_update", http_timeout=120.0)
+
+    def lifecycle_weights_updated(self, version: int | None) -> None:
+        self._collective_rpc("lifecycle_weights_updated", version=version, http_timeout=120.0)
+
+
+class ArealTrainControllerMixin:
+    """AReaL's `TrainController`: an AWEX update prepared on the rollout first (asleep, paused in
+    place) and reported to it after (the plugin's resume of `weights` and the version), through
+    the rollout controller `connect_engine` stored."""
+
+    rollout: Any
+
+    def update_weights(self, meta: Any) -> Any:
+        rollout: Any = getattr(self, "rollout", None)
+        awex = getattr(meta, "type", None) == "awex" and callable(
+            getattr(rollout, "lifecycle_weights_updated", None)
+        )
+        if awex:
+            rollout.lifecycle_before_weights_update()
+        result = super().update_weights(meta)  # type: ignore[misc]
+        if awex:
+            version = getattr(meta, "version", None)
+            rollout.lifecycle_weights_updated(version if isinstance(version, int) else None)
+        return result
