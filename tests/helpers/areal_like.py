@@ -66,24 +66,24 @@ class AwexAdapterLike:
     def release_memory(self, tags: list[str] | None = None) -> None:
         tags = tags or ["optimizer", "weights"]
         for tag in [t for t in DEVICE_TAGS if t in tags and t not in self._released_tags]:
-            self._engine.host[tag] = self._engine.device[tag]  # a pinned copy (weights), or .to("cpu")
-            self._engine.device[tag] = None
+            self._engine.host[tag] = self._engine.mem[tag]  # a pinned copy (weights), or .to("cpu")
+            self._engine.mem[tag] = None
             if tag == "weights":  # the DDP path resizes the grad storage with the params
-                self._engine.device["grads"] = None
+                self._engine.mem["grads"] = None
             self._released_tags.add(tag)
 
     def resume_memory(self, tags: list[str] | None = None) -> None:
         tags = tags or ["optimizer", "weights"]
         for tag in [t for t in ("weights", "optimizer") if t in tags and t in self._released_tags]:
-            self._engine.device[tag] = self._engine.host[tag]
+            self._engine.mem[tag] = self._engine.host[tag]
             self._released_tags.discard(tag)
 
     def _release_grad_memory(self) -> None:
-        self._engine.device["grads"] = None
+        self._engine.mem["grads"] = None
 
     def ensure_grad_buffers(self) -> None:
-        if self._engine.device["grads"] is None:
-            self._engine.device["grads"] = 0
+        if self._engine.mem["grads"] is None:
+            self._engine.mem["grads"] = 0
 
     def execute_colocate_weight_update(self, version: int) -> None:
         weights_were_offloaded = "weights" in self._released_tags
@@ -100,11 +100,11 @@ class AwexAdapterLike:
 
 
 class MegatronEngineLike:
-    """`MegatronEngine`'s AWEX colocate branches (one rank). `device` holds each tensor's value
+    """`MegatronEngine`'s AWEX colocate branches (one rank). `mem` holds each tensor's value
     (None: released); `trained` is the version the last train step made."""
 
     def __init__(self) -> None:
-        self.device: dict[str, int | None] = {"weights": 0, "optimizer": 0, "grads": None}
+        self.mem: dict[str, int | None] = {"weights": 0, "optimizer": 0, "grads": None}
         self.host: dict[str, int | None] = {}
         self.trained = 0
         self.saved: list[int] = []
@@ -117,7 +117,7 @@ class MegatronEngineLike:
         self.publish: Callable[[int, int], None] = lambda version, value: None
 
     def read(self, tag: str, what: str) -> int:
-        value = self.device[tag]
+        value = self.mem[tag]
         if value is None:
             raise ProtocolViolation(f"body used memory: {what} read {tag!r}, which is released")
         return value
@@ -157,7 +157,7 @@ class MegatronEngineLike:
         self._awex_adapter.ensure_grad_buffers()
         weights = self.read("weights", "train_batch")
         self.read("optimizer", "train_batch")
-        self.device["weights"] = self.trained = max(weights, self.trained) + 1
+        self.mem["weights"] = self.trained = max(weights, self.trained) + 1
         return {"loss": 0.0}
 
     def save(self, meta: Any = None) -> None:

@@ -66,12 +66,12 @@ class TestOffloadOnload:
         """Grad buffers first (the clear_memory hook), then AReaL's release of optimizer and weights."""
         engine = LifecycleEngineLike()
         engine.train_batch()
-        assert engine.device["grads"] == 0
+        assert engine.mem["grads"] == 0
         with capture_events() as events:
             engine.offload()
         assert engine.lifecycle.state is State.PAUSED and engine.is_offload
         assert released(engine) == set(TRAINER_TAGS) == machine_released(engine)
-        assert engine.device == {"weights": None, "optimizer": None, "grads": None}
+        assert engine.mem == {"weights": None, "optimizer": None, "grads": None}
         (sleep,) = [e for e in events if e["event"] == "lifecycle.transition"]
         assert [(h["name"], h.get("tag")) for h in sleep["hooks"]] == [
             ("clear_memory", None),
@@ -91,7 +91,7 @@ class TestOffloadOnload:
         engine.offload()
         engine.onload()
         assert engine.lifecycle.state is State.AWAKE and not engine.is_offload
-        assert released(engine) == set() and engine.device["weights"] == 0
+        assert released(engine) == set() and engine.mem["weights"] == 0
 
     def test_the_policy_keeps_groups_and_sleeps_after_no_train_step(self):
         policy = areal_trainer_policy()
@@ -236,7 +236,7 @@ class TestFailures:
         engine._awex_adapter.ensure_grad_buffers()
         cleared = []
         GradBufferRelease(engine._awex_adapter, lambda: cleared.append(1))()
-        assert engine.device["grads"] is None and cleared == [1]
+        assert engine.mem["grads"] is None and cleared == [1]
 
 
 def test_the_colocated_world_starts_consistent():
