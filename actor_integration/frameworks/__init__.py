@@ -7,6 +7,8 @@
   while a body runs, so the machine and the body never both own a resource.
 - `registry_groups`: process groups kept in a framework's own registry of reloadable wrappers,
   torn down concurrently on every rank at once and rebuilt through the framework's own reload.
+- `areal`: AReaL's AWEX colocate path, one module per system (its trainer, its rollout engine,
+  the driver between them).
 
 The next framework is one module beside these.
 """

@@ -15,6 +15,11 @@ from actor_integration.weight_sync.receiver import WeightTargets
 from actor_integration.weight_sync.wire import RankPayload
 
 GENERATION_MODES = ("abort", "retract", "in_place")  # SGLang's pause_generation modes
+# AReaL's pause before a release (76138cb3, sglang_remote.get_pause_requests): "abort" drains the
+# requests (SGLang's release asserts an idle scheduler), then "in_place" raises the scheduler's
+# paused flag (the abort never reaches the scheduler), which AReaL's AWEX plugin waits for.
+ABORT_THEN_IN_PLACE = "abort_then_in_place"
+PAUSE_MODES = (*GENERATION_MODES, ABORT_THEN_IN_PLACE)  # what `EngineGeneration` takes
 ENGINE_TAGS = ("weights", "kv_cache")
 FLUSH_DEADLINE_S = 30.0  # how long `EngineGeneration` retries a flush that reports the engine busy
 
@@ -172,6 +177,7 @@ class QueryableEngineMemory(EngineMemory):
 class EngineGeneration:
     """A `GenerationBackend` over an engine: pause = pause generation, flush the cache, then run
     `on_pause` (the rollout drops its cached IPC handles there); resume = continue generation.
+    `mode` is one of SGLang's, or `ABORT_THEN_IN_PLACE`: two pauses, "abort" then "in_place".
 
     A flush that reports the engine busy is retried with a growing backoff until
     `flush_deadline_s` (None: `FLUSH_DEADLINE_S`; 0: one attempt), then `EngineNotIdleError`
@@ -189,8 +195,8 @@ class EngineGeneration:
         flush_backoff_s: float = 0.05,
         clock: Clock = time,
     ) -> None:
-        if mode not in GENERATION_MODES:
-            raise ValueError(f"EngineGeneration: mode must be one of {list(GENERATION_MODES)}, got {mode!r}")
+        if mode not in PAUSE_MODES:
+            raise ValueError(f"EngineGeneration: mode must be one of {list(PAUSE_MODES)}, got {mode!r}")
         deadline = FLUSH_DEADLINE_S if flush_deadline_s is None else flush_deadline_s
         if deadline < 0 or flush_backoff_s <= 0:
             raise ValueError(
@@ -205,7 +211,8 @@ class EngineGeneration:
         self.clock = clock
 
     def pause(self) -> None:
-        self.engine.pause_generation(self.mode)
+        for mode in ("abort", "in_place") if self.mode == ABORT_THEN_IN_PLACE else (self.mode,):
+            self.engine.pause_generation(mode)
         self._flush()
         if self.on_pause is not None:
             self.on_pause()

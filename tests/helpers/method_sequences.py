@@ -23,6 +23,14 @@ KINDS = {
     "Cannot resume allocation": "resumes a resident tag (torch_memory_saver exits)",
     "body used memory": "runs a body on paused memory",
     "collective on destroyed": "runs a collective on destroyed process groups",
+    # SGLang's server and AReaL's AWEX plugin (tests/helpers/areal_like.py's ServerModel)
+    "KeyError": "resumes a tag not released (SGLang's KeyError kills the server)",
+    "only when server is idle": "releases with requests running (SGLang's fully-idle assertion)",
+    "Pointer argument cannot be accessed": "generates on released memory (the server dies)",
+    "waits forever": "admits requests that wait forever (generation paused, memory released)",
+    "AWEX queue never processed": "publishes weights the scheduler never reads (not paused in place)",
+    "served discarded weights": "serves weights a release discarded",
+    "illegal memory access": "writes weights into released memory",
 }
 
 
