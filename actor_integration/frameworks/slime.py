@@ -100,6 +100,8 @@ def slime_memory_backend(
         memory.notes.append(
             "TMS_INIT_ENABLE_CPU_BACKUP is off: a pause discards the trainer's memory (nothing to retain)"
         )
+    elif retain and not memory.retain_cpu_backup:
+        pass  # the backend noted (and logged) that this torch_memory_saver cannot retain it, and the cost
     elif given is None:
         memory.notes.append(
             f"retain_cpu_backup=True ({RETAIN_VARIABLE} unset; the adapter's default): the pinned backup is "
