@@ -346,7 +346,12 @@ def _class_in(launch: FrameworkLaunch, replacement: Replacement, module: ModuleT
 def _require_modules(launch: FrameworkLaunch, chosen: Sequence[Replacement]) -> None:
     """Refuse, before any actor runs, a framework whose modules are not where the adapter reads them
     (located without importing them: only the top package's directory is looked up)."""
-    spec = importlib.util.find_spec(launch.framework)
+    try:
+        spec = importlib.util.find_spec(launch.framework)
+    except (
+        ValueError
+    ):  # imported already, with no spec (a package assembled in memory): its layout is its own
+        return
     if spec is None or not spec.submodule_search_locations:
         raise LaunchConfigError(
             f"{launch.framework} is not importable in this Ray worker (pid {os.getpid()}), so its job cannot "
@@ -409,7 +414,7 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
     def after_import(self, name: str, callback: Callable[[ModuleType], None]) -> None:
         module = sys.modules.get(name)
-        if module is not None and getattr(module, "__spec__", None) is not None and not _initialising(module):
+        if module is not None and not _initialising(module):
             callback(module)  # imported already: now
             return
         self.pending.setdefault(name, []).append(callback)
