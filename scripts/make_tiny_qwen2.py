@@ -8,8 +8,8 @@ trained on the prompts' text, with Qwen's chat template: what slime's actor, Meg
 SGLang load through AutoConfig/AutoTokenizer) and `OUT/prompts.jsonl` (`{"prompt": ..., "label": ...}`,
 integer arithmetic whose answer a rule reward checks with no network: slime's `--input-key prompt
 --label-key label`). bf16 matters: slime's `--check-weight-update-equal` compares bit for bit.
-Needs torch, transformers and tokenizers (a CPU is enough). See ../shared/slime-e2e.md for the rest of
-the launch; `scripts/slime_e2e.sh` calls this.
+Needs torch, transformers and tokenizers (a CPU is enough). The launch it is made for:
+docs/frameworks/slime.md; `scripts/slime_e2e.sh` calls this.
 """
 
 from __future__ import annotations
