@@ -15,6 +15,7 @@ import contextlib
 import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -211,6 +212,7 @@ class RayHead:
                 os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout=10)
+        shutil.rmtree(self.temp, ignore_errors=True)  # Ray's session files and sockets
 
 
 def _session(sid: int) -> list[int]:
