@@ -278,6 +278,26 @@ class FollowerCallError(LifecycleError, RuntimeError):
     leader (the server's URL when known, else None)."""
 
 
+# ------------------------------------------------- switching a framework job on at its launch
+
+
+class LaunchConfigError(LifecycleError, ValueError):
+    """The launch switch cannot do what the job asks: a value of `RL_LIFECYCLE_WRAP` it does not know,
+    or a framework whose module or class is not where the adapter reads it (another version).
+    Fields: `framework`, `variable` or `module` where they apply."""
+
+
+class UnwrappedClassError(LifecycleError, TypeError):
+    """The job asked for a half under the lifecycle, and this process creates that half's class
+    unwrapped (its own `actor_cls`, a path that builds the class elsewhere). Raised when the actor is
+    created, before it does any work. Fields: `framework`, `half`, `created` (the class made)."""
+
+
+class PreflightError(LifecycleError, RuntimeError):
+    """What the job needs is more than the machine has: one line per shortfall, each saying what to
+    change. Field: `shortfalls` (their lines)."""
+
+
 # Every class above; `lifecycle.errors.MOVED_TO_ADAPTERS` names those 0.1 defined in the core.
 __all__ = sorted(
     name

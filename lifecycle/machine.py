@@ -104,6 +104,8 @@ class Lifecycle:
 
         self.policy = policy
         self.hooks = hooks
+        self._observers: list[Callable[[str, dict[str, Any]], None]] = []
+        self.observer_errors = 0  # observers that raised (the machine goes on)
         self._view = policy.view()
         self._tags = policy.tags
         self._present = hooks.present
@@ -254,6 +256,17 @@ class Lifecycle:
     def bind(self, **context: Any) -> None:
         """Add fields (slot, engine id, ...) to every later event of this machine."""
         self._context.update(context)
+
+    def observe(self, observer: Callable[[str, dict[str, Any]], None]) -> None:
+        """Call `observer(event, fields)` for every event this machine emits from now on.
+
+        `fields` are the event's as logged (with rank, role and step), whether or not logging is on,
+        so a framework can feed its own metrics from them (slime's timers: `frameworks.slime`). An
+        observer that raises is counted in `observer_errors` and never fails the machine.
+        """
+        if not callable(observer):
+            raise TypeError(f"Lifecycle.observe needs a callable (event, fields), got {observer!r}")
+        self._observers.append(observer)
 
     def event(self, name: str, level: str = "info", **fields: Any) -> None:
         """Log an event of a layer above the machine (weight sync, demo) with this actor's context."""
@@ -595,7 +608,7 @@ class Lifecycle:
             self._enter_failed(edge, failed[0], records, failed[1], targets)
             raise failed[1]
         self._states.move(edge)
-        if events.enabled(_INFO):
+        if self._observers or events.enabled(_INFO):
             self._emit(
                 "info",
                 Event.TRANSITION,
@@ -604,6 +617,7 @@ class Lifecycle:
                     "dst": edge.dest,
                     "operation": edge.operation,
                     "phase": edge.phase,
+                    "plan": None if edge.plan is None else edge.plan.name,
                     "targets": list(targets),
                     "t": t0,
                     "duration_ms": round((time.perf_counter() - p0) * 1e3, 4),
@@ -766,8 +780,17 @@ class Lifecycle:
         return {tag: c.value for tag, c in self._contents.items()}
 
     def _emit(self, level: str, event: str, fields: dict[str, Any]) -> None:
-        if events.enabled(events.LEVELS[level]):
-            events.emit(level, event, {**self._context, "step": self.step, **fields})
+        logged = events.enabled(events.LEVELS[level])
+        if not (logged or self._observers):
+            return
+        full = {**self._context, "step": self.step, **fields}
+        if logged:
+            events.emit(level, event, full)
+        for observer in self._observers:
+            try:
+                observer(str(event), full)
+            except Exception:  # an observer's metrics never block the actor
+                self.observer_errors += 1
 
     def __repr__(self) -> str:
         return (

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import logging
 import os
 import threading
 import time
@@ -20,9 +21,11 @@ from typing import Any, Literal
 import torch
 
 from actor_integration.backends.device_restore import DeviceRestore, live_extents
+from actor_integration.backends.tms_capabilities import RETAIN_COST, SaverCapabilities, saver_capabilities
 from actor_integration.backends.tms_env import (
     CPU_BACKUP_BACKENDS,
     HOOK_MODES,
+    PRELOAD_LIBRARY_STEM,
     HookMode,
     hook_mode_from_environment,
     is_true,
@@ -41,6 +44,7 @@ __all__ = [
 ]
 
 _TMS_DEFAULT_TAG = "default"
+_log = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------------------------------------- bookkeeping
@@ -257,7 +261,28 @@ class TorchMemorySaverBackend:
             saver.hook_mode = hook_mode
         self._lock = threading.RLock()
         self._local = threading.local()
-        saver.retain_cpu_backup = retain_cpu_backup
+        library = _preloaded_library(self._environ) if self.hook_mode == "preload" else None
+        self.capabilities: SaverCapabilities = saver_capabilities(saver, library=library)
+        if cpu_backup_backend is not None and not self.capabilities.supports("cpu_backup_backend"):
+            raise MemorySaverConfigError(
+                f"cpu_backup_backend={cpu_backup_backend!r}: {self.capabilities.why_not['cpu_backup_backend']} "
+                f"({self.capabilities.source}); leave cpu_backup_backend unset or install a torch_memory_saver "
+                "that has it"
+            )
+        self.retain_requested = retain_cpu_backup
+        if self.capabilities.supports("retain_cpu_backup"):
+            saver.retain_cpu_backup = retain_cpu_backup
+        elif retain_cpu_backup:
+            # slime's pinned fork (zhuzilin/torch_memory_saver) has none: assigning it would only set a
+            # Python attribute nothing reads, and the backup would be lost with no word.
+            decision = (
+                f"retain_cpu_backup was asked for, but {self.capabilities.source} cannot retain the CPU backup "
+                f"({self.capabilities.why_not['retain_cpu_backup']}), so it is off: {RETAIN_COST}. Install a "
+                "torch_memory_saver with retain_cpu_backup (upstream fzyzcjy/torch_memory_saver 0.0.10 has it) "
+                "to get it back"
+            )
+            self.notes.append(decision)
+            _log.warning("%s", decision)
 
     # ------------------------------------------------------------------ allocation
 
@@ -429,11 +454,21 @@ class TorchMemorySaverBackend:
 
     @property
     def retain_cpu_backup(self) -> bool:
-        """Keep the CPU copy after resume: steady pauses skip the host allocation (FACTS: ~2 GB/s → ~50 GB/s)."""
+        """Keep the CPU copy after resume: steady pauses skip the host allocation (FACTS: ~2 GB/s → ~50 GB/s).
+        False on a torch_memory_saver that cannot retain it (`capabilities`)."""
+        if not self.capabilities.supports("retain_cpu_backup"):
+            return False
         return bool(self._saver.retain_cpu_backup)
 
     @retain_cpu_backup.setter
     def retain_cpu_backup(self, value: bool) -> None:
+        if not self.capabilities.supports("retain_cpu_backup"):
+            if value:
+                raise MemorySaverConfigError(
+                    f"retain_cpu_backup=True: {self.capabilities.why_not['retain_cpu_backup']} "
+                    f"({self.capabilities.source}); {RETAIN_COST}"
+                )
+            return
         self._saver.retain_cpu_backup = bool(value)
 
     def cpu_backup(self, tensor: torch.Tensor, tag: str | None = None) -> torch.Tensor | None:
@@ -640,8 +675,13 @@ class TorchMemorySaverBackend:
         return (
             f"torch_memory_saver (hook_mode={self.hook_mode}, {tags}, cpu_backup={backup}, {restored}"
             f"backend={self._cpu_backup_backend or self._environ.get('TMS_INIT_CPU_BACKUP_BACKEND') or 'pinned'}, "
-            f"retain_cpu_backup={self.retain_cpu_backup}; "
-            f"{self._book.describe_state()})"
+            f"retain_cpu_backup={self.retain_cpu_backup}"
+            + (
+                " (asked for; this torch_memory_saver cannot)"
+                if self.retain_requested and not self.capabilities.supports("retain_cpu_backup")
+                else ""
+            )
+            + f"; {self._book.describe_state()})"
         )
 
     def __repr__(self) -> str:
@@ -827,3 +867,11 @@ def _configured_hook_mode(saver: Any) -> tuple[str | None, bool]:
     pending = getattr(saver, "_impl_ctor_kwargs", None)
     mode = pending.get("hook_mode") if isinstance(pending, dict) else None
     return (mode if isinstance(mode, str) else None), False
+
+
+def _preloaded_library(environ: Mapping[str, str]) -> str | None:
+    """The torch_memory_saver library LD_PRELOAD loads (the one whose exports decide what it supports)."""
+    for entry in environ.get("LD_PRELOAD", "").replace(":", " ").split():
+        if PRELOAD_LIBRARY_STEM in os.path.basename(entry):
+            return entry
+    return None

@@ -154,6 +154,8 @@ def miles_memory_backend(
     )
     if not backed_up:
         memory.notes.append("TMS_INIT_ENABLE_CPU_BACKUP is off: a pause discards the trainer's memory")
+    elif retain and not memory.retain_cpu_backup:
+        pass  # the backend noted (and logged) that this torch_memory_saver cannot retain it, and the cost
     else:
         memory.notes.append(
             f"retain_cpu_backup={retain} ("

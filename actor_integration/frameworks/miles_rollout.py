@@ -1,7 +1,8 @@
 """miles' `SGLangEngine` (the rollout half) under the lifecycle, created where miles creates it.
 
-    # train.py and train_async.py, before create_rollout_manager(...): the one line, in both drivers
-    ray.init(runtime_env={"worker_process_setup_hook": "actor_integration.frameworks.miles_rollout.install"})
+    # the job's runtime env (ray job submit --runtime-env-json), for train.py and train_async.py alike
+    {"worker_process_setup_hook": "actor_integration.frameworks.launch.miles",
+     "env_vars": {"RL_LIFECYCLE_WRAP": "rollout"}}
 
     # or in miles/ray/rollout/server_group.py, ServerGroup.start_engines (was: ray.remote(SGLangEngine)):
     RolloutRayActor = ray.remote(lifecycle_engine(SGLangEngine))

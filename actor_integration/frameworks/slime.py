@@ -34,7 +34,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
 from types import ModuleType
 from typing import Any
@@ -53,7 +53,9 @@ from actor_integration.frameworks.stand_ins import (
     plan_owned_globals,
     stand_in_calls,
 )
-from lifecycle import Hooks, LifecyclePolicy
+from actor_integration.frameworks.timer_feed import TimerFeed
+from lifecycle import Hooks, Lifecycle, LifecyclePolicy
+from lifecycle.errors import LifecycleNotConfiguredError
 from lifecycle.hooks import MemoryBackend, ProcessGroupsBackend
 from lifecycle.table import Communicators
 
@@ -100,6 +102,8 @@ def slime_memory_backend(
         memory.notes.append(
             "TMS_INIT_ENABLE_CPU_BACKUP is off: a pause discards the trainer's memory (nothing to retain)"
         )
+    elif retain and not memory.retain_cpu_backup:
+        pass  # the backend noted (and logged) that this torch_memory_saver cannot retain it, and the cost
     elif given is None:
         memory.notes.append(
             f"retain_cpu_backup=True ({RETAIN_VARIABLE} unset; the adapter's default): the pinned backup is "
@@ -211,6 +215,13 @@ class SlimeLifecycleMixin(LifecycleMixin):
     call when `--offload-train` is off). `lifecycle_communicators` says what sleep does to the
     NCCL communicators ("destroy", "suspend" or "keep"; set it on your class). Override
     `lifecycle_memory()`, `lifecycle_process_groups()` or `lifecycle_hooks()` to change one piece.
+
+    slime's own instrumentation stays: its `Timer` gets every sleep and wake the lifecycle runs
+    (`perf/sleep_time`, `perf/wake_up_time`, also those inside train and save) and the lifecycle's
+    per-plan and per-hook figures (`perf/lifecycle_*`), reported by slime's `log_perf_data` through
+    its own tracking (`timer_feed`); its memory printout follows each sleep and wake. Where slime's
+    bodies return at once (`--debug-rollout-only`: init built no model; `update_weights` under
+    `--debug-train-only`) they run as slime's own, with no lifecycle.
     """
 
     lifecycle_communicators: Communicators | str = Communicators.DESTROY
@@ -220,7 +231,72 @@ class SlimeLifecycleMixin(LifecycleMixin):
     role: str
     _switch_model: Callable[[str], None]
 
+    def configure_lifecycle(self, policy: LifecyclePolicy, hooks: Hooks, **kwargs: Any) -> Lifecycle:
+        lifecycle = super().configure_lifecycle(policy, hooks, **kwargs)
+        feed = self.lifecycle_timer_feed()
+        if feed is not None:
+            lifecycle.observe(feed)
+        return lifecycle
+
+    def lifecycle_timer_feed(self) -> TimerFeed | None:
+        """slime's `Timer` fed from the machine, and slime's memory printout after each sleep and wake
+        (`print_memory("after offload model")`, `("after wake_up model")`); None where slime's actor
+        module has no `Timer`."""
+        namespace = vars(sys.modules[body_owner(self).__module__])
+        timer, print_memory = namespace.get("Timer"), namespace.get("print_memory")
+        if timer is None:
+            return None
+
+        def after_plan(plan: str) -> None:
+            label = {"sleep": "after offload model", "wake": "after wake_up model"}.get(plan)
+            if label is not None and callable(print_memory):
+                print_memory(label)
+
+        return TimerFeed(timer, after_plan=after_plan)
+
+    # ------------------------------------------------------------------ bodies slime skips
+
+    def _slime_skips(self, method: str) -> bool:
+        """slime's body returns at once: `--debug-rollout-only` (init returned before setting `role`
+        or building a model), or `update_weights` under `--debug-train-only`."""
+        args = getattr(self, "args", None)
+        if getattr(args, "debug_rollout_only", False):
+            return True
+        return method == "update_weights" and bool(getattr(args, "debug_train_only", False))
+
+    def sleep(self, tags: Iterable[str] | None = None) -> None:
+        if self._slime_skips("sleep"):
+            return None  # nothing was built, so nothing to release (slime's driver never asks here)
+        return super().sleep(tags)
+
+    def wake_up(self, tags: Iterable[str] | None = None) -> None:
+        if self._slime_skips("wake_up"):
+            return None
+        return super().wake_up(tags)
+
+    def train(self, *args: Any, **kwargs: Any) -> Any:
+        if self._slime_skips("train"):
+            return self._super_method("train")[0](*args, **kwargs)
+        return super().train(*args, **kwargs)
+
+    def save_model(self, *args: Any, **kwargs: Any) -> Any:
+        if self._slime_skips("save_model"):
+            return self._super_method("save_model")[0](*args, **kwargs)
+        return super().save_model(*args, **kwargs)
+
+    def update_weights(self, *args: Any, **kwargs: Any) -> Any:
+        if self._slime_skips("update_weights"):
+            return self._super_method("update_weights")[0](*args, **kwargs)
+        return super().update_weights(*args, **kwargs)
+
+    # ------------------------------------------------------------------ configuration
+
     def lifecycle_config(self) -> dict[str, Any]:
+        if getattr(self.args, "debug_rollout_only", False):
+            raise LifecycleNotConfiguredError(
+                f"{type(self).__name__} has no lifecycle under --debug-rollout-only: slime's init returned before "
+                "building a model or setting the role, so there is nothing to release or restore"
+            )
         _refuse_unsupported(self.args)
         return {
             "policy": self.lifecycle_policy(),

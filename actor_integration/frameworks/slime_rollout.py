@@ -1,7 +1,8 @@
 """slime's `SGLangEngine` (the rollout half) under the lifecycle, created where slime creates it.
 
-    # train.py, before create_rollout_manager(...): the one line
-    ray.init(runtime_env={"worker_process_setup_hook": "actor_integration.frameworks.slime_rollout.install"})
+    # the job's runtime env (ray job submit --runtime-env-json): the launch switch, the rollout half
+    {"worker_process_setup_hook": "actor_integration.frameworks.launch.slime",
+     "env_vars": {"RL_LIFECYCLE_WRAP": "rollout"}}
 
     # or in slime/ray/rollout.py, ServerGroup.start_engines (was: ray.remote(SGLangEngine)):
     RolloutRayActor = ray.remote(lifecycle_engine(SGLangEngine))
@@ -97,9 +98,8 @@ def lifecycle_engine(engine_class: type) -> type:
 
 def install() -> type:
     """Make slime's rollout manager create `lifecycle_engine(SGLangEngine)`: its module's
-    `SGLangEngine` is replaced (idempotent). Run it in the rollout manager's process, e.g. as Ray's
-    `worker_process_setup_hook` from the driver:
-
-        ray.init(runtime_env={"worker_process_setup_hook": "actor_integration.frameworks.slime_rollout.install"})
-    """
+    `SGLangEngine` is replaced (idempotent), importing it now. Run it in the rollout manager's process,
+    e.g. as the `worker_process_setup_hook` of the job's runtime env (not with `ray.init` in train.py:
+    slime's driver has started Ray by then). `actor_integration.frameworks.launch.slime` does the same
+    when the module is imported, for both halves, and refuses a half left unwrapped."""
     return install_into(importlib.import_module(ROLLOUT_MODULE), lifecycle_engine)

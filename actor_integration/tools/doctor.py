@@ -96,12 +96,37 @@ def check_memory_saver(env: Mapping[str, str]) -> list[Check]:
         )
     except MemorySaverConfigError as exc:
         checks.append(Check("TMS environment", "fail", str(exc).replace("\n", " ")))
-    checks.append(check_cpu_backup_retention(env))
+    capabilities = check_saver_capabilities(env)
+    checks.append(capabilities)
+    checks.append(check_cpu_backup_retention(env, can_retain=capabilities.verdict == "ok"))
     return checks
 
 
-def check_cpu_backup_retention(env: Mapping[str, str]) -> Check:
-    """Whether the CPU backup of the launcher's environment outlives a resume, and who decided."""
+def check_saver_capabilities(env: Mapping[str, str], saver: Any = None) -> Check:
+    """What the installed torch_memory_saver supports (upstream and slime's pinned fork differ), read
+    from its class and the library LD_PRELOAD loads, without initialising it."""
+    from actor_integration.backends.tms_capabilities import RETAIN_COST, saver_capabilities
+
+    library = next(
+        (e for e in env.get("LD_PRELOAD", "").replace(":", " ").split() if "torch_memory_saver" in e), None
+    )
+    try:
+        capabilities = saver_capabilities(saver, library=library)
+    except ImportError as exc:
+        return Check("TMS capabilities", "skip", f"torch_memory_saver is not importable: {exc}")
+    if capabilities.supports("retain_cpu_backup"):
+        return Check("TMS capabilities", "ok", capabilities.describe())
+    return Check(
+        "TMS capabilities",
+        "warn",
+        f"{capabilities.describe()}. Without retain_cpu_backup {RETAIN_COST}; the adapters log this decision "
+        "in lifecycle.configured (memory_notes)",
+    )
+
+
+def check_cpu_backup_retention(env: Mapping[str, str], *, can_retain: bool = True) -> Check:
+    """Whether the CPU backup of the launcher's environment outlives a resume, and who decided.
+    `can_retain`: whether the installed torch_memory_saver can retain it at all."""
     from actor_integration.backends.tms_env import is_true
 
     name = "TMS CPU backup"
@@ -109,6 +134,13 @@ def check_cpu_backup_retention(env: Mapping[str, str]) -> Check:
         return Check(name, "skip", "TMS_INIT_ENABLE_CPU_BACKUP is off: regions say their own backup")
     given = env.get("TMS_RETAIN_CPU_BACKUP")
     cost = "5.75 s per sleep + wake for 8.9 GiB on an H200 against 0.39 s retained"
+    if not can_retain and (given is None or is_true(given)):
+        return Check(
+            name,
+            "warn",
+            "not retained: this torch_memory_saver has no retain_cpu_backup (see TMS capabilities), so every "
+            f"pause allocates the pinned backup again and every resume frees it ({cost})",
+        )
     if given is None:
         return Check(
             name,

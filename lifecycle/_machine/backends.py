@@ -13,7 +13,7 @@ from lifecycle.table import Communicators
 
 
 def describe_backends(hooks: Hooks, communicators: Communicators) -> dict[str, Any]:
-    """The backends' `describe()` and `notes`, then the process groups' declared way
+    """The backends' `describe()`, `notes` and `capabilities`, then the process groups' declared way
     (`communicators`) and what kept communicators hold on the GPU."""
     described: dict[str, Any] = {}
     for slot in ("memory", "process_groups"):
@@ -24,6 +24,10 @@ def describe_backends(hooks: Hooks, communicators: Communicators) -> dict[str, A
         notes = getattr(backend, "notes", None)
         if isinstance(notes, list) and notes:
             described[f"{slot}_notes"] = [str(note) for note in notes]
+        # What the backend's library supports (torch_memory_saver's line differs: upstream or a fork).
+        to_dict = getattr(getattr(backend, "capabilities", None), "to_dict", None)
+        if callable(to_dict):
+            described[f"{slot}_capabilities"] = to_dict()
     if hooks.process_groups is None:
         return described
     described["communicators"] = communicators.value

@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import logging
+
 from transitions import Machine
 
 from lifecycle.table import EDGES, FAIL_SOURCES, FAIL_TRIGGER, Edge, State
+
+# `transitions` logs two INFO lines per state change ("Finished processing state ... callbacks"); a
+# framework that sets its root logger to INFO (slime's configure_logger does) would print them for
+# every hook plan. The machine's own events say the same with the hooks and durations.
+_TRANSITIONS_LOGGER = logging.getLogger("transitions.core")
+if _TRANSITIONS_LOGGER.level == logging.NOTSET:
+    _TRANSITIONS_LOGGER.setLevel(logging.WARNING)
 
 
 class _Model:

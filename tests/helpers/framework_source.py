@@ -134,7 +134,11 @@ def ray_stand_in(local_actor_class: Callable[[type, dict[str, Any]], Any], **ext
         **extra,
     )
     stand_in_module("ray.util")
-    stand_in_module("ray.util.placement_group", PlacementGroup=type("PlacementGroup", (), {}))
+    stand_in_module(
+        "ray.util.placement_group",
+        PlacementGroup=type("PlacementGroup", (), {}),
+        placement_group=lambda bundles, strategy="PACK": None,
+    )
     stand_in_module(
         "ray.util.scheduling_strategies",
         PlacementGroupSchedulingStrategy=lambda placement_group, placement_group_bundle_index: None,

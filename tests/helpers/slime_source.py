@@ -56,6 +56,8 @@ REAL_MODULES = (
     "slime/utils/tensor_backper.py",
     "slime/utils/routing_replay.py",
     "slime/observability/timer.py",
+    "slime/observability/metric_utils.py",
+    "slime/observability/train_metric_utils.py",
     "slime/ray/ray_actor.py",
     "slime/ray/utils.py",
     "slime/ray/train_actor.py",
@@ -147,6 +149,9 @@ def slime_args(world_size: int, **overrides: Any) -> argparse.Namespace:
         train_env_vars={},
         train_backend="megatron",
         ci_test=False,
+        wandb_always_use_train_step=False,
+        use_wandb=False,
+        use_tensorboard=False,
     )
     vars(args).update(overrides)
     return args
@@ -387,16 +392,20 @@ def _observability() -> None:
             "step": lambda self, rollout_id=None: None,
         },
     )
+
+    def log(args: Any, metrics: dict[str, Any], step_key: str) -> None:
+        # slime's tracking entry point (wandb / tensorboard as slime configures them): what reached it.
+        RECORD.setdefault("tracked", []).append({"step_key": step_key, **metrics})
+
     _module(
-        "slime.observability.logging_utils", init_tracking=lambda *a, **k: None, configure_logger=lambda: None
+        "slime.observability.logging_utils",
+        init_tracking=lambda *a, **k: None,
+        configure_logger=lambda: None,
+        log=log,
     )
     _module("slime.observability.profile_utils", TrainProfiler=profiler)
     _module("slime.observability.train_data_utils", save_debug_train_data=lambda *a, **k: None)
-    _module(
-        "slime.observability.train_metric_utils",
-        log_rollout_data=lambda *a, **k: None,
-        log_perf_data=lambda *a, **k: None,
-    )
+    _module("slime.utils.flops_utils", calculate_fwd_flops=lambda seqlens, args: 0.0)
 
 
 class _NoPinnedTorch:
@@ -445,7 +454,14 @@ def install(source: SlimeSource, *, device: str = "cpu", model_and_optimizer: An
         _module("slime.utils.accelerator", **_accelerator())
         _module("slime.utils.memory_utils", **_memory_utils())
     _module("slime.utils.http_utils", is_port_available=port_free)
-    _module("slime.utils.data", process_rollout_data=lambda args, ref, rank, size: dict(ref.inner))
+
+    def process_rollout_data(args: Any, ref: Any, rank: int, size: int) -> dict[str, Any]:
+        from slime.observability.timer import Timer
+
+        Timer().seq_lens = ref.inner["total_lengths"]  # as slime's own does (slime/utils/data.py)
+        return dict(ref.inner)
+
+    _module("slime.utils.data", process_rollout_data=process_rollout_data)
     _observability()
     _megatron_stand_ins()
     if model_and_optimizer is not None:
@@ -465,4 +481,7 @@ def install(source: SlimeSource, *, device: str = "cpu", model_and_optimizer: An
         exec(compile(source.read(path), module.__file__, "exec"), module.__dict__)
     if not cuda:
         sys.modules["slime.utils.tensor_backper"].torch = _NoPinnedTorch()
+    # slime's summary of the Megatron-side rollout fields needs its CP helpers: a stand-in; its
+    # log_perf_data (the Timer's entries as perf/<name>_time, through slime's tracking) is its own.
+    sys.modules["slime.observability.train_metric_utils"].log_rollout_data = lambda *a, **k: None
     return sys.modules["slime.backends.megatron_utils.actor"]

@@ -92,6 +92,44 @@ class TestSink:
         assert events == []
 
 
+class TestObservers:
+    """`Lifecycle.observe`: a framework's metrics fed from the machine's own events."""
+
+    def test_an_observer_sees_every_transition_with_its_plan_even_with_logging_filtered(self):
+        lc, _ = recording_lifecycle(LifecyclePolicy(offload_train=True), rank=1, role="actor")
+        seen: list[tuple[str, dict]] = []
+        lc.observe(lambda event, fields: seen.append((event, fields)))
+        with capture_events(level="warning") as logged:
+            lc.sleep()
+            lc.run("train", lambda: None)
+        assert logged == []  # nothing logged at this level, every event observed
+        transitions = [f for e, f in seen if e == "lifecycle.transition"]
+        assert [(f["operation"], f["phase"], f["plan"]) for f in transitions] == [
+            ("sleep", "move", "sleep"),
+            ("train", "enter", "wake"),
+            ("train", "exit", "sleep"),
+        ]
+        assert all(f["rank"] == 1 and f["duration_ms"] >= 0 and f["hooks"] for f in transitions)
+        assert [e for e, _ in seen].count("lifecycle.body") == 1
+
+    def test_a_failing_observer_is_counted_and_never_fails_the_machine(self):
+        lc, _ = recording_lifecycle(LifecyclePolicy())
+
+        def broken(event: str, fields: dict) -> None:
+            raise RuntimeError("metrics backend down")
+
+        lc.observe(broken)
+        lc.sleep()
+        lc.wake_up()
+        assert lc.state is State.AWAKE
+        assert lc.observer_errors == 2
+
+    def test_an_observer_must_be_callable(self):
+        lc, _ = recording_lifecycle(LifecyclePolicy())
+        with pytest.raises(TypeError, match="needs a callable"):
+            lc.observe("perf")  # type: ignore[arg-type]
+
+
 @pytest.mark.usefixtures("quiet_after")
 class TestApplicationStructlog:
     """Events flow through the application's structlog configuration when it has one."""

@@ -3,6 +3,8 @@
 The same class against slime's real actor source runs in test_slime_source.py (outside CI).
 """
 
+import argparse
+
 import pytest
 import torch.distributed as dist
 
@@ -13,7 +15,7 @@ from actor_integration.frameworks.slime import (
     slime_memory_backend,
 )
 from lifecycle import Hooks, Lifecycle, LifecyclePolicy, State
-from lifecycle.errors import IllegalTransitionError, InjectedFault
+from lifecycle.errors import IllegalTransitionError, InjectedFault, LifecycleNotConfiguredError
 from lifecycle.faults import FaultInjector, with_faults
 from lifecycle.testing import FakeMemorySaver
 from tests.helpers import slime_like
@@ -329,3 +331,40 @@ class TestBackends:
         actor.args.colocate, actor.args.use_critic = False, True
         with pytest.raises(ValueError, match="--use-critic with --offload-train and without --colocate"):
             SlimeLifecycleMixin.lifecycle_config(actor)
+
+
+class SlimeActorInDebugRolloutOnly:
+    """slime 624b824a's MegatronTrainRayActor under --debug-rollout-only, reduced to the path it runs:
+    `init` sets `args` and returns 0 (before `role`, groups or a model); each body returns at once."""
+
+    def init(self, args: argparse.Namespace, role: str) -> int:
+        self.args = args
+        return 0
+
+    def train(self, rollout_id: int, rollout_data_ref: object, external_data: object = None) -> None:
+        assert self.args.debug_rollout_only
+
+    def save_model(self, rollout_id: int, force_sync: bool = False) -> None:
+        assert self.args.debug_rollout_only
+
+    def update_weights(self) -> None:
+        assert self.args.debug_rollout_only
+
+
+class WrappedInDebugRolloutOnly(SlimeLifecycleMixin, SlimeActorInDebugRolloutOnly):
+    pass
+
+
+class TestDebugRolloutOnly:
+    def test_slimes_calls_run_as_slimes_own_with_no_lifecycle(self) -> None:
+        """The first update_weights under the wrap raised AttributeError ('role'): slime's driver
+        calls it right after creating the models."""
+        actor = WrappedInDebugRolloutOnly()
+        args = argparse.Namespace(debug_rollout_only=True, debug_train_only=False, offload_train=True)
+        assert actor.init(args, "actor") == 0
+        assert actor.update_weights() is None
+        assert actor.train(0, None) is None and actor.save_model(0) is None
+        assert actor.sleep() is None and actor.wake_up() is None
+        assert actor._lifecycle is None
+        with pytest.raises(LifecycleNotConfiguredError, match="no lifecycle under --debug-rollout-only"):
+            actor.lifecycle_state()

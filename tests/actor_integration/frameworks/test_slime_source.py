@@ -102,6 +102,13 @@ def _worker(
         reset_logging()
         variant, os.environ[LOG_DIR_ENV] = "lifecycle", variant.removeprefix("logs:")
     serial = _count_serial_teardowns()
+    if variant.startswith("perf:"):
+        return _perf_run(
+            _classes(actor_module)[variant.removeprefix("perf:")](world_size, rank, "127.0.0.1", port)
+        )
+    if variant.startswith("debug:"):
+        flag = variant.removeprefix("debug:")
+        return _debug_run(_classes(actor_module)["lifecycle"](world_size, rank, "127.0.0.1", port), flag)
     if variant == "ray_group":
         return _ray_group_run(actor_module, _classes(actor_module)["lifecycle"])
     if variant == "pp4":
@@ -151,6 +158,40 @@ def _worker(
     out.setdefault("groups_end", _groups())
     out["record"] = {k: v for k, v in RECORD.items() if k in ("trained", "saved", "engine")}
     out["pauses"], out["resumes"] = SAVER.pause_count, SAVER.resume_count
+    return out
+
+
+def _perf_run(actor: Any) -> dict[str, Any]:
+    """Two steps as slime's loop runs them; what slime's log_perf_data sent to its tracking."""
+    from tests.helpers.slime_source import RECORD, RolloutManager
+
+    actor.init(slime_args(2), "actor")
+    actor.set_rollout_manager(RolloutManager())
+    for step in range(3):
+        actor.train(step, _rollout(step))
+    tracked = [{k: v for k, v in m.items() if k.startswith("perf/")} for m in RECORD.get("tracked", [])]
+    return {"perf": [m for m in tracked if m]}
+
+
+def _debug_run(actor: Any, flag: str) -> dict[str, Any]:
+    """slime's calls in their driver order under `--debug-rollout-only` / `--debug-train-only`."""
+    from tests.helpers.slime_source import RECORD, SAVER, RolloutManager
+
+    out: dict[str, Any] = {"init": _error(lambda: actor.init(slime_args(2, **{flag: True}), "actor"))}
+    out["set_rollout_manager"] = _error(lambda: actor.set_rollout_manager(RolloutManager()))
+    pauses = SAVER.pause_count
+    operations: list[str] = []
+    if flag == "debug_train_only":  # the machine exists (init slept): what it runs from here on
+        actor.lifecycle.observe(lambda event, fields: operations.append(str(fields.get("operation"))))
+    out["update_weights"] = _error(actor.update_weights)
+    out["operations_in_update_weights"] = sorted(set(operations))
+    out["train"] = _error(lambda: actor.train(0, _rollout(0)))
+    out["save_model"] = _error(lambda: actor.save_model(0))
+    out["update_weights_again"] = _error(actor.update_weights)
+    out["pauses_after_init"] = SAVER.pause_count - pauses
+    out["lifecycle_state"] = _error(actor.lifecycle_state)
+    out["engine"] = list(RECORD["engine"])
+    out["stand_in_calls"] = actor.__dict__.get("_lifecycle_stand_in_calls", [])
     return out
 
 
@@ -409,3 +450,56 @@ class TestRayTrainGroup:
             record["saved"] == record["trained"]
             and [e["checksum"] for e in record["engine"]] == record["trained"]
         )
+
+
+class TestSlimesInstrumentation:
+    """slime's own `@timer` figures and the lifecycle's per-phase ones reach slime's tracking (its real
+    `log_perf_data` → `logging_utils.log`, wandb or tensorboard as slime configures them)."""
+
+    @pytest.fixture(scope="class")
+    def perf(self) -> dict[str, list[dict[str, Any]]]:
+        return {variant: _run(f"perf:{variant}") for variant in ("slime", "lifecycle")}
+
+    def _logged(self, results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        # slime logs perf data on the last pipeline stage's first TP and DP rank: rank 1 of PP=2.
+        (logged,) = [r["perf"] for r in results if r["perf"]]
+        return logged
+
+    def test_slimes_sleep_and_wake_timers_still_record_under_the_wrap(self, perf: dict[str, Any]) -> None:
+        plain, wrapped = self._logged(perf["slime"]), self._logged(perf["lifecycle"])
+        assert len(plain) == len(wrapped) == 3  # one report per train step
+        for theirs, ours in zip(plain, wrapped, strict=True):
+            own = {k for k in theirs if not k.startswith("perf/lifecycle_")}
+            assert own <= set(ours), own - set(ours)
+            assert ours["perf/sleep_time"] > 0 and ours["perf/wake_up_time"] > 0
+
+    def test_the_lifecycles_per_phase_figures_are_added(self, perf: dict[str, Any]) -> None:
+        for report in self._logged(perf["lifecycle"]):
+            assert report["perf/lifecycle_sleep_time"] == pytest.approx(report["perf/sleep_time"])
+            assert report["perf/lifecycle_wake_time"] == pytest.approx(report["perf/wake_up_time"])
+            for hook in ("process_groups_destroy", "memory_pause", "clear_memory"):
+                assert report[f"perf/lifecycle_sleep_{hook}_time"] >= 0
+            assert report["perf/lifecycle_wake_memory_resume_time"] >= 0
+        assert not any(k.startswith("perf/lifecycle_") for r in self._logged(perf["slime"]) for k in r)
+
+
+class TestDebugModes:
+    def test_debug_rollout_only_runs_slimes_calls_without_a_lifecycle(self) -> None:
+        """slime's init returns before setting `role`: the first update_weights under the wrap raised
+        AttributeError. Now each body is slime's own (it returns at once) and the actor says why it has
+        no lifecycle."""
+        for result in _run("debug:debug_rollout_only"):
+            assert [
+                result[k] for k in ("init", "update_weights", "train", "save_model", "update_weights_again")
+            ] == [None] * 5
+            assert result["lifecycle_state"].startswith("LifecycleNotConfiguredError")
+            assert "--debug-rollout-only" in result["lifecycle_state"]
+            assert result["engine"] == []
+
+    def test_debug_train_only_skips_the_sync_as_slime_does(self) -> None:
+        """update_weights returns at once in slime: no groups brought up and down for nothing."""
+        for result in _run("debug:debug_train_only"):
+            assert result["init"] is None and result["update_weights"] is None
+            assert result["train"] is None and result["save_model"] is None
+            assert result["engine"] == [] and result["stand_in_calls"] == []
+            assert result["operations_in_update_weights"] == []  # no sync: the groups stayed down

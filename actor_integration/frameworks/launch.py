@@ -1,0 +1,495 @@
+"""A slime or miles job under the lifecycle, switched on where the job is launched, no edit of its source.
+
+slime's scripts start a job with `ray start --head`, then `ray job submit --runtime-env-json '{...}'
+-- python3 train.py ...`; the one change is a key in that JSON (and, optionally, a variable):
+
+    ray job submit --address="http://127.0.0.1:8265" --runtime-env-json='{
+        "worker_process_setup_hook": "actor_integration.frameworks.launch.slime",
+        "env_vars": {"PYTHONPATH": "/root/Megatron-LM/", "RL_LIFECYCLE_WRAP": "trainer,rollout"}
+    }' -- python3 train.py ...          # miles: "actor_integration.frameworks.launch.miles"
+
+Why Ray's setup hook: the driver cannot be reached without editing `train.py` (and calling
+`ray.init()` there raises "ray.init twice": `create_placement_groups` has already started Ray
+through its auto-init, and slime's debug guide warns against `ray.init()` under `ray job submit`).
+The classes the job runs are not resolved in the driver anyway. Ray runs the hook in every worker of
+the job before any of its tasks or actors, actors created inside actors and actors with
+`runtime_env`s of their own included (the job's `env_vars` reach them too), and never in the driver.
+
+Where each class is resolved, and so where it is replaced (read from slime 624b824a, miles 31f1ca96):
+
+| class | the driver | the worker that runs it |
+|---|---|---|
+| `MegatronTrainRayActor` (actor and critic: `create_training_models` builds the critic without `actor_cls`) | `RayTrainGroup` wraps it with `ray.remote`; Ray pickles the class it makes by value, its base by module and name | unpickling looks the base up in `slime.backends.megatron_utils.actor`, replaced there when that module is imported |
+| `SGLangEngine` | not at all | the rollout manager's worker: `ServerGroup.start_engines` reads `slime.ray.rollout.SGLangEngine` (miles: `miles.ray.rollout.server_group`), replaced there |
+
+The replacement happens when the module is imported in a worker (a post-import patch), so workers
+that never import slime (Ray's job supervisor, the placement-group probes) load nothing of it. Each
+replacement is logged in the worker that makes it (Ray forwards it to the job's output). Asked for a
+half, the job never runs it silently unwrapped: the framework's own class is guarded in every worker
+(`UnwrappedClassError` when an actor of it is created outside the lifecycle, e.g. a custom
+`actor_cls`), a framework whose module or class is not where the adapter reads it is refused
+(`LaunchConfigError`), and so is a value of `RL_LIFECYCLE_WRAP` other than `trainer`, `rollout`,
+or both (unset: both). Before the rollout manager starts any engine, the job's needs are checked
+against the cluster (`actor_integration.tools.preflight`; `RL_LIFECYCLE_PREFLIGHT=warn` reports
+without refusing, `off` skips it).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import logging
+import os
+import sys
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from actor_integration.errors import LaunchConfigError, UnwrappedClassError
+
+__all__ = [
+    "HALVES",
+    "MILES",
+    "PREFLIGHT_VARIABLE",
+    "SLIME",
+    "WRAP_VARIABLE",
+    "FrameworkLaunch",
+    "Replacement",
+    "install",
+    "miles",
+    "parse_wrap",
+    "replaced",
+    "slime",
+]
+
+WRAP_VARIABLE = "RL_LIFECYCLE_WRAP"
+PREFLIGHT_VARIABLE = "RL_LIFECYCLE_PREFLIGHT"
+HALVES = ("trainer", "rollout")
+PREFLIGHT_MODES = ("error", "warn", "off")
+
+_log = logging.getLogger("rl_lifecycle.launch")
+
+
+@dataclass(frozen=True)
+class Replacement:
+    """One class a framework's job resolves by module and name, and what the lifecycle puts there.
+
+    `module`.`name` is where the framework reads the class; `defined_in` where the class itself is
+    defined (its original is guarded there); `wrap(original)` builds the lifecycle class; `mixin`
+    (as "module:Class") is what every instance of the half must be; `runs` names the roles it plays.
+    """
+
+    half: str
+    module: str
+    name: str
+    defined_in: str
+    wrap: str  # "module:function" taking the original class, returning the lifecycle class
+    mixin: str
+    runs: str
+
+
+@dataclass(frozen=True)
+class FrameworkLaunch:
+    """A framework's classes under the lifecycle, and where its rollout manager starts the engines
+    (`preflight_at`, "module:function", run after the preflight)."""
+
+    framework: str
+    commit: str
+    replacements: tuple[Replacement, ...]
+    preflight_at: str | None = None
+    job_needs: str | None = None  # "module:function" (args, framework=) -> JobNeeds, for the preflight
+    machine: str = "actor_integration.tools.preflight:describe_ray_cluster"  # "module:function" () -> Machine
+
+    def halves(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(r.half for r in self.replacements))
+
+
+SLIME = FrameworkLaunch(
+    framework="slime",
+    commit="624b824a",
+    replacements=(
+        Replacement(
+            half="trainer",
+            module="slime.backends.megatron_utils.actor",
+            name="MegatronTrainRayActor",
+            defined_in="slime.backends.megatron_utils.actor",
+            wrap="actor_integration.frameworks.launch:slime_trainer",
+            mixin="actor_integration.frameworks.slime:SlimeLifecycleMixin",
+            runs="actor and critic",
+        ),
+        Replacement(
+            half="rollout",
+            module="slime.ray.rollout",
+            name="SGLangEngine",
+            defined_in="slime.backends.sglang_utils.sglang_engine",
+            wrap="actor_integration.frameworks.slime_rollout:lifecycle_engine",
+            mixin="actor_integration.frameworks.sglang_actor:SGLangActorLifecycle",
+            runs="rollout engines",
+        ),
+    ),
+    preflight_at="slime.ray.rollout:start_rollout_servers",
+    job_needs="actor_integration.tools.preflight:slime_job_needs",
+)
+
+MILES = FrameworkLaunch(
+    framework="miles",
+    commit="31f1ca96",
+    replacements=(
+        Replacement(
+            half="trainer",
+            module="miles.backends.megatron_utils.actor",
+            name="MegatronTrainRayActor",
+            defined_in="miles.backends.megatron_utils.actor",
+            wrap="actor_integration.frameworks.launch:miles_trainer",
+            mixin="actor_integration.frameworks.miles:MilesLifecycleMixin",
+            runs="actor and critic, train.py and train_async.py",
+        ),
+        Replacement(
+            half="rollout",
+            module="miles.ray.rollout.server_group",
+            name="SGLangEngine",
+            defined_in="miles.backends.sglang_utils.sglang_engine",
+            wrap="actor_integration.frameworks.miles_rollout:lifecycle_engine",
+            mixin="actor_integration.frameworks.sglang_actor:SGLangActorLifecycle",
+            runs="rollout engines",
+        ),
+    ),
+    preflight_at="miles.ray.rollout.rollout_server:start_rollout_servers",
+    job_needs="actor_integration.tools.preflight:slime_job_needs",  # miles keeps slime's flags for these
+)
+
+
+# ---------------------------------------------------------------------------------------------- the hooks
+
+
+def slime() -> None:
+    """Ray's `worker_process_setup_hook` for a slime job: see the module's doc."""
+    install(SLIME)
+
+
+def miles() -> None:
+    """Ray's `worker_process_setup_hook` for a miles job (`train.py` and `train_async.py`)."""
+    install(MILES)
+
+
+def parse_wrap(value: str | None, launch: FrameworkLaunch = SLIME) -> tuple[str, ...]:
+    """The halves `RL_LIFECYCLE_WRAP` asks for (unset or empty: both), in a fixed order."""
+    if value is None or not value.strip():
+        return launch.halves()
+    asked = [token.strip().lower() for token in value.split(",") if token.strip()]
+    unknown = [token for token in asked if token not in HALVES]
+    if unknown:
+        hint = ""
+        if {"actor", "critic"} & set(unknown):
+            hint = (
+                f" ({launch.framework} builds the actor and the critic from one class, MegatronTrainRayActor: "
+                "'trainer' puts both under the lifecycle)"
+            )
+        raise LaunchConfigError(
+            f"{WRAP_VARIABLE}={value!r}: {', '.join(map(repr, unknown))} is not a half of the job{hint}; "
+            f"use 'trainer', 'rollout' or 'trainer,rollout' (unset: both)",
+            framework=launch.framework,
+            variable=WRAP_VARIABLE,
+        )
+    return tuple(half for half in HALVES if half in asked)
+
+
+def install(launch: FrameworkLaunch, environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """Put the halves the environment asks for under the lifecycle in this process, as each module
+    is imported (or now, if it is already). Idempotent. Returns the halves."""
+    env: Mapping[str, str] = os.environ if environ is None else environ
+    halves = parse_wrap(env.get(WRAP_VARIABLE), launch)
+    mode = (env.get(PREFLIGHT_VARIABLE) or "error").strip().lower()
+    if mode not in PREFLIGHT_MODES:
+        raise LaunchConfigError(
+            f"{PREFLIGHT_VARIABLE}={env.get(PREFLIGHT_VARIABLE)!r}: use one of {list(PREFLIGHT_MODES)} (unset: error)",
+            framework=launch.framework,
+            variable=PREFLIGHT_VARIABLE,
+        )
+    chosen = [r for r in launch.replacements if r.half in halves]
+    _require_modules(launch, chosen)
+    with _LOCK:
+        if (launch.framework, halves) in _INSTALLED:
+            return halves
+        _INSTALLED.add((launch.framework, halves))
+        for replacement in chosen:
+            _FINDER.after_import(replacement.defined_in, functools.partial(_guard, launch, replacement))
+            _FINDER.after_import(replacement.module, functools.partial(_replace, launch, replacement))
+        if launch.preflight_at is not None and mode != "off":
+            module, _, function = launch.preflight_at.partition(":")
+            _FINDER.after_import(module, functools.partial(_preflight_first, launch, function, mode))
+    _say(
+        f"{launch.framework} job: {WRAP_VARIABLE}={','.join(halves)}: "
+        + "; ".join(f"{r.name} ({r.runs}) from {r.module}" for r in chosen)
+        + " under the lifecycle"
+    )
+    return halves
+
+
+def replaced() -> dict[str, str]:
+    """What this process replaced so far: "module.Name" → the lifecycle class's name."""
+    with _LOCK:
+        return dict(_REPLACED)
+
+
+# ---------------------------------------------------------------------------------------------- classes
+
+
+_TRAINERS: dict[tuple[type, type], type] = {}
+
+
+def _trainer(mixin: type, original: type) -> type:
+    built = _TRAINERS.get((mixin, original))
+    if built is None:
+        built = type(f"Lifecycle{original.__name__}", (mixin, original), {"__module__": __name__})
+        _TRAINERS[(mixin, original)] = built
+    return built
+
+
+def slime_trainer(original: type) -> type:
+    """`class LifecycleMegatronTrainRayActor(SlimeLifecycleMixin, MegatronTrainRayActor)`, once."""
+    from actor_integration.frameworks.slime import SlimeLifecycleMixin
+
+    return _trainer(SlimeLifecycleMixin, original)
+
+
+def miles_trainer(original: type) -> type:
+    """`class LifecycleMegatronTrainRayActor(MilesLifecycleMixin, MegatronTrainRayActor)`, once."""
+    from actor_integration.frameworks.miles import MilesLifecycleMixin
+
+    return _trainer(MilesLifecycleMixin, original)
+
+
+def _resolve(spec: str) -> Any:
+    module, _, name = spec.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def _replace(launch: FrameworkLaunch, replacement: Replacement, module: ModuleType) -> None:
+    original = _class_in(launch, replacement, module, replacement.module)
+    mixin = _resolve(replacement.mixin)
+    where = f"{replacement.module}.{replacement.name}"
+    if issubclass(original, mixin):
+        return  # replaced already (or the user's own lifecycle class): left as it is
+    wrapped = _resolve(replacement.wrap)(original)
+    setattr(module, replacement.name, wrapped)
+    _guard(launch, replacement, None, original=original)
+    with _LOCK:
+        _REPLACED[where] = wrapped.__name__
+    _say(
+        f"{launch.framework}: {where} ({replacement.runs}) runs as {wrapped.__name__} "
+        f"({mixin.__name__}) in this process (pid {os.getpid()})"
+    )
+
+
+def _guard(
+    launch: FrameworkLaunch,
+    replacement: Replacement,
+    module: ModuleType | None,
+    *,
+    original: type | None = None,
+) -> None:
+    """The framework's own class refuses to be created outside the lifecycle (in this process)."""
+    if original is None:
+        assert module is not None
+        original = _class_in(launch, replacement, module, replacement.defined_in)
+    if original.__dict__.get("_rl_lifecycle_guarded"):
+        return
+    mixin = _resolve(replacement.mixin)
+    if issubclass(original, mixin):
+        return
+    own_init = original.__dict__.get("__init__")
+    base: type = original
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        if not isinstance(self, mixin):
+            raise UnwrappedClassError(
+                f"{launch.framework}: {WRAP_VARIABLE} asks for the {replacement.half} under the lifecycle, but this "
+                f"process creates {type(self).__module__}.{type(self).__qualname__}, a {base.__name__} without "
+                f"{mixin.__name__}: it would run unwrapped. Let the launch switch build it (no actor_cls of your "
+                f"own), derive your class from {mixin.__name__}, or leave '{replacement.half}' out of {WRAP_VARIABLE}",
+                framework=launch.framework,
+                half=replacement.half,
+                created=f"{type(self).__module__}.{type(self).__qualname__}",
+            )
+        if own_init is not None:
+            own_init(self, *args, **kwargs)
+        else:
+            super(base, self).__init__(*args, **kwargs)  # type: ignore[arg-type]  # mypy wants a class literal
+
+    __init__.__qualname__ = f"{original.__qualname__}.__init__"
+    if own_init is not None:
+        functools.update_wrapper(__init__, own_init)
+    type.__setattr__(original, "__init__", __init__)
+    type.__setattr__(original, "_rl_lifecycle_guarded", True)
+
+
+def _class_in(launch: FrameworkLaunch, replacement: Replacement, module: ModuleType, where: str) -> type:
+    found = getattr(module, replacement.name, None)
+    if not isinstance(found, type):
+        raise LaunchConfigError(
+            f"{launch.framework}: {where} has no class {replacement.name}, where the lifecycle's launch switch "
+            f"reads the {replacement.half} ({launch.framework} {launch.commit}); this {launch.framework} builds it "
+            f"elsewhere: update rl-lifecycle, or leave '{replacement.half}' out of {WRAP_VARIABLE}",
+            framework=launch.framework,
+            module=where,
+        )
+    return found
+
+
+def _require_modules(launch: FrameworkLaunch, chosen: Sequence[Replacement]) -> None:
+    """Refuse, before any actor runs, a framework whose modules are not where the adapter reads them
+    (located without importing them: only the top package's directory is looked up)."""
+    try:
+        spec = importlib.util.find_spec(launch.framework)
+    except (
+        ValueError
+    ):  # imported already, with no spec (a package assembled in memory): its layout is its own
+        return
+    if spec is None or not spec.submodule_search_locations:
+        raise LaunchConfigError(
+            f"{launch.framework} is not importable in this Ray worker (pid {os.getpid()}), so its job cannot "
+            f"be put under the lifecycle: install {launch.framework}, or put it on the job's PYTHONPATH "
+            "(runtime env env_vars)",
+            framework=launch.framework,
+        )
+    roots = [Path(p) for p in spec.submodule_search_locations]
+    wanted = {r.module for r in chosen} | {r.defined_in for r in chosen}
+    if launch.preflight_at is not None:
+        wanted.add(launch.preflight_at.partition(":")[0])
+    for module in sorted(wanted):
+        parts = module.split(".")[1:]
+        if not any(_module_file(root, parts) for root in roots):
+            raise LaunchConfigError(
+                f"{launch.framework}: no module {module} in {[str(r) for r in roots]}, where the lifecycle's "
+                f"launch switch reads the job's classes ({launch.framework} {launch.commit}): this "
+                f"{launch.framework} is laid out differently; update rl-lifecycle",
+                framework=launch.framework,
+                module=module,
+            )
+
+
+def _module_file(root: Path, parts: list[str]) -> bool:
+    path = root.joinpath(*parts)
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+# ---------------------------------------------------------------------------------------------- preflight
+
+
+def _preflight_first(launch: FrameworkLaunch, function: str, mode: str, module: ModuleType) -> None:
+    """`module.function(args, ...)` (where the rollout manager starts the engines) runs the preflight first."""
+    original = getattr(module, function, None)
+    if not callable(original) or getattr(original, "_rl_lifecycle_preflight", False):
+        return
+
+    @functools.wraps(original)
+    def checked(args: Any, *rest: Any, **kwargs: Any) -> Any:
+        from actor_integration.tools.preflight import check_job
+
+        needs = _resolve(launch.job_needs)(args, framework=launch.framework) if launch.job_needs else None
+        if needs is not None:
+            report = check_job(_resolve(launch.machine)(), needs, refuse=mode == "error")
+            _say(f"{launch.framework} preflight: {report}")
+        return original(args, *rest, **kwargs)
+
+    checked._rl_lifecycle_preflight = True  # type: ignore[attr-defined]
+    setattr(module, function, checked)
+
+
+# ---------------------------------------------------------------------------------------------- imports
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs callbacks on a module right after it is executed, in whichever process imports it."""
+
+    def __init__(self) -> None:
+        self.pending: dict[str, list[Callable[[ModuleType], None]]] = {}
+
+    def after_import(self, name: str, callback: Callable[[ModuleType], None]) -> None:
+        module = sys.modules.get(name)
+        if module is not None and not _initialising(module):
+            callback(module)  # imported already: now
+            return
+        self.pending.setdefault(name, []).append(callback)
+        if self not in sys.meta_path:
+            sys.meta_path.insert(0, self)
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in self.pending:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        spec.loader = _PatchingLoader(spec.loader, self, fullname)
+        return spec
+
+
+class _PatchingLoader(importlib.abc.Loader):
+    def __init__(self, loader: Any, finder: _AfterImport, name: str) -> None:
+        self.loader, self.finder, self.name = loader, finder, name
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        created: ModuleType | None = self.loader.create_module(spec)
+        return created
+
+    def exec_module(self, module: ModuleType) -> None:
+        # The module keeps its own loader (tracebacks, inspect.getsource read through it).
+        module.__loader__ = self.loader
+        if module.__spec__ is not None:
+            module.__spec__.loader = self.loader
+        self.loader.exec_module(module)
+        for callback in self.finder.pending.pop(self.name, []):
+            callback(module)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.loader, name)
+
+
+def _initialising(module: ModuleType) -> bool:
+    spec = getattr(module, "__spec__", None)
+    return bool(getattr(spec, "_initializing", False))
+
+
+_LOCK = threading.RLock()
+_FINDER = _AfterImport()
+_INSTALLED: set[tuple[str, tuple[str, ...]]] = set()
+_REPLACED: dict[str, str] = {}
+
+
+class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
+    """The process's stderr at each line (a test's capture, a Ray worker's log), not the one at creation."""
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
+
+
+def _say(message: str) -> None:
+    """One line on the worker's stderr, which Ray forwards to the job's output."""
+    if not _log.handlers:
+        handler = _Stderr()
+        handler.setFormatter(logging.Formatter("[rl-lifecycle] %(message)s"))
+        _log.addHandler(handler)
+        _log.setLevel(logging.INFO)
+        _log.propagate = False
+    _log.info("%s", message)

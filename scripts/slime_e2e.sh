@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# slime's own GRPO job on one GPU, plain and under the lifecycle's launch switch, side by side.
+#
+# STATUS: PREPARED, NOT YET RUN ON A GPU (written 2026-12-06 on a CPU machine). Its launch, flags and
+# driver order are the ones tests/actor_integration/frameworks/test_slime_job_source.py runs on a CPU
+# with stand-ins; on a GPU nothing of it has run. Expect to fix things on the first run, and say so.
+#
+# Usage (on the GPU machine, from the repository root):
+#   SLIME_DIR=/path/to/slime MEGATRON_DIR=/path/to/Megatron-LM \
+#   SLIME_E2E_SPEC="module function" scripts/slime_e2e.sh [model|plain|wrapped|report|all]
+#
+# SLIME_DIR     a checkout of slime at 624b824a (its train.py is run as it is)
+# MEGATRON_DIR  Megatron-LM at slime's Dockerfile pin (1dcf0daf): `fetch github:NVIDIA/Megatron-LM`
+# SLIME_E2E_SPEC slime's --spec MODULE FUNCTION: a Megatron layer spec without Transformer Engine whose
+#               linear layers carry the norm with TE's parameter name (layer_norm_weight) and whose core
+#               attention takes packed sequences (e.g. on torch SDPA). Not in this repository yet: the
+#               local spec alone fails slime's packed sequences and its qwen2 converters.
+# OUT           where everything goes (default out/slime-e2e)
+# STEPS         rollout + train steps (default 6; a save every 2: slime #1886's path)
+#
+# What each job is: slime's train.py under `ray job submit`, --colocate (both offloads) on one GPU, a
+# tiny Qwen2 made here (scripts/make_tiny_qwen2.py: no hub), a generated prompt set, slime's rule
+# reward `math`, --check-weight-update-equal, tensorboard offline. "wrapped" differs from "plain" by
+# the runtime env alone: the launch switch's hook and RL_LIFECYCLE_WRAP=trainer,rollout.
+set -euo pipefail
+
+REPO="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)"
+: "${SLIME_DIR:?set SLIME_DIR to a checkout of slime at 624b824a}"
+: "${MEGATRON_DIR:?set MEGATRON_DIR to Megatron-LM at the commit slime pins}"
+OUT="${OUT:-$REPO/out/slime-e2e}"
+STEPS="${STEPS:-6}"
+PY="${PY:-python3}"
+mkdir -p "$OUT"
+
+model() {
+  "$PY" "$REPO/scripts/make_tiny_qwen2.py" "$OUT/tiny" --hidden 256 --layers 2 --vocab 2048 --prompts 256
+}
+
+slime_args() {  # the job's flags, slime's names (the model's must match make_tiny_qwen2.py's config)
+  local name="$1"
+  : "${SLIME_E2E_SPEC:?set SLIME_E2E_SPEC to MODULE FUNCTION of a layer spec without Transformer Engine}"
+  # shellcheck disable=SC2206  # the spec is two words on purpose
+  local spec=($SLIME_E2E_SPEC)
+  ARGS=(
+    --actor-num-nodes 1 --actor-num-gpus-per-node 1 --num-gpus-per-node 1
+    --rollout-num-gpus 1 --rollout-num-gpus-per-engine 1 --colocate
+    --hf-checkpoint "$OUT/tiny/model" --ref-load "$OUT/tiny/model"
+    --save "$OUT/ckpt-$name" --save-interval 2
+    --prompt-data "$OUT/tiny/prompts.jsonl" --input-key prompt --label-key label --apply-chat-template
+    --rm-type math --num-rollout "$STEPS" --rollout-batch-size 8 --n-samples-per-prompt 4
+    --global-batch-size 32 --rollout-max-response-len 64 --rollout-temperature 1 --seed 1234
+    --advantage-estimator grpo --optimizer adam --lr 1e-6 --lr-decay-style constant
+    --num-layers 2 --hidden-size 256 --ffn-hidden-size 768 --num-attention-heads 4
+    --group-query-attention --num-query-groups 2 --norm-epsilon 1e-6 --rotary-base 10000
+    --swiglu --disable-bias-linear --add-qkv-bias --normalization RMSNorm --position-embedding-type rope
+    --transformer-impl local --spec "${spec[@]}"
+    --no-rope-fusion --no-gradient-accumulation-fusion --no-bias-swiglu-fusion --no-bias-dropout-fusion
+    --no-masked-softmax-fusion --attention-dropout 0.0 --hidden-dropout 0.0
+    --sglang-mem-fraction-static 0.4 --check-weight-update-equal
+    --use-tensorboard --tb-project-name "slime-e2e-$name"
+  )
+}
+
+RAY_PID=""
+ray_up() {  # a head of our own, stopped by its pid (nothing else on the machine is touched)
+  local temp="$OUT/ray-$1"
+  rm -rf "$temp"
+  ray start --head --block --node-ip-address 127.0.0.1 --num-gpus 1 --num-cpus 8 --disable-usage-stats \
+    --temp-dir "$temp" >"$OUT/ray-$1.log" 2>&1 &
+  RAY_PID=$!
+  for _ in $(seq 120); do grep -q "will now block" "$OUT/ray-$1.log" && return 0; sleep 1; done
+  echo "ray start --head did not come up: $OUT/ray-$1.log" >&2
+  return 1
+}
+
+ray_down() {
+  [ -n "$RAY_PID" ] || return 0
+  kill -TERM "$RAY_PID" 2>/dev/null || true
+  wait "$RAY_PID" 2>/dev/null || true
+  RAY_PID=""
+}
+
+job() {  # job NAME [wrapped]: one run of slime's train.py; its output in $OUT/NAME.log
+  local name="$1" wrapped="${2:-}"
+  slime_args "$name"
+  local env_vars
+  env_vars=$(printf '"PYTHONPATH": "%s:%s", "CUDA_DEVICE_MAX_CONNECTIONS": "1", "TENSORBOARD_DIR": "%s"' \
+    "$MEGATRON_DIR" "$REPO" "$OUT/tb-$name")
+  local runtime
+  if [ -n "$wrapped" ]; then
+    runtime=$(printf '{"worker_process_setup_hook": "actor_integration.frameworks.launch.slime", "env_vars": {%s, "RL_LIFECYCLE_WRAP": "trainer,rollout", "RL_LIFECYCLE_LOG_DIR": "%s"}}' \
+      "$env_vars" "$OUT/lifecycle-logs")
+    rm -rf "$OUT/lifecycle-logs"
+  else
+    runtime=$(printf '{"env_vars": {%s}}' "$env_vars")
+  fi
+  ray_up "$name"
+  trap ray_down EXIT
+  (cd "$SLIME_DIR" && ray job submit --address="http://127.0.0.1:8265" --runtime-env-json="$runtime" \
+    -- python3 train.py "${ARGS[@]}") 2>&1 | tee "$OUT/$name.log"
+  ray_down
+  trap - EXIT
+}
+
+report() {  # slime's own perf metrics per step, plain beside wrapped, and lifecycle check on the logs
+  "$PY" - "$OUT/plain.log" "$OUT/wrapped.log" <<'EOF'
+import ast, sys
+
+def perf(path):
+    steps = {}
+    for line in open(path, errors="replace"):
+        if "train_metric_utils.py" in line and " - perf " in line:
+            head, _, body = line.split(" - perf ", 1)[1].partition(": ")
+            steps[int(head)] = ast.literal_eval(body.strip())
+    return steps
+
+plain, wrapped = perf(sys.argv[1]), perf(sys.argv[2])
+keys = ["perf/sleep_time", "perf/wake_up_time", "perf/update_weights_time", "perf/train_time", "perf/step_time"]
+print("step | " + " | ".join(f"{k} plain / wrapped" for k in keys))
+for step in sorted(set(plain) | set(wrapped)):
+    row = [f"{plain.get(step, {}).get(k, float('nan')):.3f} / {wrapped.get(step, {}).get(k, float('nan')):.3f}" for k in keys]
+    print(f"{step} | " + " | ".join(row))
+
+def after_sleep(path):  # slime's print_memory after each sleep of the trainer (rank 0)
+    out = []
+    for line in open(path, errors="replace"):
+        if "Memory-Usage after offload model" in line and "[Rank 0]" in line:
+            out.append(ast.literal_eval(line.split("after offload model: ", 1)[1].strip()).get("used_GB"))
+    return out
+
+print("GPU memory used after each trainer sleep (GB), plain:", after_sleep(sys.argv[1]))
+print("GPU memory used after each trainer sleep (GB), wrapped:", after_sleep(sys.argv[2]))
+EOF
+  "$PY" -m actor_integration.tools.cli check "$OUT/lifecycle-logs"
+}
+
+case "${1:-all}" in
+  model) model ;;
+  plain) job plain ;;
+  wrapped) job wrapped yes ;;
+  report) report ;;
+  all) model; job plain; job wrapped yes; report ;;
+  *) echo "usage: $0 [model|plain|wrapped|report|all]" >&2; exit 2 ;;
+esac
