@@ -408,7 +408,7 @@ def _observability() -> None:
     _module("slime.utils.flops_utils", calculate_fwd_flops=lambda seqlens, args: 0.0)
 
 
-class _NoPinnedTorch:
+class NoPinnedTorch:
     """torch for slime's TensorBackuper on CPU: no pinned host allocator exists without a device."""
 
     def __getattr__(self, name: str) -> Any:
@@ -480,7 +480,7 @@ def install(source: SlimeSource, *, device: str = "cpu", model_and_optimizer: An
         module.__package__ = package
         exec(compile(source.read(path), module.__file__, "exec"), module.__dict__)
     if not cuda:
-        sys.modules["slime.utils.tensor_backper"].torch = _NoPinnedTorch()
+        sys.modules["slime.utils.tensor_backper"].torch = NoPinnedTorch()
     # slime's summary of the Megatron-side rollout fields needs its CP helpers: a stand-in; its
     # log_perf_data (the Timer's entries as perf/<name>_time, through slime's tracking) is its own.
     sys.modules["slime.observability.train_metric_utils"].log_rollout_data = lambda *a, **k: None

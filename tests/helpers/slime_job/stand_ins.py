@@ -35,6 +35,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from tests.helpers.slime_source import NoPinnedTorch
 from tests.helpers.tms import ForkMemorySaver
 
 # ---------------------------------------------------------------------------------------------- Megatron-LM's parser
@@ -243,19 +244,7 @@ def print_memory(msg: str, clear_before_print: bool = False) -> dict[str, Any]:
 MEMORY_UTILS = ["clear_memory", "available_memory", "print_memory"]
 
 
-class _NoPinnedTorch:
-    """torch for slime's TensorBackuper on CPU: no pinned host allocator exists without a device."""
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(torch, name)
-
-    @staticmethod
-    def empty_like(tensor: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        kwargs.pop("pin_memory", None)
-        return torch.empty_like(tensor, **kwargs)
-
-
-NO_PINNED_TORCH = _NoPinnedTorch()
+NO_PINNED_TORCH = NoPinnedTorch()
 
 
 # ---------------------------------------------------------------------------------------------- Megatron
