@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import slime_job
+from tests.helpers.cli import lifecycle
 from tests.helpers.framework_source import suite_source
 from tests.helpers.sglang_server import VERSION_ENV, FakeRouter
 from tests.helpers.slime_source import SlimeSource
@@ -131,19 +132,7 @@ def _perf_reports(output: str) -> list[dict[str, Any]]:
 
 
 def _check(job: slime_job.SlimeJob) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "actor_integration.tools.cli",
-            "check",
-            *map(str, sorted(job.logs.glob("*.jsonl"))),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-    )
+    return lifecycle("check", *map(str, sorted(job.logs.glob("*.jsonl"))), timeout=120)
 
 
 def _run(stage: Any, *extra: str, wrap: str | None = "trainer,rollout") -> tuple[slime_job.JobRun, Any]:

@@ -13,13 +13,13 @@ skips there; run it with
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.helpers.cli import lifecycle
 from tests.helpers.framework_source import error_of, group_counts, suite_source
 from tests.helpers.slime_source import SlimeSource, slime_args
 from tests.helpers.spawn import no_crash, run_world
@@ -377,18 +377,7 @@ class TestLogs:
         _run(f"logs:{tmp_path}")
         names = sorted(p.name for p in tmp_path.glob("*.jsonl"))
         assert len(names) == 2 and all(n.endswith(("-rank0.jsonl", "-rank1.jsonl")) for n in names), names
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "actor_integration.tools.cli",
-                "check",
-                *map(str, sorted(tmp_path.glob("*.jsonl"))),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        proc = lifecycle("check", *map(str, sorted(tmp_path.glob("*.jsonl"))), timeout=120)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert "2 machine(s): clean" in proc.stderr
 
