@@ -296,9 +296,8 @@ def _written_digest(model: Any, payload: RankPayload, buckets: Sequence[tuple[An
     read where they wrote it, against the senders' sums); None where it cannot be told (SGLang's
     loaders transform or shard the tensors, or the buckets carry no device checksum). Raises
     `WrittenWeightsError` on a mismatch."""
-    from actor_integration.errors import WrittenWeightsError
     from actor_integration.weight_sync import kernels
-    from actor_integration.weight_sync.receiver import mismatched, sent_sums
+    from actor_integration.weight_sync.receiver import check_written, sent_sums
 
     segments = _plans.written(model, _layout(payload))
     if not segments:
@@ -307,19 +306,10 @@ def _written_digest(model: Any, payload: RankPayload, buckets: Sequence[tuple[An
     sent = sent_sums(buckets, device)
     if sent is None:
         return None
-    bad = mismatched(kernels.written_sums(segments, len(buckets), device), sent)
-    if bad:
-        indices = [buckets[i][1].index for i in bad]
-        raise WrittenWeightsError(
-            f"version {payload.version} round {payload.round}: after SGLang's loaders ran, the parameters "
-            f"do not hold what was sent in bucket(s) {indices} of rank {payload.rank} (the digest of the "
-            "written parameters against the senders' checksum)",
-            version=payload.version,
-            round=payload.round,
-            rank=payload.rank,
-            buckets=indices,
-            written=True,
-        )
+    written = kernels.written_sums(segments, len(buckets), device)
+    check_written(
+        written, sent, [(payload, manifest) for _region, manifest in buckets], after="SGLang's loaders"
+    )
     return True
 
 

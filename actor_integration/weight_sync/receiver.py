@@ -20,7 +20,7 @@ After the copies, `load_into` checks what it wrote where it wrote it (`digest`, 
 WSUM64 of every target, each word weighted by its place in the bucket it came from, summed per
 bucket on the device (one launch, a read of the written bytes) and compared with the senders'
 checksums. A mismatch raises `WrittenWeightsError`: the engine does not hold what was sent.
-`sent_sums` and `mismatched` are the same check for receivers that write elsewhere (SGLang's
+`sent_sums` and `check_written` are the same check for receivers that write elsewhere (SGLang's
 schedulers, through their copy plans).
 """
 
@@ -69,7 +69,7 @@ __all__ = [
     "VersionGate",
     "WeightReceiver",
     "WeightTargets",
-    "mismatched",
+    "check_written",
     "sent_sums",
 ]
 
@@ -492,21 +492,12 @@ class WeightReceiver:
             sent = sent_sums([(_work(b), b.manifest) for b in chosen], device)
             if sent is None:
                 return  # host checksums: nothing on the device to compare with
-            bad = mismatched(kernels.scatter_digest(scatter_plan, device), sent)
-            if bad:
-                b = chosen[bad[0]]
-                raise WrittenWeightsError(
-                    f"version {b.payload.version} round {b.payload.round}: after the copy, what the engine's "
-                    f"tensors hold differs from what was sent in bucket(s) {[chosen[i].manifest.index for i in bad]} "
-                    f"of rank {b.payload.rank} (the digest of the written tensors against the senders' "
-                    f"{b.manifest.checksum_kind}); the weights are not what the trainer sent and stay unknown "
-                    "until a round loads whole",
-                    version=b.payload.version,
-                    round=b.payload.round,
-                    rank=b.payload.rank,
-                    buckets=[chosen[i].manifest.index for i in bad],
-                    written=True,
-                )
+            check_written(
+                kernels.scatter_digest(scatter_plan, device),
+                sent,
+                [(b.payload, b.manifest) for b in chosen],
+                after="the copy",
+            )
             checked = True
         self.last_digest = checked or None
         timings["digest_ms"] = _ms(t0)
@@ -696,10 +687,32 @@ def sent_sums(
     return torch.stack(rows) if rows else None
 
 
-def mismatched(written: torch.Tensor, sent: torch.Tensor) -> list[int]:
-    """The buckets whose written digest differs from the senders' sums mod 2**32 (one host sync)."""
+def check_written(
+    written: torch.Tensor,
+    sent: torch.Tensor,
+    buckets: Sequence[tuple[RankPayload, BucketManifest]],
+    *,
+    after: str,
+) -> None:
+    """Raise `WrittenWeightsError` naming the buckets whose written digest (`written`, per bucket)
+    differs from the senders' sums (`sent`) mod 2**32; `after`: what wrote them (one host sync)."""
     differs = ((written - sent) & 0xFFFFFFFF).ne(0).any(dim=1)
-    return [int(i) for i in differs.nonzero().flatten().tolist()]
+    bad = [int(i) for i in differs.nonzero().flatten().tolist()]
+    if not bad:
+        return
+    payload, manifest = buckets[bad[0]]
+    indices = [buckets[i][1].index for i in bad]
+    raise WrittenWeightsError(
+        f"version {payload.version} round {payload.round}: after {after}, what the engine's tensors hold "
+        f"differs from what was sent in bucket(s) {indices} of rank {payload.rank} (the digest of the written "
+        f"tensors against the senders' {manifest.checksum_kind}); the weights are not what the trainer sent "
+        "and stay unknown until a round loads whole",
+        version=payload.version,
+        round=payload.round,
+        rank=payload.rank,
+        buckets=indices,
+        written=True,
+    )
 
 
 def _work(b: _Bucket) -> torch.Tensor:

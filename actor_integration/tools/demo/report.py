@@ -62,16 +62,12 @@ def per_rank_rows(
         noops = sum(1 for mark in lane.marks if mark.kind == "noop")
         failures = sum(1 for mark in lane.marks if mark.kind == "failed")
         name = Event.SYNC_UPDATE if lane.role == "trainer" else Event.SYNC_LOADED
-        synced = [
-            m.args
-            for m in lane.marks
-            if m.kind == "weight_sync" and m.name.startswith(name) and m.args.get("ok", True)
-        ]
+        synced = [m.args for m in sync_marks(lane, name) if m.args.get("ok", True)]
         nbytes = sum(int(a.get("bytes", 0)) for a in synced)
         # The engine's read-back of what each load wrote (weight_sync.loaded's digest_ok).
         digests = [
             m.args.get("digest_ok")
-            for m in lanes_marks(lane, Event.SYNC_LOADED.value)
+            for m in sync_marks(lane, Event.SYNC_LOADED.value)
             if m.args.get("digest_ok") is not None
         ]
         sync_s = sum(float(a.get("duration_ms", 0.0)) for a in synced) / 1e3
@@ -99,7 +95,7 @@ def per_rank_rows(
     return rows
 
 
-def lanes_marks(lane: Lane, name: str) -> list[Any]:
+def sync_marks(lane: Lane, name: str) -> list[Any]:
     """The lane's weight-sync marks of one event, failed ones included."""
     return [m for m in lane.marks if m.kind == "weight_sync" and m.name.startswith(name)]
 
@@ -164,7 +160,7 @@ def sglang_verdicts(args: argparse.Namespace, driver: StepDriver, lanes: Sequenc
         m.args.get("digest_ok")
         for lane in lanes
         if lane.role == "rollout"
-        for m in lanes_marks(lane, Event.SYNC_LOADED.value)
+        for m in sync_marks(lane, Event.SYNC_LOADED.value)
         if m.args.get("ok", True)
     ]
     lines.append(
