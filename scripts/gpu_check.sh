@@ -37,10 +37,10 @@ if [[ $# -gt 0 ]]; then
     exit 2
 fi
 
-# The usual seconds of each step (measured on an H100, sglang 0.5.17, 2026-12-06; slime and miles
-# not yet measured): a step starts only if these fit.
-declare -A usual=([bench]=110 [demo]=200 [demoplain]=110 [tests]=110 [wsync]=60 [kill]=100 [probeorder]=55
-    [slime]=300 [miles]=300)
+# The usual seconds of each step (measured on an H100, sglang 0.5.17, 2026-12-06, whole run at
+# da506b8): a step starts only if these fit.
+declare -A usual=([bench]=115 [demo]=200 [demoplain]=120 [tests]=95 [wsync]=70 [kill]=120 [probeorder]=70
+    [slime]=200 [miles]=210)
 read -r -a steps <<<"${GPU_CHECK_STEPS:-bench demo demoplain tests wsync kill probeorder slime miles}"
 for s in "${steps[@]}"; do
     [[ -n ${usual[$s]:-} ]] || {
