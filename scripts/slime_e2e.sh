@@ -7,14 +7,16 @@
 #
 # Usage (on the GPU machine, from the repository root):
 #   SLIME_DIR=/path/to/slime MEGATRON_DIR=/path/to/Megatron-LM \
-#   SLIME_E2E_SPEC="module function" scripts/slime_e2e.sh [model|plain|wrapped|report|all]
+#   scripts/slime_e2e.sh [model|plain|wrapped|report|all]
 #
 # SLIME_DIR     a checkout of slime at 624b824a (its train.py is run as it is)
 # MEGATRON_DIR  Megatron-LM at slime's Dockerfile pin (1dcf0daf): `fetch github:NVIDIA/Megatron-LM`
-# SLIME_E2E_SPEC slime's --spec MODULE FUNCTION: a Megatron layer spec without Transformer Engine whose
-#               linear layers carry the norm with TE's parameter name (layer_norm_weight) and whose core
-#               attention takes packed sequences (e.g. on torch SDPA). Not in this repository yet: the
-#               local spec alone fails slime's packed sequences and its qwen2 converters.
+# SLIME_E2E_SPEC slime's --spec MODULE FUNCTION (default: actor_integration.models.megatron_spec
+#               gpt_layer_spec, this project's layer spec without Transformer Engine: the norms inside
+#               the QKV and FC1 linears under TE's names, core attention on torch SDPA per packed
+#               sequence; tests/actor_integration/models/test_megatron_spec.py holds it to Qwen2's
+#               logits and to slime's own qwen2 converter on CPU). Megatron's local spec alone fails
+#               slime's packed sequences and its qwen2 converters.
 # OUT           where everything goes (default out/slime-e2e)
 # STEPS         rollout + train steps (default 6; a save every 2: slime #1886's path)
 #
@@ -38,7 +40,7 @@ model() {
 
 slime_args() {  # the job's flags, slime's names (the model's must match make_tiny_qwen2.py's config)
   local name="$1"
-  : "${SLIME_E2E_SPEC:?set SLIME_E2E_SPEC to MODULE FUNCTION of a layer spec without Transformer Engine}"
+  local SLIME_E2E_SPEC="${SLIME_E2E_SPEC:-actor_integration.models.megatron_spec gpt_layer_spec}"
   # shellcheck disable=SC2206  # the spec is two words on purpose
   local spec=($SLIME_E2E_SPEC)
   ARGS=(
