@@ -6,7 +6,7 @@ state per GPU, the engine's memory fraction and weights, the host RAM for the tr
 backups, the CPUs its actors reserve). It returns every shortfall, each one line saying what is
 short and what to change. `check_job` raises `PreflightError` with those lines (or only reports
 them). The descriptions come from elsewhere: `slime_job_needs(args)` from slime's (or miles') parsed
-flags and the model's files, `describe_ray_cluster()` from a running Ray cluster (one probe task
+flags and the model's files, `demo_job_needs(...)` from `lifecycle demo`'s placement, `describe_ray_cluster()` from a running Ray cluster (one probe task
 per node), `describe_this_machine()` from this host. A figure that is not known (a GPU's memory
 where nothing can read it) leaves its check out, and the report says which were left out.
 
@@ -38,6 +38,7 @@ __all__ = [
     "PreflightError",
     "Shortfall",
     "check_job",
+    "demo_job_needs",
     "describe_ray_cluster",
     "describe_this_machine",
     "model_weight_bytes",
@@ -411,6 +412,48 @@ def slime_job_needs(
             "engine_memory": "--sglang-mem-fraction-static",
             "host_ram": "--num-gpus-per-node, --tensor-model-parallel-size, --pipeline-model-parallel-size",
             "cpus": "one per placement-group bundle, the rollout manager and its engine lock",
+        },
+    )
+
+
+def demo_job_needs(
+    *,
+    trainers: int,
+    gpu: bool,
+    params: int,
+    param_bytes: int,
+    engine_mem_fraction: float | None = None,
+    engine_param_bytes: int | None = None,
+    ranks_per_node: int = 1,
+) -> JobNeeds:
+    """What `lifecycle demo` asks for: on a GPU host one GPU per trainer rank, shared with that rank's
+        one-GPU engine; each rank holds its model's weights, gradients and Adam's two moments in the
+        model's dtype (`param_bytes` per parameter) and, asleep, a CPU backup of that state plus its own
+        copy of the weights. `engine_mem_fraction` (SGLang's mem_fraction_static) and the engine's weights
+        (`engine_param_bytes` per parameter, the model's dtype by default) only with an engine that takes
+        a fraction of the GPU; `ranks_per_node`, how many trainer ranks the placement puts on one node
+    (their backups share its host RAM). On CPU the ranks need no GPU and a hundredth of a CPU each."""
+    state = params * param_bytes * 4
+    engine_bytes = None
+    if engine_mem_fraction is not None:
+        engine_bytes = params * (engine_param_bytes if engine_param_bytes is not None else param_bytes)
+    return JobNeeds(
+        framework="lifecycle demo",
+        gpus=trainers if gpu else 0,
+        gpus_per_node=ranks_per_node if gpu else 0,
+        trainer_ranks=trainers,
+        trainer_bytes_per_gpu=state if gpu else None,
+        engine_mem_fraction=engine_mem_fraction if gpu else None,
+        engine_weight_bytes_per_gpu=engine_bytes if gpu else None,
+        backup_bytes_per_rank=state + params * param_bytes if gpu else None,
+        cpus=0.0 if gpu else 0.01 * trainers,
+        flags={
+            "gpus": "--trainers (one GPU per trainer rank)",
+            "gpus_per_node": "one trainer rank per GPU, a node's GPUs filled first",
+            "trainer_memory": "the model of --model-config or --hidden/--layers",
+            "engine_memory": "--mem-fraction",
+            "host_ram": "--trainers, or a smaller --model-config",
+            "cpus": "the demo's actors",
         },
     )
 

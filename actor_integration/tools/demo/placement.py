@@ -130,6 +130,7 @@ def place(ray: Any, args: argparse.Namespace, device: str, out: Path, console: C
             "max_seq_len": 64,
             "seed": args.seed,
         }
+    preflight(args, device, trainers, engine, model, console)
     # GPU: one 1-GPU engine per trainer GPU, each sharing it (0.5 + 0.5). CPU: one engine over
     # `trainers // engines` virtual devices per slot, so the slot has several ranks and one coordinator.
     if device == "cuda":
@@ -263,6 +264,42 @@ def place(ray: Any, args: argparse.Namespace, device: str, out: Path, console: C
     )
     placed.trainer_group.assert_consistent()
     return placed
+
+
+def preflight(
+    args: argparse.Namespace, device: str, trainers: int, engine: str, model: dict[str, Any], console: Console
+) -> None:
+    """What the demo needs (`tools.preflight.demo_job_needs`: GPUs, each GPU's memory for the trainer's
+    state beside SGLang's fraction, host RAM for the sleeping ranks' backups, CPUs) against the Ray
+    cluster, before any actor starts; each shortfall a line of the refusal (exit 2)."""
+    import torch
+
+    from actor_integration.errors import PreflightError
+    from actor_integration.models.qwen2 import QwenConfig, QwenLM
+    from actor_integration.models.tiny import TinyLM, TinyLMConfig
+    from actor_integration.tools.preflight import check_job, demo_job_needs, describe_ray_cluster
+
+    with torch.device("meta"):  # sizes only: nothing allocated, nothing initialised
+        if "qwen_config" in model:
+            built: torch.nn.Module = QwenLM(QwenConfig.from_json(model["qwen_config"]), device="meta")
+        else:
+            built = TinyLM(TinyLMConfig(**model))
+    params = sum(p.numel() for p in built.parameters())
+    param_bytes = next(built.parameters()).element_size()
+    machine = describe_ray_cluster(timeout_s=min(args.timeout_s, 60.0))
+    largest = max((len(n.gpus) for n in machine.nodes), default=0)
+    needs = demo_job_needs(
+        trainers=trainers,
+        gpu=device == "cuda",
+        params=params,
+        param_bytes=param_bytes,
+        engine_mem_fraction=args.mem_fraction if engine == "sglang" else None,
+        ranks_per_node=max(1, min(trainers, largest)),
+    )
+    try:
+        console.print(f"preflight: {check_job(machine, needs)}")
+    except PreflightError as exc:
+        refuse(str(exc))
 
 
 def _node_topology(

@@ -204,3 +204,73 @@ class TestDescribe:
         described = describe_ray_cluster()
         assert described.cpus >= 8  # the session's cluster (tests/conftest.py)
         assert all(n.host_ram_bytes is not None and n.host_ram_bytes > 0 for n in described.nodes)
+
+
+# ---------------------------------------------------------------------------------------------- the demo
+
+
+def demo_args(**overrides: object) -> argparse.Namespace:
+    values: dict[str, object] = {"timeout_s": 30.0, "mem_fraction": 0.5}
+    return argparse.Namespace(**(values | overrides))
+
+
+def test_the_demos_7b_on_a_24_gib_gpu_is_refused_with_what_to_change() -> None:
+    from actor_integration.tools.preflight import demo_job_needs
+
+    params = 7_615_616_512  # qwen2-7b's parameters (configs/qwen2-7b, counted on the meta device below)
+    job_needs = demo_job_needs(trainers=1, gpu=True, params=params, param_bytes=2, engine_mem_fraction=0.5)
+    lines = [s.message for s in preflight(machine(gpus=1, gib=24, ram_gib=64), job_needs)]
+    assert [line.split(":")[0] for line in lines] == ["engine memory", "trainer memory", "host RAM"]
+    assert "raise --mem-fraction" in lines[0]
+    assert "the model of --model-config" in lines[1]
+    # the same job on an 80 GiB GPU with the host RAM for its backups: the engine's half and the
+    # trainer's state fit, since the demo sleeps one half while the other runs
+    assert preflight(machine(gpus=1, gib=141, ram_gib=1024), job_needs) == []
+
+
+def test_the_demos_ranks_share_their_nodes_host_ram() -> None:
+    from actor_integration.tools.preflight import demo_job_needs
+
+    one = demo_job_needs(trainers=4, gpu=True, params=1_000_000_000, param_bytes=4, ranks_per_node=4)
+    # 4 ranks x 20 GB of backup (state 16 GB, weights 4 GB) on one node of 64 GiB: short; one per node fits
+    assert needs(preflight(machine(gpus=4, ram_gib=64), one)) == ["host_ram"]
+    spread = demo_job_needs(trainers=4, gpu=True, params=1_000_000_000, param_bytes=4, ranks_per_node=1)
+    assert preflight(machine(nodes=4, gpus=1, ram_gib=64), spread) == []
+
+
+def test_the_demo_on_cpu_needs_no_gpu() -> None:
+    from actor_integration.tools.preflight import demo_job_needs
+
+    job_needs = demo_job_needs(trainers=2, gpu=False, params=10_000, param_bytes=4, engine_mem_fraction=0.5)
+    assert job_needs.gpus == 0 and job_needs.engine_mem_fraction is None
+    assert preflight(machine(gpus=0, gib=None, cpus=2), job_needs) == []
+
+
+def test_the_demo_counts_its_models_parameters_on_the_meta_device(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`placement.preflight` sizes the demo's model without allocating it, and refuses (exit 2) with
+    the preflight's lines before any actor starts."""
+    from rich.console import Console
+
+    from actor_integration.tools.demo import placement
+
+    seen: dict[str, object] = {}
+
+    def check(machine_: Machine, job_needs: JobNeeds, *, refuse: bool = True) -> str:
+        seen["job"] = job_needs
+        return check_job(machine_, job_needs, refuse=refuse)
+
+    monkeypatch.setattr("actor_integration.tools.preflight.check_job", check)
+    monkeypatch.setattr(
+        "actor_integration.tools.preflight.describe_ray_cluster",
+        lambda timeout_s: machine(gpus=1, gib=24, ram_gib=64),
+    )
+    config = Path(__file__).resolve().parents[3] / "configs" / "qwen2-7b"
+    console = Console(file=open(tmp_path / "out.txt", "w"))  # noqa: SIM115
+    with pytest.raises(SystemExit) as stopped:
+        placement.preflight(demo_args(), "cuda", 1, "sglang", {"qwen_config": str(config)}, console)
+    assert stopped.value.code == 2
+    job_needs = seen["job"]
+    assert isinstance(job_needs, JobNeeds)
+    assert job_needs.trainer_bytes_per_gpu == 7_615_616_512 * 2 * 4
