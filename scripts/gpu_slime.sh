@@ -118,7 +118,7 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TVM_FFI_CACHE_DIR=$SLW/tvmffi PYT
 export RAY_USAGE_STATS_ENABLED=0 RAY_AUTH_MODE=disabled WANDB_MODE=offline
 # SGLang's kernel wheel is slimmed to what sm90 loads with the triton attention backend (no FA3), and
 # flashinfer's sampling would JIT-compile for minutes: pick the backends that need neither.
-export SLIME_E2E_EXTRA_ARGS=${SLIME_E2E_EXTRA_ARGS:---sglang-attention-backend triton --sglang-sampling-backend pytorch --sglang-cuda-graph-max-bs 32}
+export SLIME_E2E_EXTRA_ARGS=${SLIME_E2E_EXTRA_ARGS:---sglang-attention-backend triton --sglang-sampling-backend pytorch --sglang-cuda-graph-max-bs-decode 32}
 [[ -f .gpuw/slime/tvmffi.tgz && ! -d $SLW/tvmffi ]] && mkdir -p "$SLW/tvmffi" && tar -xzf .gpuw/slime/tvmffi.tgz -C "$SLW/tvmffi"
 
 imports() { # each module slime's driver and workers start from, on its own: every failure is listed
@@ -147,6 +147,11 @@ for module in ["slime.ray.placement_group", "slime.ray.rollout", "slime.backends
         failed.append(module)
         print(f"FAIL {module}: {type(exc).__name__}: {exc}")
         traceback.print_exc(limit=-3)
+        # an earlier failure can leave half-imported modules behind: its own error, in a fresh process
+        alone = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True)
+        print(f"     alone: rc={alone.returncode}", *alone.stderr.strip().splitlines()[-2:], sep="\n     ")
+        if alone.returncode == 0:  # it fails only after another module's failure
+            failed.remove(module)
 assert numpy.__version__.startswith("1."), f"slime asserts numpy 1.x; got {numpy.__version__}"
 import sglang_router
 print("sglang_router", getattr(sglang_router, "__version__", "?"))
