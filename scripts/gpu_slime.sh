@@ -155,8 +155,12 @@ for module in ["slime.ray.placement_group", "slime.ray.rollout", "slime.backends
 assert numpy.__version__.startswith("1."), f"slime asserts numpy 1.x; got {numpy.__version__}"
 import sglang_router
 print("sglang_router", getattr(sglang_router, "__version__", "?"))
-from actor_integration.backends.tms_capabilities import saver_capabilities
-print("torch_memory_saver:", saver_capabilities().describe())
+try:
+    from actor_integration.backends.tms_capabilities import saver_capabilities
+
+    print("torch_memory_saver:", saver_capabilities().describe())
+except Exception as exc:  # noqa: BLE001
+    print(f"torch_memory_saver: capabilities not read: {exc}")
 for module in ["scipy", "pandas"]:  # the image's, under numpy 1.26: nothing on slime's path imports them at load
     try:
         importlib.import_module(module)
@@ -167,7 +171,9 @@ print(subprocess.run([sys.executable, "-c", "import ray; print('ray', ray.__vers
 print("FAILED:", failed or "none")
 sys.exit(1 if failed else 0)
 EOF
-    "$RAY" --version
+    local rc=$?
+    "$RAY" --version || rc=1
+    return "$rc"
 }
 
 for s in "${steps[@]}"; do
