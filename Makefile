@@ -55,10 +55,11 @@ gpu-test: $(STAMP)
 gpu-check: $(STAMP)
 	GPU_CHECK_INSTALLED=1 GPU_CHECK_BUDGET_S=$${GPU_CHECK_BUDGET_S:-86400} PY=$(PY) bash scripts/gpu_check.sh
 
-# slime's own GRPO job on the lent GPU machine (scripts/slime_e2e.sh, issue 47): lays out the wheel
-# and source parts .gpuw/slime/p1..pN here and prints the device calls (scripts/gpu_slime.sh).
+# slime's own GRPO job on the lent GPU machine (scripts/slime_e2e.sh): lays out the wheel and source
+# parts .gpuw/slime/p1..pN here and prints the device calls (scripts/gpu_slime.sh). SGLANG_GPU,
+# RL_LIFECYCLE_SLIME_SOURCE and RL_LIFECYCLE_MEGATRON_SOURCE name the inputs (scripts/gpu_slime_wheels.sh).
 gpu-slime-prepare:
-	SGLANG_GPU=$${SGLANG_GPU:-../shared/sglang-gpu} bash scripts/gpu_slime_wheels.sh
+	bash scripts/gpu_slime_wheels.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

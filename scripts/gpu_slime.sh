@@ -2,9 +2,9 @@
 # slime's own GRPO job (scripts/slime_e2e.sh) on the lent GPU machine, plain and wrapped, in a few
 # back-to-back device calls (the protocol of scripts/gpu_check.sh).
 #
-#   Here, once:     SGLANG_GPU=../shared/sglang-gpu scripts/gpu_slime.sh prepare   (make gpu-slime-prepare)
-#                   (scripts/gpu_slime_wheels.sh: the parts .gpuw/slime/p1..pN, git-ignored, and the
-#                   device calls to make, which it prints)
+#   Here, once:     scripts/gpu_slime.sh prepare   (make gpu-slime-prepare; scripts/gpu_slime_wheels.sh,
+#                   whose header names the variables it needs: the parts .gpuw/slime/p1..pN, git-ignored,
+#                   and the device calls to make, which it prints)
 #   On the device:  call K carrying .gpuw/slime/pK, back to back (the machine is given back 30 s after
 #                   a call); the calls after the last part carry nothing:   bash scripts/gpu_slime.sh
 #   A GPU host of your own with the set installed: GPU_SLIME_INSTALLED=1 SLW=/where/it/is bash scripts/gpu_slime.sh

@@ -2,7 +2,8 @@
 # Here (a CPU machine that reaches PyPI, not the GPU machine): lay out everything slime's own GRPO job
 # (scripts/slime_e2e.sh: slime 624b824a's train.py, Megatron-LM from source, SGLang 0.5.15.post1) needs on
 # the GPU machine beyond its image, in parts that each fit one device call.
-#   SGLANG_GPU=../shared/sglang-gpu scripts/gpu_slime_wheels.sh      (or: make gpu-slime-prepare)
+#   SGLANG_GPU=DIR RL_LIFECYCLE_SLIME_SOURCE=GIT RL_LIFECYCLE_MEGATRON_SOURCE=GIT scripts/gpu_slime_wheels.sh
+#   (or the same variables with `make gpu-slime-prepare`)
 # Output, all under the git-ignored .gpuw/slime/:
 #   full/     every wheel as downloaded (a cache: kept between runs, never carried)
 #   wheels/   the set to install (site/: SGLang's server, slime's driver and workers, Ray with its
@@ -14,16 +15,17 @@
 # big wheels are slimmed with $SGLANG_GPU/strip_wheel.py as fetch_wheels.sh slims them (sglang-kernel:
 # only what sm90 loads with the triton attention backend; wandb: its service binaries, which only
 # wandb.init starts). Then scripts/slime_import_closure.py checks the set against what slime's job imports.
-# Sources: SLIME_GIT and MEGATRON_GIT (git directories; defaults: the search tool's mirrors
-# /work/.mirror/THUDM+slime/repo and /work/.mirror/NVIDIA+Megatron-LM/repo).
+# SGLANG_GPU names the directory of the SGLang wheel set (its wheels.txt and strip_wheel.py, as for
+# scripts/gpu_wheels.sh); RL_LIFECYCLE_SLIME_SOURCE and RL_LIFECYCLE_MEGATRON_SOURCE a clone or git
+# directory of slime and of NVIDIA's Megatron-LM holding those commits.
 # The device calls it prints at the end are scripts/gpu_slime.sh's (see its header).
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$here"
 part_mib=${PART_MIB:-56}
 : "${SGLANG_GPU:?set SGLANG_GPU to the directory holding wheels.txt and strip_wheel.py}"
-SLIME_GIT=${SLIME_GIT:-/work/.mirror/THUDM+slime/repo}
-MEGATRON_GIT=${MEGATRON_GIT:-/work/.mirror/NVIDIA+Megatron-LM/repo}
+SLIME_GIT=${RL_LIFECYCLE_SLIME_SOURCE:?set RL_LIFECYCLE_SLIME_SOURCE to a slime clone or git directory (624b824a)}
+MEGATRON_GIT=${RL_LIFECYCLE_MEGATRON_SOURCE:?set RL_LIFECYCLE_MEGATRON_SOURCE to a Megatron-LM clone or git directory (1dcf0daf)}
 SLIME_COMMIT=624b824a
 MEGATRON_COMMIT=1dcf0dafa884ad52ffb243625717a3471643e087 # slime 624b824a's docker/Dockerfile MEGATRON_COMMIT
 D=.gpuw/slime
