@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 TORCH_CPU ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-slow lint diagrams bench gpu-test gpu-check demo clean
+.PHONY: install test test-slow lint diagrams bench gpu-test gpu-check gpu-slime-prepare demo clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv --system-site-packages $(VENV)
@@ -54,6 +54,12 @@ gpu-test: $(STAMP)
 # `scripts/gpu_check.sh prepare` here and the device calls it prints.
 gpu-check: $(STAMP)
 	GPU_CHECK_INSTALLED=1 GPU_CHECK_BUDGET_S=$${GPU_CHECK_BUDGET_S:-86400} PY=$(PY) bash scripts/gpu_check.sh
+
+# slime's own GRPO job on the lent GPU machine (scripts/slime_e2e.sh): lays out the wheel and source
+# parts .gpuw/slime/p1..pN here and prints the device calls (scripts/gpu_slime.sh). SGLANG_GPU,
+# RL_LIFECYCLE_SLIME_SOURCE and RL_LIFECYCLE_MEGATRON_SOURCE name the inputs (scripts/gpu_slime_wheels.sh).
+gpu-slime-prepare:
+	bash scripts/gpu_slime_wheels.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

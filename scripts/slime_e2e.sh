@@ -19,6 +19,12 @@
 #               slime's packed sequences and its qwen2 converters.
 # OUT           where everything goes (default out/slime-e2e)
 # STEPS         rollout + train steps (default 6; a save every 2: slime #1886's path)
+# SLIME_E2E_EXTRA_ARGS more of slime's flags, appended (e.g. SGLang's backends where its kernels are
+#               slimmed: scripts/gpu_slime.sh passes --sglang-attention-backend triton)
+# PY, RAY       the Python and the `ray` command (default python3, ray). The jobs' PYTHONPATH is
+#               MEGATRON_DIR, this repository, then the caller's PYTHONPATH (Ray's env_vars replace
+#               the workers' own, so packages installed off the default path must be on it here;
+#               scripts/gpu_slime.sh puts numpy 1.26 and the carried wheels there).
 #
 # What each job is: slime's train.py under `ray job submit`, --colocate (both offloads) on one GPU, a
 # tiny Qwen2 made here (scripts/make_tiny_qwen2.py: no hub), a generated prompt set, slime's rule
@@ -32,6 +38,7 @@ REPO="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${OUT:-$REPO/out/slime-e2e}"
 STEPS="${STEPS:-6}"
 PY="${PY:-python3}"
+RAY="${RAY:-ray}"
 mkdir -p "$OUT"
 
 model() {
@@ -61,13 +68,15 @@ slime_args() {  # the job's flags, slime's names (the model's must match make_ti
     --sglang-mem-fraction-static 0.4 --check-weight-update-equal
     --use-tensorboard --tb-project-name "slime-e2e-$name"
   )
+  # shellcheck disable=SC2206  # extra flags are words on purpose
+  [ -z "${SLIME_E2E_EXTRA_ARGS:-}" ] || ARGS+=($SLIME_E2E_EXTRA_ARGS)
 }
 
 RAY_PID=""
 ray_up() {  # a head of our own, stopped by its pid (nothing else on the machine is touched)
   local temp="$OUT/ray-$1"
   rm -rf "$temp"
-  ray start --head --block --node-ip-address 127.0.0.1 --num-gpus 1 --num-cpus 8 --disable-usage-stats \
+  "$RAY" start --head --block --node-ip-address 127.0.0.1 --num-gpus 1 --num-cpus 8 --disable-usage-stats \
     --temp-dir "$temp" >"$OUT/ray-$1.log" 2>&1 &
   RAY_PID=$!
   for _ in $(seq 120); do grep -q "will now block" "$OUT/ray-$1.log" && return 0; sleep 1; done
@@ -86,8 +95,8 @@ job() {  # job NAME [wrapped]: one run of slime's train.py; its output in $OUT/N
   local name="$1" wrapped="${2:-}"
   slime_args "$name"
   local env_vars
-  env_vars=$(printf '"PYTHONPATH": "%s:%s", "CUDA_DEVICE_MAX_CONNECTIONS": "1", "TENSORBOARD_DIR": "%s"' \
-    "$MEGATRON_DIR" "$REPO" "$OUT/tb-$name")
+  env_vars=$(printf '"PYTHONPATH": "%s:%s%s", "CUDA_DEVICE_MAX_CONNECTIONS": "1", "TENSORBOARD_DIR": "%s"' \
+    "$MEGATRON_DIR" "$REPO" "${PYTHONPATH:+:$PYTHONPATH}" "$OUT/tb-$name")
   local runtime
   if [ -n "$wrapped" ]; then
     runtime=$(printf '{"worker_process_setup_hook": "actor_integration.frameworks.launch.slime", "env_vars": {%s, "RL_LIFECYCLE_WRAP": "trainer,rollout", "RL_LIFECYCLE_LOG_DIR": "%s"}}' \
@@ -97,11 +106,11 @@ job() {  # job NAME [wrapped]: one run of slime's train.py; its output in $OUT/N
     runtime=$(printf '{"env_vars": {%s}}' "$env_vars")
   fi
   ray_up "$name"
-  trap ray_down EXIT
-  (cd "$SLIME_DIR" && ray job submit --address="http://127.0.0.1:8265" --runtime-env-json="$runtime" \
-    -- python3 train.py "${ARGS[@]}") 2>&1 | tee "$OUT/$name.log"
+  trap ray_down EXIT INT TERM
+  (cd "$SLIME_DIR" && "$RAY" job submit --address="http://127.0.0.1:8265" --runtime-env-json="$runtime" \
+    -- "$PY" train.py "${ARGS[@]}") 2>&1 | tee "$OUT/$name.log"
   ray_down
-  trap - EXIT
+  trap - EXIT INT TERM
 }
 
 report() {  # slime's own perf metrics per step, plain beside wrapped, and lifecycle check on the logs

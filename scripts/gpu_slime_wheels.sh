@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Here (a CPU machine that reaches PyPI, not the GPU machine): lay out everything slime's own GRPO job
+# (scripts/slime_e2e.sh: slime 624b824a's train.py, Megatron-LM from source, SGLang 0.5.15.post1) needs on
+# the GPU machine beyond its image, in parts that each fit one device call.
+#   SGLANG_GPU=DIR RL_LIFECYCLE_SLIME_SOURCE=GIT RL_LIFECYCLE_MEGATRON_SOURCE=GIT scripts/gpu_slime_wheels.sh
+#   (or the same variables with `make gpu-slime-prepare`)
+# Output, all under the git-ignored .gpuw/slime/:
+#   full/     every wheel as downloaded (a cache: kept between runs, never carried)
+#   wheels/   the set to install (site/: SGLang's server, slime's driver and workers, Ray with its
+#             dashboard; np1/: numpy 1.26.4 and scipy 1.17.1, for the processes that import slime)
+#   src/      slime at 624b824a and Megatron-LM's megatron/ at 1dcf0daf, exported with git archive
+#   p1..pN    the parts to carry, one a device call (<= PART_MIB MiB each, 56 by default: the working
+#             tree travels beside them within the call's 64 MiB)
+# The wheel list is scripts/gpu_slime_wheels.txt over $SGLANG_GPU/wheels.txt (the 0.5.17 set); the two
+# big wheels are slimmed with $SGLANG_GPU/strip_wheel.py as fetch_wheels.sh slims them (sglang-kernel:
+# only what sm90 loads with the triton attention backend; wandb: its service binaries, which only
+# wandb.init starts). Then scripts/slime_import_closure.py checks the set against what slime's job imports.
+# SGLANG_GPU names the directory of the SGLang wheel set (its wheels.txt and strip_wheel.py, as for
+# scripts/gpu_wheels.sh); RL_LIFECYCLE_SLIME_SOURCE and RL_LIFECYCLE_MEGATRON_SOURCE a clone or git
+# directory of slime and of NVIDIA's Megatron-LM holding those commits.
+# The device calls it prints at the end are scripts/gpu_slime.sh's (see its header).
+set -euo pipefail
+here="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$here"
+part_mib=${PART_MIB:-56}
+: "${SGLANG_GPU:?set SGLANG_GPU to the directory holding wheels.txt and strip_wheel.py}"
+SLIME_GIT=${RL_LIFECYCLE_SLIME_SOURCE:?set RL_LIFECYCLE_SLIME_SOURCE to a slime clone or git directory (624b824a)}
+MEGATRON_GIT=${RL_LIFECYCLE_MEGATRON_SOURCE:?set RL_LIFECYCLE_MEGATRON_SOURCE to a Megatron-LM clone or git directory (1dcf0daf)}
+SLIME_COMMIT=624b824a
+MEGATRON_COMMIT=1dcf0dafa884ad52ffb243625717a3471643e087 # slime 624b824a's docker/Dockerfile MEGATRON_COMMIT
+D=.gpuw/slime
+mkdir -p "$D/full"
+rm -rf "$D/wheels" "$D/src" "$D"/p* "$D/all.tar"
+mkdir -p "$D/wheels/site" "$D/wheels/np1" "$D/src"
+
+# name==version<TAB>where: this project's list first, then SGLang's set for every name it does not name.
+list=$(mktemp)
+trap 'rm -f "$list"' EXIT
+grep -v '^#' scripts/gpu_slime_wheels.txt | grep . >"$list"
+norm() { tr 'A-Z_.' 'a-z--' <<<"$1"; }
+ours=" $(cut -d= -f1 "$list" | while read -r n; do printf '%s ' "$(norm "$n")"; done)"
+grep -v '^#' "$SGLANG_GPU/wheels.txt" | grep . | while IFS=$'\t' read -r spec _; do
+    [[ $ours == *" $(norm "${spec%%==*}") "* ]] || printf '%s\tsite\n' "$spec"
+done >>"$list"
+
+platforms=()
+for p in manylinux_2_34 manylinux_2_28 manylinux_2_27 manylinux_2_26 manylinux_2_24 manylinux_2_17 manylinux2014 \
+    manylinux1 manylinux_2_5; do platforms+=(--platform "${p}_x86_64"); done
+fetch() { # fetch SPEC: the wheel's file name in $D/full (downloaded once)
+    local spec=$1 name file
+    name=$(norm "${spec%%==*}")
+    file=$(find "$D/full" -maxdepth 1 -name '*.whl' -printf '%f\n' | sort | while read -r f; do
+        [[ $(norm "${f%%-*}") == "$name" && ${f#*-} == "${spec##*==}-"* ]] && echo "$f"
+    done | head -1)
+    if [[ -z $file ]]; then
+        pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp --abi cp312 \
+            --abi abi3 --abi none "${platforms[@]}" --platform any "$spec" -d "$D/full" >&2 2>/dev/null ||
+            { echo "pip download $spec failed" >&2; return 1; }
+        fetch "$spec"
+        return
+    fi
+    echo "$file"
+}
+
+while IFS=$'\t' read -r spec where; do
+    [[ ${spec##*==} == - ]] && continue
+    file=$(fetch "$spec")
+    out="$D/wheels/$where/$file"
+    case $(norm "${spec%%==*}") in
+    sglang-kernel) python3 "$SGLANG_GPU/strip_wheel.py" "$D/full/$file" "$out" 'sgl_kernel/flash_ops*' \
+        'sgl_kernel/flashmla_ops*' 'sgl_kernel/infllm_ops*' 'sgl_kernel/sm100/*' >/dev/null ;;
+    xgrammar) python3 "$SGLANG_GPU/strip_wheel.py" "$D/full/$file" "$out" 'xgrammar/lib/libxgrammar.a' >/dev/null ;;
+    # Ray's Java jar and the dashboard's source maps (as scripts/gpu_wheels.sh strips them)
+    ray) python3 "$SGLANG_GPU/strip_wheel.py" "$D/full/$file" "$out" 'ray/jars/*' \
+        'ray/dashboard/client/build/static/js/*.map' >/dev/null ;;
+    wandb) python3 "$SGLANG_GPU/strip_wheel.py" "$D/full/$file" "$out" 'wandb/bin/*' >/dev/null ;;
+    *) cp "$D/full/$file" "$out" ;;
+    esac
+done <"$list"
+# The kernel must be the CUDA 13 build (the image's torch is cu130): its sm90 library links libcudart.so.13.
+kernel=$(ls "$D"/wheels/site/sglang_kernel-*.whl)
+python3 - "$kernel" <<'EOF'
+import sys, zipfile
+data = zipfile.ZipFile(sys.argv[1]).read("sgl_kernel/sm90/common_ops.abi3.so")
+assert b"libcudart.so.13" in data, f"{sys.argv[1]} is not the CUDA 13 build (no libcudart.so.13)"
+print("sglang-kernel: CUDA 13 build (sm90 library links libcudart.so.13)")
+EOF
+
+# Sources, exported without .git: slime whole but its docs and images; Megatron-LM's megatron/ package.
+mkdir -p "$D/src/slime" "$D/src/Megatron-LM"
+git -C "$SLIME_GIT" archive "$SLIME_COMMIT" -- . ':!docs' ':!imgs' | tar -x -C "$D/src/slime"
+git -C "$MEGATRON_GIT" archive "$MEGATRON_COMMIT" megatron | tar -x -C "$D/src/Megatron-LM"
+echo "$(git -C "$SLIME_GIT" rev-parse "$SLIME_COMMIT") slime" >"$D/src/COMMITS"
+echo "$(git -C "$MEGATRON_GIT" rev-parse "$MEGATRON_COMMIT") Megatron-LM" >>"$D/src/COMMITS"
+
+echo "wheels: $(find "$D/wheels" -name '*.whl' | wc -l) ($(du -sh "$D/wheels" | cut -f1)); sources: $(du -sh "$D/src" | cut -f1)"
+py=python3
+[[ -x .venv/bin/python ]] && py=.venv/bin/python
+closure_rc=0
+"$py" scripts/slime_import_closure.py --source "$D/src/slime" --source "$D/src/Megatron-LM" --source . \
+    --wheels "$D/wheels" || closure_rc=$?
+
+tar -cf "$D/all.tar" -C "$D" wheels src
+split -b "${part_mib}m" -d -a 1 "$D/all.tar" "$D/all.tar.part"
+n=0
+for part in "$D"/all.tar.part*; do
+    n=$((n + 1))
+    mkdir -p "$D/p$n"
+    mv "$part" "$D/p$n/"
+done
+for part in "$D"/p*; do echo "$n" >"$part/parts"; done # the device side knows when it has them all
+rm -f "$D/all.tar"
+echo "$n parts of <= ${part_mib} MiB ($(du -shc "$D"/p* | tail -1 | cut -f1) in all):"
+du -sh "$D"/p*
+echo "Next session, back to back (the machine is given back 30 s after a call):"
+for k in $(seq "$n"); do
+    echo "  run(carry=[\"$D/p$k\"], command=\"bash scripts/gpu_slime.sh\", timeout_s=600)"
+done
+echo "  then again with carry=[] until its table says every step ran (imports, model, plain, wrapped, report)"
+exit "$closure_rc"

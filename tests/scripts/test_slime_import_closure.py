@@ -1,0 +1,94 @@
+"""scripts/slime_import_closure.py: what slime's job imports that nothing on the GPU machine provides."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import zipfile
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def closure_module() -> ModuleType:
+    spec = importlib.util.spec_from_file_location(
+        "slime_import_closure", ROOT / "scripts" / "slime_import_closure.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> tuple[Path, Path]:
+    src, wheels = tmp_path / "src", tmp_path / "wheels"
+    write(
+        src / "app" / "__init__.py",
+        "import os\n"
+        "import numpy\n"  # the image has it
+        "import wheeled.inner\n"  # a carried wheel, followed
+        "import unfollowed_wheel\n"  # a carried wheel, not followed
+        "from . import sub\n"
+        "import missing_required\n"
+        "try:\n    import missing_guarded\nexcept ImportError:\n    missing_guarded = None\n"
+        "if os.name == 'nt':\n    import missing_conditional\n    from app import windows_only\n"
+        "if __name__ == '__main__':\n    import never_reported\n"
+        "def later():\n    import missing_lazily\n",
+    )
+    write(src / "app" / "sub.py", "from .deeper import thing\n")
+    write(src / "app" / "deeper.py", "import missing_via_relative\nthing = 1\n")
+    write(src / "app" / "windows_only.py", "import missing_under_windows\n")
+    write(src / "app" / "unreached.py", "import missing_unreached\n")
+    wheels.mkdir()
+    with zipfile.ZipFile(wheels / "wheeled-1.0-py3-none-any.whl", "w") as whl:
+        whl.writestr("wheeled/__init__.py", "")
+        whl.writestr("wheeled/inner.py", "import missing_in_wheel\n")
+        whl.writestr("wheeled-1.0.dist-info/METADATA", "Name: wheeled\n")
+    with zipfile.ZipFile(wheels / "unfollowed_wheel-1.0-py3-none-any.whl", "w") as whl:
+        whl.writestr("unfollowed_wheel/__init__.py", "import missing_not_followed\n")
+    return src, wheels
+
+
+def test_it_sorts_what_is_missing_by_how_it_is_imported(
+    closure_module: ModuleType, tree: tuple[Path, Path]
+) -> None:
+    src, wheels = tree
+    sources = closure_module.Sources(dirs=[src], follow_wheels=frozenset({"wheeled"}))
+    sources.add_wheels(wheels)
+    missing, read, _ = closure_module.closure(sources, ["app"])
+    assert set(missing.required) == {"missing_required", "missing_via_relative", "missing_in_wheel"}
+    assert missing.required["missing_via_relative"] == "app.deeper:1"
+    # a module reached only under an `if` makes what it imports conditional too
+    assert set(missing.conditional) == {"missing_conditional", "missing_under_windows"}
+    assert set(missing.guarded) == {"missing_guarded"}
+    assert read == 6  # app, app.sub, app.deeper, app.windows_only, wheeled, wheeled.inner
+
+
+def test_a_module_imported_both_ways_counts_as_required(closure_module: ModuleType, tmp_path: Path) -> None:
+    write(tmp_path / "a.py", "try:\n    import dep\nexcept ImportError:\n    pass\nimport b\n")
+    write(tmp_path / "b.py", "import dep\n")
+    missing, _, sites = closure_module.closure(closure_module.Sources(dirs=[tmp_path]), ["a"], trace=["dep"])
+    assert missing.required == {"dep": "b:1"} and not missing.guarded
+    assert sites == ["a:2 guarded -> dep", "b:1 required -> dep"]
+
+
+def test_the_command_fails_on_a_required_module_only(
+    closure_module: ModuleType, tree: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    src, wheels = tree
+    assert closure_module.main(["--source", str(src), "--wheels", str(wheels), "--root", "app"]) == 1
+    out = capsys.readouterr().out
+    assert "MISSING (required) missing_required" in out and "absent (guarded)   missing_guarded" in out
+    write(src / "ok.py", "import json\nimport torch\n")
+    assert closure_module.main(["--source", str(src), "--root", "ok"]) == 0
