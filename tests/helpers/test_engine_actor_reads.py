@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from actor_integration.frameworks.router import RouterWorkers
-from actor_integration.frameworks.sglang_actor import _no_codec
-from actor_integration.rollout.sglang_http import SGLangHTTPEngine
+from actor_integration.engines.sglang.actor import _no_codec
+from actor_integration.engines.sglang.http import SGLangHTTPEngine
+from actor_integration.rollout.router import RouterWorkers
 from tests.helpers.engine_actor_reads import ActorReads, PointAt
 from tests.helpers.sglang_server import FakeRouter, FakeSGLangServer
 

@@ -36,8 +36,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from typing import Any
 
+from actor_integration.engines.sglang.http import SGLangHTTPEngine
 from actor_integration.rollout.engine import ABORT_THEN_IN_PLACE, PAUSE_MODES, EngineGeneration
-from actor_integration.rollout.sglang_http import SGLangHTTPEngine
 from lifecycle import Contents, Hooks, Lifecycle, LifecyclePolicy, Residency, State
 from lifecycle.errors import IllegalTransitionError
 from lifecycle.events import configure_rank_log, log_path

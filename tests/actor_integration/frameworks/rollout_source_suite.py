@@ -20,8 +20,8 @@ from typing import Any, ClassVar
 
 import pytest
 
+from actor_integration.engines.sglang.actor import LocalDirectory
 from actor_integration.errors import FollowerCallError, SGLangServerError, StaleWeightsError
-from actor_integration.frameworks.sglang_actor import LocalDirectory
 from lifecycle import Contents, Residency, State
 from lifecycle.checker import check_files
 from lifecycle.errors import IllegalTransitionError, LifecycleError

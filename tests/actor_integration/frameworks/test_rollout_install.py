@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from actor_integration.frameworks import miles_rollout, slime_rollout
-from actor_integration.frameworks.sglang_actor import SGLangActorLifecycle
+from actor_integration.engines.sglang.actor import SGLangActorLifecycle
+from actor_integration.frameworks.miles import rollout as miles_rollout
+from actor_integration.frameworks.slime import rollout as slime_rollout
 from tests.helpers import rollout_module_like
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -36,7 +36,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, ClassVar
 
-from actor_integration.frameworks.sglang_actor import SGLangActorLifecycle, install_into, wrapped_engine
+from actor_integration.engines.sglang.actor import SGLangActorLifecycle, install_into, wrapped_engine
 
 __all__ = ["SLIME_COMMIT", "SlimeRolloutMixin", "install", "lifecycle_engine"]
 

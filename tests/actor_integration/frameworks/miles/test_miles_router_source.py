@@ -6,7 +6,7 @@ Needs miles' source and the router's own dependencies (fastapi, uvicorn, httpx, 
 none of which CI has: there the file skips. Run it with
 
     pip install fastapi uvicorn httpx setproctitle
-    RL_LIFECYCLE_MILES_SOURCE=/path/to/miles python -m pytest -s tests/actor_integration/frameworks/test_miles_router_source.py
+    RL_LIFECYCLE_MILES_SOURCE=/path/to/miles python -m pytest -s tests/actor_integration/frameworks/miles/test_miles_router_source.py
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from actor_integration.frameworks.router import RouterWorkers
+from actor_integration.rollout.router import RouterWorkers
 from tests.helpers.framework_source import free_port, stand_in_module, suite_source
 from tests.helpers.miles_source import MilesSource
 from tests.helpers.sglang_server import FakeRouter, FakeSGLangServer

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from actor_integration.rollout import sglang_receiver
+from actor_integration.engines.sglang import receiver as sglang_receiver
 from actor_integration.weight_sync import RankSlot, WeightSender
 from actor_integration.weight_sync.cuda_ipc import IpcBuffer
 from actor_integration.weight_sync.shm import ShmSender

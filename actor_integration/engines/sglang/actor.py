@@ -58,6 +58,8 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, ClassVar, TypeVar
 
+from actor_integration.engines.sglang.http import SGLangHTTPEngine
+from actor_integration.engines.sglang.scheduler import SCHEDULER_LOADER
 from actor_integration.errors import (
     FollowerCallError,
     RouterError,
@@ -65,10 +67,8 @@ from actor_integration.errors import (
     SGLangServerTimeout,
     StaleWeightsError,
 )
-from actor_integration.frameworks.router import RouterWorkers
 from actor_integration.rollout.engine import EngineGeneration
-from actor_integration.rollout.sglang_http import SGLangHTTPEngine
-from actor_integration.rollout.sglang_scheduler import SCHEDULER_LOADER
+from actor_integration.rollout.router import RouterWorkers
 from actor_integration.weight_sync.wire import (
     CorruptBucketError,
     RankPayload,

@@ -4,7 +4,7 @@ session (`/begin_weight_update`), which 0.5.17 has no route for. The suite is `r
 
 Needs miles' source: CI has no network, so the suite skips there; run it with
 
-    RL_LIFECYCLE_MILES_SOURCE=/path/to/miles python -m pytest -s tests/actor_integration/frameworks/test_miles_rollout_source.py
+    RL_LIFECYCLE_MILES_SOURCE=/path/to/miles python -m pytest -s tests/actor_integration/frameworks/miles/test_miles_rollout_source.py
 """
 
 from __future__ import annotations

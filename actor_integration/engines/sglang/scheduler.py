@@ -20,7 +20,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from actor_integration.rollout import sglang_receiver
+from actor_integration.engines.sglang import receiver as sglang_receiver
 from actor_integration.weight_sync.wire import (
     CorruptBucketError,
     RankPayload,

@@ -22,6 +22,13 @@ import pytest
 import tomllib
 import torch
 
+from actor_integration.engines.sglang.engine import (
+    SCHEDULER_LOADER,
+    SGLANG_TAGS,
+    SUPPORTED_VERSIONS,
+    sglang_codec,
+)
+from actor_integration.engines.sglang.receiver import encode_request
 from actor_integration.errors import (
     EngineDiedError,
     EngineNotIdleError,
@@ -29,13 +36,6 @@ from actor_integration.errors import (
     SGLangServerTimeout,
 )
 from actor_integration.rollout import GENERATION_MODES, RolloutActor, SGLangEngine
-from actor_integration.rollout.sglang import (
-    SCHEDULER_LOADER,
-    SGLANG_TAGS,
-    SUPPORTED_VERSIONS,
-    sglang_codec,
-)
-from actor_integration.rollout.sglang_receiver import encode_request
 from actor_integration.weight_sync import CorruptBucketError, RankSlot, WeightSender
 from actor_integration.weight_sync.disk import DiskSender
 from lifecycle import State

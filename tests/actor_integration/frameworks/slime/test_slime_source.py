@@ -5,7 +5,7 @@ backuper, routing replay, TrainRayActor and RayTrainGroup code; only the heavy i
 stand-ins (tests/helpers/slime_source.py). Needs slime's source: CI has no network, so the suite
 skips there; run it with
 
-    RL_LIFECYCLE_SLIME_SOURCE=/path/to/slime python -m pytest -s tests/actor_integration/frameworks/test_slime_source.py
+    RL_LIFECYCLE_SLIME_SOURCE=/path/to/slime python -m pytest -s tests/actor_integration/frameworks/slime/test_slime_source.py
 
 (`-s` prints the figures: process groups before/after, weight checksums at save, sync and wake).
 """

@@ -7,7 +7,7 @@ patched scheduler loops and `process_awex_queue`, on two gloo ranks, at HEAD and
 with the idle-loop polling #1737 removed. The server is the 0.5.17 fake with the AWEX plugin's
 rule (`awex_fake_server`). Needs AReaL's source: CI has no network, so the suite skips there; run
 
-    RL_LIFECYCLE_AREAL_SOURCE=/path/to/AReaL python -m pytest -s tests/actor_integration/frameworks/test_areal_source.py
+    RL_LIFECYCLE_AREAL_SOURCE=/path/to/AReaL python -m pytest -s tests/actor_integration/frameworks/areal/test_areal_source.py
 
 (a checkout or a git directory holding cbff54d6 and 7cad29b6).
 """
@@ -19,7 +19,7 @@ import tempfile
 
 import pytest
 
-from tests.actor_integration.frameworks.test_areal_rollout import request
+from tests.actor_integration.frameworks.areal.test_areal_rollout import request
 from tests.helpers.areal_like import RemoteEngineLike, awex_fake_server, http_rollout
 from tests.helpers.areal_source import (
     BACKEND,

@@ -39,7 +39,7 @@ import importlib
 import sys
 from typing import Any, ClassVar
 
-from actor_integration.frameworks.sglang_actor import (
+from actor_integration.engines.sglang.actor import (
     SGLangActorLifecycle,
     engine_base,
     install_into,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from actor_integration.errors import RouterError
-from actor_integration.frameworks.router import RouterWorkers
+from actor_integration.rollout.router import RouterWorkers
 from tests.helpers.framework_source import free_port
 from tests.helpers.sglang_server import FakeRouter
 
@@ -82,7 +82,7 @@ class TestRouterWorkers:
     def test_miles_chooses_its_own_routers_api_with_use_miles_router(self):
         from types import SimpleNamespace
 
-        from actor_integration.frameworks.miles_rollout import MilesRolloutMixin
+        from actor_integration.frameworks.miles.rollout import MilesRolloutMixin
 
         engine = MilesRolloutMixin()
         engine.args = SimpleNamespace(use_miles_router=True)

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import torch
 
+from actor_integration.engines.sglang.http import SGLangHTTPEngine
+from actor_integration.engines.sglang.receiver import LOADER, PREFIX
 from actor_integration.rollout import RolloutActor
-from actor_integration.rollout.sglang_http import SGLangHTTPEngine
-from actor_integration.rollout.sglang_receiver import LOADER, PREFIX
 from actor_integration.weight_sync import WeightSender
 from actor_integration.weight_sync.wire import CorruptBucketError
 from lifecycle import Contents

@@ -35,7 +35,7 @@ from actor_integration.rollout.load_plan import LoadPlans
 from actor_integration.weight_sync.buckets import BucketManifest, PackedEntries
 from actor_integration.weight_sync.wire import RankPayload
 
-LOADER = "actor_integration.rollout.sglang_receiver.receive"
+LOADER = "actor_integration.engines.sglang.receiver.receive"
 PREFIX = "rl-lifecycle:"
 OPS = ("hello", "round", "release")
 

@@ -9,7 +9,7 @@ requests remain, and `flush_cache()` returns False then, as the offline adapter 
 Weights go through `/update_weights_from_tensor` in the flattened-bucket format, one base64
 payload per TP rank (CUDA IPC handles inside: the server must be on the trainer's node). With
 `scheduler_receiver=True` (a server started with
-`--custom-weight-loader actor_integration.rollout.sglang_receiver.receive`) a round goes to the
+`--custom-weight-loader actor_integration.engines.sglang.receiver.receive`) a round goes to the
 server's schedulers unopened instead (`LoadsPayloads`, as `SGLangEngine` does): each scheduler opens
 the trainer's staging buffers itself, verifies them and loads through SGLang's weight loaders, in
 one call per round; this process then never maps the trainer's memory.
@@ -28,15 +28,15 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from actor_integration.errors import SGLangServerError, SGLangServerTimeout
-from actor_integration.rollout.engine import GENERATION_MODES
-from actor_integration.rollout.http_connections import Connections
-from actor_integration.rollout.sglang import Codec, SGLangWeights, version_tuple
-from actor_integration.rollout.sglang_scheduler import (
+from actor_integration.engines.sglang.engine import Codec, SGLangWeights, version_tuple
+from actor_integration.engines.sglang.scheduler import (
     SCHEDULER_LOADER,
     SchedulerReceiverCalls,
     reply_directory,
 )
+from actor_integration.errors import SGLangServerError, SGLangServerTimeout
+from actor_integration.rollout.engine import GENERATION_MODES
+from actor_integration.rollout.http_connections import Connections
 
 
 class SGLangHTTPEngine(SchedulerReceiverCalls, SGLangWeights):

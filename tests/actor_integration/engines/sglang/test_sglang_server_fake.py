@@ -9,8 +9,8 @@ import time
 
 import pytest
 
+from actor_integration.engines.sglang.http import SGLangHTTPEngine
 from actor_integration.errors import SGLangServerError
-from actor_integration.rollout.sglang_http import SGLangHTTPEngine
 from tests.helpers.sglang_server import FakeRouter, FakeSGLangServer, encode_names
 from tests.helpers.sglang_source import HTTP_MODULES, request_problem
 

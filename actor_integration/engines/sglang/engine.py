@@ -1,7 +1,7 @@
 """`RolloutEngine` over a real `sglang.Engine` (imported lazily: sglang is an optional extra).
 
 Proven on sglang 0.5.17 (torch 2.11) through 0.5.23 (torch 2.14.1): CI checks every call this
-module makes against both versions' source (tests/actor_integration/rollout/test_sglang_source.py),
+module makes against both versions' source (tests/actor_integration/engines/sglang/test_sglang_source.py),
 and the GPU suite runs it on a real 0.5.17 engine. What differs between them is handled here:
 0.5.23 loads weights only inside a `begin_weight_update()` / `end_weight_update()` session;
 0.5.17 asserts an idle scheduler on release, so a release that does not follow a flush this
@@ -39,6 +39,11 @@ from typing import Any, TypeVar
 
 import torch
 
+from actor_integration.engines.sglang.scheduler import (
+    SCHEDULER_LOADER,
+    SchedulerReceiverCalls,
+    reply_directory,
+)
 from actor_integration.errors import (
     EngineDiedError,
     EngineNotIdleError,
@@ -46,11 +51,6 @@ from actor_integration.errors import (
     SGLangServerTimeout,
 )
 from actor_integration.rollout.engine import GENERATION_MODES, NamedTensors
-from actor_integration.rollout.sglang_scheduler import (
-    SCHEDULER_LOADER,
-    SchedulerReceiverCalls,
-    reply_directory,
-)
 from actor_integration.weight_sync.buckets import BucketManifest, dtype_from_name
 from actor_integration.weight_sync.wire import WeightSyncError
 

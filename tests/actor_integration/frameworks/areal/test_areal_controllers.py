@@ -9,7 +9,7 @@ import pytest
 from actor_integration.errors import SGLangServerError
 from lifecycle import State
 from lifecycle.errors import InvalidWeightsError
-from tests.actor_integration.frameworks.test_areal_rollout import request
+from tests.actor_integration.frameworks.areal.test_areal_rollout import request
 from tests.helpers.areal_like import (
     LifecycleEngineLike,
     LifecycleRolloutController,

@@ -8,9 +8,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import torch
 
+from actor_integration.engines.sglang.http import SGLangHTTPEngine, SGLangServerError, SGLangServerTimeout
 from actor_integration.errors import EngineNotIdleError
 from actor_integration.rollout import GENERATION_MODES, RolloutActor
-from actor_integration.rollout.sglang_http import SGLangHTTPEngine, SGLangServerError, SGLangServerTimeout
 from lifecycle import Residency, State
 from tests.helpers.sglang_source import request_problem
 

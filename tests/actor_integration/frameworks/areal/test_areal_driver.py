@@ -10,7 +10,7 @@ from actor_integration.actors.ray_group import LifecycleGroup, log_dir_runtime_e
 from actor_integration.frameworks.areal import ArealColocateDriver, RayCalls
 from lifecycle.checker import check_files
 from lifecycle.errors import InvalidWeightsError
-from tests.actor_integration.frameworks.test_areal_rollout import request
+from tests.actor_integration.frameworks.areal.test_areal_rollout import request
 from tests.helpers.areal_like import LifecycleRemoteEngineLike, Meta, TrainerRank, awex_fake_server, http_send
 
 pytestmark = pytest.mark.ray

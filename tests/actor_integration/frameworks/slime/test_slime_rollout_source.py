@@ -3,7 +3,7 @@ a local server that answers as SGLang 0.5.17's does (the suite is `rollout_sourc
 
 Needs slime's source: CI has no network, so the suite skips there; run it with
 
-    RL_LIFECYCLE_SLIME_SOURCE=/path/to/slime python -m pytest -s tests/actor_integration/frameworks/test_slime_rollout_source.py
+    RL_LIFECYCLE_SLIME_SOURCE=/path/to/slime python -m pytest -s tests/actor_integration/frameworks/slime/test_slime_rollout_source.py
 
 (`-s` prints the model check: per kind of damage, the count and a shortest sequence of the job's calls).
 """

@@ -56,7 +56,7 @@ from actor_integration.backends.memory_saver import NoopMemory, TorchMemorySaver
 from actor_integration.backends.tms_env import is_true
 from actor_integration.errors import MilesVersionError, OffloadTrainRequiredError
 from actor_integration.frameworks.registry_groups import RegistryProcessGroups, registry, require
-from actor_integration.frameworks.slime import RETAIN_VARIABLE
+from actor_integration.frameworks.slime.trainer import RETAIN_VARIABLE
 from actor_integration.frameworks.stand_ins import body_owner, plan_owned_globals, stand_in_calls
 from lifecycle import Hooks, LifecyclePolicy, State
 from lifecycle.errors import IllegalTransitionError

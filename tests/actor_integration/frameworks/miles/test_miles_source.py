@@ -7,7 +7,7 @@ TrainRayActor and launcher (`allocate_gpus_for_actor`); only the heavy internals
 model check's reproductions (test_miles_sequences.py) run again on miles' real class, plain and
 under the adapter. Needs miles' source: CI has no network, so the suite skips there; run it with
 
-    RL_LIFECYCLE_MILES_SOURCE=/path/to/miles python -m pytest -s tests/actor_integration/frameworks/test_miles_source.py
+    RL_LIFECYCLE_MILES_SOURCE=/path/to/miles python -m pytest -s tests/actor_integration/frameworks/miles/test_miles_source.py
 
 (`-s` prints the figures: process groups, weight checksums at save, sync and wake, memory calls per step).
 """

@@ -11,7 +11,7 @@ weight push, and the job's end. Stand-ins only where a GPU, Megatron-LM or SGLan
 
 Needs slime's source as a git checkout or git directory (CI has none: the suite skips there):
 
-    RL_LIFECYCLE_SLIME_SOURCE=/path/to/slime python -m pytest tests/actor_integration/frameworks/test_slime_job_source.py
+    RL_LIFECYCLE_SLIME_SOURCE=/path/to/slime python -m pytest tests/actor_integration/frameworks/slime/test_slime_job_source.py
 """
 
 from __future__ import annotations
