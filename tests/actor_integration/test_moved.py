@@ -8,6 +8,9 @@ import pytest
 
 from actor_integration._moved import MOVED, new_name
 
+# The suite turns these warnings into errors (pyproject.toml); here they are what is tested.
+pytestmark = pytest.mark.filterwarnings("default:.* moved to actor_integration:DeprecationWarning")
+
 
 class TestOldPaths:
     @pytest.mark.parametrize("old", sorted(MOVED))

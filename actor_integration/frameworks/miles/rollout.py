@@ -143,7 +143,7 @@ class MilesRolloutMixin(SGLangActorLifecycle):
             raise self._lc_follower_error("update_weight_version", "the version label is node 0's server's")
         result = self._own("update_weight_version")(weight_version)
         lifecycle = self.lifecycle
-        if lifecycle.contents.get("weights") is Contents.VALID and self.__dict__.get("_lc_loading") is None:
+        if lifecycle.contents.get("weights") is Contents.VALID and self._lc_state.loading is None:
             label = str(weight_version)
 
             def relabel() -> None:
@@ -152,7 +152,7 @@ class MilesRolloutMixin(SGLangActorLifecycle):
                 )
 
             lifecycle.run("sync", relabel)
-            self.__dict__["_lc_served"] = label
+            self._lc_state.served = label
             self._lc_publish()
         return result
 
