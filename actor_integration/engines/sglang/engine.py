@@ -16,7 +16,7 @@ scheduler (a second release of a tag, a resume of a resident one, a generation o
 into released memory) are refused here with `MemoryStateError` before they are sent.
 
 Weights, by default, go to SGLang's schedulers directly (`LoadsPayloads`): the engine is started
-with the lifecycle's receiver as a `custom_weight_loader` (`sglang_receiver.py`), and a round
+with the lifecycle's receiver as a `custom_weight_loader` (`receiver.py`), and a round
 is one `update_weights_from_tensor` call carrying only the round's descriptors; each scheduler
 opens its TP rank's buffers from the trainer, verifies them, agrees with the other ranks, and
 loads through the model's own weight loaders. An engine started without that loader (or a

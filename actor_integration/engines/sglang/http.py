@@ -1,6 +1,10 @@
 """`RolloutEngine` over an SGLang server's HTTP endpoints (the deployment slime and miles use).
 
-Standard library only: every request has a timeout, and every failure is typed: the server
+The requests themselves use the standard library's `http.client` (kept-alive connections from
+`rollout.http_connections`); the module is not standard-library only: the class shares the
+offline adapter's weight handling (`engine.SGLangWeights`, which imports torch) and the scheduler
+calls (`scheduler`), and is the server-actor lifecycle's `ServerClient`. Every request has a
+timeout, and every failure is typed: the server
 answered with an error status (`SGLangServerError`, with the status and SGLang's message), could
 not be reached (`SGLangServerError`, status None), or did not answer in time
 (`SGLangServerTimeout`). A refused flush is not an error: `/flush_cache` answers 400 while

@@ -10,7 +10,7 @@
 Both drivers create their engines through the same `ServerGroup.start_engines`, inside miles'
 rollout manager (a Ray actor): `install()` replaces `SGLangEngine` in that module, in every worker
 of the job. Read from miles 31f1ca96 (`miles/backends/sglang_utils/sglang_engine.py`,
-`miles/ray/rollout/`); the shared rules are in `sglang_actor`. What differs from slime:
+`miles/ray/rollout/`); the shared rules are in `engines.sglang.actor` and `rollout.server_actor`. What differs from slime:
 
 - `release_memory_occupation(tags)` takes tags: miles' driver offloads `cuda_graph` and, per
   `--offload-rollout-level`, `kv_cache` and `weights`. With the weights kept resident, plain miles'
@@ -26,7 +26,7 @@ of the job. Read from miles 31f1ca96 (`miles/backends/sglang_utils/sglang_engine
   `DELETE /workers/{url}` before 0.3, else `/workers` by id. With `--use-miles-router` the router is
   miles' own, which registers through `/add_worker` and cannot remove a worker at all: the server
   stays in it while it sleeps, and requests routed to it wait on SGLang's pause until the wake (see
-  `sglang_actor`). miles' own `shutdown` then fails at its `POST /remove_worker` (404 through that
+  `rollout.server_actor`). miles' own `shutdown` then fails at its `POST /remove_worker` (404 through that
   router's proxy) before it kills the server; under the wrap the server is killed anyway and the
   call returns, so the rollout manager's `ray.kill` that follows it runs.
 - a follower's `pause_generation` / `continue_generation` (which plain miles sends to the

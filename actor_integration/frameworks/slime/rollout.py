@@ -13,7 +13,7 @@ in the driver's process does not reach it, so `install()` runs in every worker o
 setup hook) and replaces `SGLangEngine` in slime's rollout module, where `start_engines` reads it.
 
 What each of slime's calls does (read from slime 624b824a, `slime/backends/sglang_utils/sglang_engine.py`
-and `slime/ray/rollout.py`); the shared rules are in `sglang_actor`:
+and `slime/ray/rollout.py`); the shared rules are in `engines.sglang.actor` and `rollout.server_actor`:
 
 | slime's call | plain slime | under `SlimeRolloutMixin` |
 |---|---|---|
@@ -28,7 +28,7 @@ and `slime/ray/rollout.py`); the shared rules are in `sglang_actor`:
 | `update_weights_from_disk(...)` | reload from disk | a whole version in one call |
 
 Every other method is slime's own, unchanged. A follower (`node_rank != 0`) follows node 0's
-actor instead of answering None (see `sglang_actor`).
+actor instead of answering None (see `rollout.server_actor`).
 """
 
 from __future__ import annotations
