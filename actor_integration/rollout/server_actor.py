@@ -37,16 +37,16 @@ from actor_integration.errors import FollowerCallError, RouterError, StaleWeight
 from actor_integration.rollout.client import ServerClient
 from actor_integration.rollout.directory import EngineDirectory, engine_directory
 from actor_integration.rollout.engine import EngineGeneration, RolloutEngine
+from actor_integration.rollout.machine import rollout_lifecycle
 from actor_integration.rollout.router import RouterWorkers
 from lifecycle import Contents, Hooks, Lifecycle, LifecyclePolicy, Residency, State
 from lifecycle.errors import IllegalTransitionError, LifecycleFailedError
-from lifecycle.events import configure_rank_log, log_path
+from lifecycle.events import log_path
 from lifecycle.logs import Event
 
 __all__ = ["ServerActorLifecycle", "ServerGeneration", "ServerMemory", "ServerState", "as_int"]
 
 T = TypeVar("T")
-ROLE = "rollout"
 
 
 class ServerMemory:
@@ -231,8 +231,12 @@ class ServerActorLifecycle:
             model_tag=None,
             destroy_process_groups=False,
         )
-        configure_rank_log(ROLE, self.rank, log_dir=self.lifecycle_log_dir)
-        lifecycle = Lifecycle(policy, Hooks(memory=memory, generation=generation), role=ROLE, rank=self.rank)
+        lifecycle = rollout_lifecycle(
+            policy,
+            Hooks(memory=memory, generation=generation),
+            rank=self.rank,
+            log_dir=self.lifecycle_log_dir,
+        )
         lifecycle.bind(engine=url, framework=self.lifecycle_framework)
         state.lifecycle = lifecycle
         state.served = self._lc_reported_version()  # the launch checkpoint ("default")

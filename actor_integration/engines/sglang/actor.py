@@ -58,6 +58,7 @@ from actor_integration.engines.sglang.http import SGLangHTTPEngine
 from actor_integration.engines.sglang.scheduler import SCHEDULER_LOADER
 from actor_integration.errors import SGLangServerError, SGLangServerTimeout
 from actor_integration.rollout.directory import EngineDirectory, LocalDirectory, engine_directory
+from actor_integration.rollout.machine import log_loaded
 from actor_integration.rollout.router import RouterWorkers
 from actor_integration.rollout.server_actor import ServerActorLifecycle, ServerMemory
 from actor_integration.weight_sync.wire import (
@@ -238,30 +239,29 @@ class SGLangActorLifecycle(ServerActorLifecycle):
             try:
                 answer = client.load_payloads(version, payloads, round_index=first.round, final=first.final)
             except (CorruptBucketError, WeightSyncError) as error:
-                self._lc_event(
-                    Event.SYNC_LOADED,
-                    "error",
+                log_loaded(
+                    self._lc_event,
                     version=version,
-                    bytes=sent[1],  # the version's rounds loaded before this one, as RolloutActor logs them
+                    nbytes=sent[1],  # the version's rounds loaded before this one, as RolloutActor logs them
+                    transport=first.transport,
+                    ok=False,
                     checksum_ok=not isinstance(error, CorruptBucketError),
                     digest_ok=False if isinstance(error, WrittenWeightsError) else None,
                     written=bool(error.fields.get("written")),
                     duration_ms=round((time.perf_counter() - sent[0]) * 1e3, 3),
-                    transport=first.transport,
-                    ok=False,
                 )
                 raise
             sent[1] += answer["nbytes"]
             if first.final:  # inside the sync body, as every engine's `weight_sync.loaded`: the whole version
-                self._lc_event(
-                    Event.SYNC_LOADED,
+                log_loaded(
+                    self._lc_event,
                     version=version,
-                    bytes=sent[1],
+                    nbytes=sent[1],
+                    transport=first.transport,
+                    ok=True,
                     checksum_ok=True,
                     digest_ok=answer["timings"].get("digest"),  # the schedulers read back what they wrote
                     duration_ms=round((time.perf_counter() - sent[0]) * 1e3, 3),
-                    transport=first.transport,
-                    ok=True,
                     engine_ms=answer["timings"],
                 )
             return answer
