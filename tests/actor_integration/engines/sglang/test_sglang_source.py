@@ -44,7 +44,7 @@ from tests.helpers.sglang_fake import ENGINE, IO, TOKENIZER_MANAGER, FakeSGLang,
 from tests.helpers.sglang_source import VERSIONS, literal_values
 from tests.helpers.weight_sync_doubles import shm_sender_into
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[4]
 WEIGHT_UPDATER = "sglang.srt.model_executor.model_runner_components.weight_updater"
 SCHEDULER_UPDATER = "sglang.srt.managers.scheduler_components.weight_updater"
 KWARGS = {"model_path": "/models/tiny", "enable_memory_saver": True}

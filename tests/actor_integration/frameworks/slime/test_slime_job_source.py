@@ -35,7 +35,7 @@ SOURCE: SlimeSource | None
 SOURCE, pytestmark, _source_readable = suite_source(SlimeSource, "slime's")
 pytestmark = [pytestmark, pytest.mark.ray]
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 
 
 def _tiny_model(out: Path) -> Path:
