@@ -105,7 +105,10 @@ class TestSchedulerReceiverOverHTTP:
     def test_a_server_without_the_receiver_is_refused_at_once_naming_the_flag(self):
         plain = FakeSGLangServer()
         try:
-            with pytest.raises(ValueError, match=r"--custom-weight-loader actor_integration\.rollout"):
+            with pytest.raises(
+                ValueError,
+                match=r"--custom-weight-loader actor_integration\.engines\.sglang\.receiver\.receive",
+            ):
                 client(plain)
             assert [p for _, p, _ in plain.requests] == ["/server_info"]  # nothing sent to the schedulers
         finally:
