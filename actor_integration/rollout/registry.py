@@ -17,6 +17,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from actor_integration.errors import UnknownEngineError
+
 __all__ = [
     "EngineEntry",
     "UnknownEngineError",
@@ -26,14 +28,6 @@ __all__ = [
     "engine_names",
     "register_engine",
 ]
-
-
-class UnknownEngineError(ValueError):
-    """An engine name nothing registered. Fields: name, known (the registered names)."""
-
-    def __init__(self, name: object, known: tuple[str, ...]) -> None:
-        super().__init__(f"unknown rollout engine {name!r}; the registered engines are {list(known)}")
-        self.name, self.known = name, known
 
 
 @dataclass(frozen=True)
@@ -97,7 +91,9 @@ def check_engine_name(name: object) -> str:
         if isinstance(name, str) and name in _ENGINES:
             return name
         known = tuple(_ENGINES)
-    raise UnknownEngineError(name, known)
+    raise UnknownEngineError(
+        f"unknown rollout engine {name!r}; the registered engines are {list(known)}", name=name, known=known
+    )
 
 
 def engine_entry(name: str) -> EngineEntry:
