@@ -1,7 +1,9 @@
 """Old module paths, kept importable for one release (0.2 removes them).
 
 0.1's modules sat side by side in `actor_integration/`; they now live in packages named for what
-they hold (`backends/`, `actors/`, `tools/`, `models/`, `frameworks/`). Importing an old path gives
+they hold (`backends/`, `actors/`, `tools/`, `models/`, `frameworks/`); the SGLang modules of
+`rollout/` and `frameworks/` moved to `engines/sglang/`, each framework's adapters to
+`frameworks/<name>/`. Importing an old path gives
 the new module itself (the same classes, so isinstance checks and Ray's pickles by name still work)
 and one `DeprecationWarning` naming the new path.
 """
@@ -34,6 +36,15 @@ MOVED = {
     "actor_integration.tiny_model": "actor_integration.models.tiny",
     "actor_integration.qwen2_model": "actor_integration.models.qwen2",
     "actor_integration.slime": "actor_integration.frameworks.slime",
+    # 0.1.x, issue 48: each engine a package of its own, each framework's adapters one package
+    "actor_integration.rollout.sglang": "actor_integration.engines.sglang.engine",
+    "actor_integration.rollout.sglang_http": "actor_integration.engines.sglang.http",
+    "actor_integration.rollout.sglang_receiver": "actor_integration.engines.sglang.receiver",
+    "actor_integration.rollout.sglang_scheduler": "actor_integration.engines.sglang.scheduler",
+    "actor_integration.frameworks.sglang_actor": "actor_integration.engines.sglang.actor",
+    "actor_integration.frameworks.router": "actor_integration.rollout.router",
+    "actor_integration.frameworks.slime_rollout": "actor_integration.frameworks.slime.rollout",
+    "actor_integration.frameworks.miles_rollout": "actor_integration.frameworks.miles.rollout",
 }
 
 

@@ -298,6 +298,11 @@ class PreflightError(LifecycleError, RuntimeError):
     change. Field: `shortfalls` (their lines)."""
 
 
+class UnknownEngineError(LifecycleError, ValueError):
+    """A rollout engine's name nothing registered (`rollout.registry`). Fields: `name`, `known`
+    (the registered names)."""
+
+
 # Every class above; `lifecycle.errors.MOVED_TO_ADAPTERS` names those 0.1 defined in the core.
 __all__ = sorted(
     name

@@ -20,6 +20,7 @@ __all__ = [
     "GenerationBackend",
     "Hooks",
     "MemoryBackend",
+    "MemoryBatches",
     "MemoryDisable",
     "MemoryProbe",
     "ProcessGroupsBackend",
@@ -37,7 +38,11 @@ class MemoryDisable(Protocol):
 
 @runtime_checkable
 class MemoryBackend(MemoryDisable, Protocol):
-    """torch_memory_saver's own interface: the real `torch_memory_saver` singleton fits as is."""
+    """torch_memory_saver's own interface: the real `torch_memory_saver` singleton fits as is.
+
+    A backend that releases several tags in one call (an engine server's one request) may also
+    offer `MemoryBatches`: a plan's run of pauses (or resumes) of named tags then goes to it in
+    one call; without it, one call per tag."""
 
     def pause(self, tag: str | None = None) -> None:
         """Release the device memory of `tag` (None: all of it), keeping its virtual addresses."""
@@ -45,6 +50,22 @@ class MemoryBackend(MemoryDisable, Protocol):
 
     def resume(self, tag: str | None = None) -> None:
         """Map device memory back under the paused `tag` (None: all of it)."""
+        ...
+
+
+@runtime_checkable
+class MemoryBatches(Protocol):
+    """The optional batch calls of a `MemoryBackend`: the tags of one plan stage's consecutive
+    pauses (or resumes), in plan order, in one call. The log keeps one hook entry per tag: the
+    first carries the call's time (or its failure; the later tags are then not reached), the
+    others follow it with none."""
+
+    def pause_tags(self, tags: tuple[str, ...]) -> None:
+        """Release the device memory of every tag in `tags` at once."""
+        ...
+
+    def resume_tags(self, tags: tuple[str, ...]) -> None:
+        """Map device memory back under every tag in `tags` at once."""
         ...
 
 

@@ -19,7 +19,7 @@ from lifecycle._machine.backends import describe_backends
 from lifecycle._machine.budgeted import BudgetedSleep
 from lifecycle._machine.failures import Failure, resolve_unknown
 from lifecycle._machine.held import HeldScope
-from lifecycle._machine.hook_runner import HookRecord, HookRunner, Stages, bind_hook, hook_dicts
+from lifecycle._machine.hook_runner import HookRecord, HookRunner, Stages, bind_hook, bind_tags, hook_dicts
 from lifecycle._machine.refusals import failed_error, refusal, stale_weights
 from lifecycle._machine.state_machine import StateMachine
 from lifecycle.errors import IllegalTransitionError, LifecycleFailedError
@@ -135,7 +135,9 @@ class Lifecycle:
         # NCCL's own buffers are saver memory).
         overlap = policy.overlap_hooks and bool(getattr(hooks.memory, "may_overlap_process_groups", False))
         self._callables: dict[Call, Callable[[], Any]] = {}
-        self._runner = HookRunner(self._callable, overlap=overlap)
+        self._runner = HookRunner(
+            self._callable, overlap=overlap, bind_tags=lambda hook, tags: bind_tags(hook, tags, self.hooks)
+        )
         self._budget: BudgetedSleep | None = None
         if (policy.memory_budget is None) != (hooks.budget is None):
             raise ValueError(

@@ -2,7 +2,7 @@
 # slime's own GRPO job on one GPU, plain and under the lifecycle's launch switch, side by side.
 #
 # STATUS: PREPARED, NOT YET RUN ON A GPU (written 2026-12-06 on a CPU machine). Its launch, flags and
-# driver order are the ones tests/actor_integration/frameworks/test_slime_job_source.py runs on a CPU
+# driver order are the ones tests/actor_integration/frameworks/slime/test_slime_job_source.py runs on a CPU
 # with stand-ins; on a GPU nothing of it has run. Expect to fix things on the first run, and say so.
 #
 # Usage (on the GPU machine, from the repository root):

@@ -1,4 +1,4 @@
-"""The rollout side: the engine interface, the lifecycle adapters, a reference engine, SGLang, the actor.
+"""The rollout side, engine-agnostic: the engine interface, the actor, a reference engine, the registry.
 
 from actor_integration.rollout import ReferenceEngine, RolloutActor
 
@@ -7,18 +7,41 @@ ray.get(rollout.sleep.remote())
 ray.get(rollout.wake_up.remote(["weights"]))
 # trainer: WeightSender(..., engine_call=lambda v, p: ray.get(rollout.update_weights.remote(v, p)))
 ray.get(rollout.wake_up.remote(["kv_cache"]))
+
+Each engine is a package of its own (`actor_integration.engines.<name>`; SGLang's is
+`engines.sglang`), registered by name in `registry`. The names below are imported on first use,
+so that `rollout.registry` (the CLI's engine choices) pulls in neither torch nor an engine;
+`SGLangEngine` is still importable from here.
 """
 
-from actor_integration.rollout.actor import ROLLOUT_POLICY, RolloutActor
-from actor_integration.rollout.engine import (
-    ENGINE_TAGS,
-    GENERATION_MODES,
-    EngineGeneration,
-    EngineMemory,
-    RolloutEngine,
-)
-from actor_integration.rollout.reference import ReferenceEngine
-from actor_integration.rollout.sglang import SGLangEngine
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from actor_integration.engines.sglang.engine import SGLangEngine
+    from actor_integration.rollout.actor import ROLLOUT_POLICY, RolloutActor
+    from actor_integration.rollout.engine import (
+        ENGINE_TAGS,
+        GENERATION_MODES,
+        EngineGeneration,
+        EngineMemory,
+        RolloutEngine,
+    )
+    from actor_integration.rollout.reference import ReferenceEngine
+
+_LAZY = {
+    "ENGINE_TAGS": "actor_integration.rollout.engine",
+    "GENERATION_MODES": "actor_integration.rollout.engine",
+    "ROLLOUT_POLICY": "actor_integration.rollout.actor",
+    "EngineGeneration": "actor_integration.rollout.engine",
+    "EngineMemory": "actor_integration.rollout.engine",
+    "ReferenceEngine": "actor_integration.rollout.reference",
+    "RolloutActor": "actor_integration.rollout.actor",
+    "RolloutEngine": "actor_integration.rollout.engine",
+    "SGLangEngine": "actor_integration.engines.sglang.engine",
+}
 
 __all__ = [
     "ENGINE_TAGS",
@@ -31,3 +54,16 @@ __all__ = [
     "RolloutEngine",
     "SGLangEngine",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

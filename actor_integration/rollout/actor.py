@@ -34,12 +34,12 @@ from actor_integration.rollout.engine import (
     RolloutEngine,
     implements,
 )
+from actor_integration.rollout.machine import log_loaded, rollout_lifecycle
 from actor_integration.weight_sync.receiver import VersionGate, WeightReceiver
 from actor_integration.weight_sync.wire import CorruptBucketError, RankPayload, WrittenWeightsError
-from lifecycle import Contents, Hooks, Lifecycle, LifecyclePolicy, State
+from lifecycle import Contents, Hooks, LifecyclePolicy, State
 from lifecycle.errors import LifecycleError
-from lifecycle.events import configure_rank_log, log_path
-from lifecycle.logs import Event
+from lifecycle.events import log_path
 
 ROLLOUT_TAGS = ("weights", "kv_cache")
 ROLLOUT_POLICY = LifecyclePolicy(
@@ -96,8 +96,7 @@ class RolloutActor:
         memory = QueryableEngineMemory(built) if hasattr(built, "residency") else EngineMemory(built)
         expected = getattr(built, "memory_bytes", None)  # the reference engine knows its tags' sizes
         self.memory_audit = AuditedMemory(memory, expected_bytes=expected if callable(expected) else None)
-        configure_rank_log("rollout", rank, log_dir=log_dir)  # before the machine's first event
-        self.lifecycle = Lifecycle(
+        self.lifecycle = rollout_lifecycle(
             policy,
             Hooks(
                 memory=self.memory_audit,
@@ -105,8 +104,8 @@ class RolloutActor:
                     built, mode=generation_mode, on_pause=self._release_handles, **generation_options
                 ),
             ),
-            role="rollout",
             rank=rank,
+            log_dir=log_dir,
             initial=initial,
             weight_version=self.gate.committed,
         )
@@ -321,28 +320,27 @@ class RolloutActor:
             elapsed = self.gate.commit(version)
             self.lifecycle.note_weights(Contents.VALID, version, reason=f"version {version} loaded")
             extra: dict[str, Any] = {"engine_ms": self._engine_ms} if self._engine_ms else {}
-            self.lifecycle.event(
-                Event.SYNC_LOADED,
+            log_loaded(
+                self.lifecycle.event,
                 version=version,
-                bytes=self._loaded_bytes,
+                nbytes=self._loaded_bytes,
+                transport=transport,
+                ok=True,
                 checksum_ok=self.receiver.verify,
                 # What the engine holds, read back where it was written: True when every round was
                 # checked, None where a round could not be (the engine copied it itself).
                 digest_ok=None if None in self._digests else all(self._digests),
                 duration_ms=round(elapsed * 1e3, 3),
-                transport=transport,
-                ok=True,
                 **extra,
             )
         return {"version": version, "round": round_index, "final": final, "bytes": self._loaded_bytes}
 
     def _failed_load(self, version: int, payloads: list[RankPayload], **fields: Any) -> None:
         """The `weight_sync.loaded` error event of a round the engine refused or found wrong."""
-        self.lifecycle.event(
-            Event.SYNC_LOADED,
-            "error",
+        log_loaded(
+            self.lifecycle.event,
             version=version,
-            bytes=self._loaded_bytes,
+            nbytes=self._loaded_bytes,
             transport=payloads[0].transport,
             ok=False,
             **fields,

@@ -28,7 +28,7 @@ NamedTensors = Sequence[tuple[str, torch.Tensor]]
 
 @runtime_checkable
 class RolloutEngine(Protocol):
-    """What the rollout actor needs from an engine; `sglang.Engine` is adapted in `rollout.sglang`.
+    """What the rollout actor needs from an engine; `sglang.Engine` is adapted in `engines.sglang.engine`.
 
     `load_weights` receives one round of a versioned update: `shards[i]` are the named tensors for
     engine rank i (the trainer rank on the same GPU sent them). Round 0 starts the version, the
@@ -103,7 +103,7 @@ class LoadsBuckets(Protocol):
 class LoadsPayloads(Protocol):
     """An engine whose own processes receive a round: it takes the payloads unopened, opens the
     trainer's buffers where its parameters live, verifies them and loads (SGLang's schedulers,
-    through `sglang_receiver`). `accepts_payloads(transport)` says for which transports;
+    through `engines.sglang.receiver`). `accepts_payloads(transport)` says for which transports;
     `load_payloads` raises `CorruptBucketError` when a bucket fails its checksum (nothing written)
     and any error with `written=True` in its fields when the parameters were touched;
     `release_payload_handles` closes the buffers it holds open (the rollout's sleep calls it).

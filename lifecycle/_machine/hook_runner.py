@@ -40,12 +40,21 @@ class HookRecord(NamedTuple):
 class HookRunner:
     """Runs the stages of a machine's hook plans; where `overlap`, a stage's branches run together.
 
-    `bind` gives the zero-argument callable of a call; `threads` are the pool threads running a
-    hook now (a hook calling back into the machine from one is refused, not deadlocked).
+    `bind` gives the zero-argument callable of a call; `bind_tags` the one call of a branch's run
+    of memory pauses (or resumes) of named tags, or None where the backend takes one tag a call;
+    `threads` are the pool threads running a hook now (a hook calling back into the machine from
+    one is refused, not deadlocked).
     """
 
-    def __init__(self, bind: Callable[[Call], Callable[[], Any]], *, overlap: bool) -> None:
+    def __init__(
+        self,
+        bind: Callable[[Call], Callable[[], Any]],
+        *,
+        overlap: bool,
+        bind_tags: Callable[[Hook, tuple[str, ...]], Callable[[], Any] | None] | None = None,
+    ) -> None:
         self._bind = bind
+        self._bind_tags = bind_tags
         self._overlap = overlap
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._stages: dict[tuple[Any, ...], Stages] = {}
@@ -97,17 +106,31 @@ class HookRunner:
         return records, None
 
     def _run_branch(self, branch: tuple[Call, ...], p0: float) -> Outcome:
-        """Run one branch's calls in order; stop at the first that raises and return its error."""
+        """Run one branch's calls in order; stop at the first that raises and return its error.
+
+        A run of consecutive memory pauses (or resumes) of named tags is one call where the backend
+        takes tags together (`MemoryBatches`): its first tag's record carries the call, the others
+        follow it (a failed call stops at its first tag, as one call per tag would)."""
         records: list[HookRecord] = []
-        for call in branch:
-            fn = self._bind(call)
+        index = 0
+        while index < len(branch):
+            run = branch[index : index + _batch_length(branch, index)]
+            batch = None
+            if len(run) > 1 and self._bind_tags is not None:
+                batch = self._bind_tags(run[0].hook, tuple(str(call.tag) for call in run))
+            fn = self._bind(run[0]) if batch is None else batch
+            if batch is None:
+                run = run[:1]
             start = time.perf_counter()
             try:
                 fn()
             except BaseException as exc:
-                records.append(HookRecord(call, start - p0, time.perf_counter() - start, False))
+                records.append(HookRecord(run[0], start - p0, time.perf_counter() - start, False))
                 return records, exc
-            records.append(HookRecord(call, start - p0, time.perf_counter() - start, True))
+            seconds = time.perf_counter() - start
+            records.append(HookRecord(run[0], start - p0, seconds, True))
+            records += [HookRecord(call, start + seconds - p0, 0.0, True) for call in run[1:]]
+            index += len(run)
         return records, None
 
     def _run_together(self, stage: tuple[tuple[Call, ...], ...], p0: float) -> list[Outcome]:
@@ -131,6 +154,27 @@ class HookRunner:
             return self._run_branch(branch, p0)
         finally:
             self.threads.discard(me)
+
+
+_BATCHED = (Hook.MEMORY_PAUSE, Hook.MEMORY_RESUME)
+
+
+def _batch_length(branch: tuple[Call, ...], index: int) -> int:
+    """How many calls from `index` on are memory pauses (or resumes) of named tags, as `index`'s."""
+    first = branch[index]
+    if first.hook not in _BATCHED or first.tag in (None, ALL_TAGS):
+        return 1
+    end = index + 1
+    while end < len(branch) and branch[end].hook is first.hook and branch[end].tag not in (None, ALL_TAGS):
+        end += 1
+    return end - index
+
+
+def bind_tags(hook: Hook, tags: tuple[str, ...], hooks: Hooks) -> Callable[[], Any] | None:
+    """The one call pausing (or resuming) `tags` together, where the memory backend offers it."""
+    name = "pause_tags" if hook is Hook.MEMORY_PAUSE else "resume_tags"
+    method = getattr(hooks.memory, name, None)
+    return None if method is None else functools.partial(method, tags)
 
 
 def bind_hook(call: Call, hooks: Hooks, model_tag: str | None) -> Callable[[], Any]:

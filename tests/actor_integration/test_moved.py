@@ -8,6 +8,9 @@ import pytest
 
 from actor_integration._moved import MOVED, new_name
 
+# The suite turns these warnings into errors (pyproject.toml); here they are what is tested.
+pytestmark = pytest.mark.filterwarnings("default:.* moved to actor_integration:DeprecationWarning")
+
 
 class TestOldPaths:
     @pytest.mark.parametrize("old", sorted(MOVED))
@@ -42,7 +45,33 @@ class TestOldPaths:
         from actor_integration.frameworks.slime import SlimeLifecycleMixin
 
         assert Old is SlimeLifecycleMixin
-        assert SlimeLifecycleMixin.__module__ == "actor_integration.frameworks.slime"
+        assert SlimeLifecycleMixin.__module__ == "actor_integration.frameworks.slime.trainer"
+
+    def test_an_old_submodule_of_a_package_that_still_exists_is_the_moved_module(self):
+        """`actor_integration.rollout` stays a package; its old SGLang submodules name the moved ones,
+        and a class pickled by its new name is the class the old path gives."""
+        code = (
+            "import importlib, pickle, warnings\n"
+            "warnings.simplefilter('error', DeprecationWarning)\n"
+            "import actor_integration.rollout as rollout\n"
+            "from actor_integration.engines.sglang.http import SGLangHTTPEngine\n"
+            "try:\n"
+            "    importlib.import_module('actor_integration.rollout.sglang_http')\n"
+            "except DeprecationWarning as w:\n"
+            "    assert 'moved to actor_integration.engines.sglang.http' in str(w), w\n"
+            "else:\n"
+            "    raise AssertionError('no DeprecationWarning')\n"
+            "warnings.simplefilter('ignore', DeprecationWarning)\n"
+            "from actor_integration.rollout.sglang_http import SGLangHTTPEngine as Old\n"
+            "from actor_integration.frameworks.sglang_actor import SGLangActorLifecycle\n"
+            "from actor_integration.frameworks import slime_rollout\n"
+            "assert Old is SGLangHTTPEngine\n"
+            "assert pickle.loads(pickle.dumps(Old)) is SGLangHTTPEngine\n"
+            "assert SGLangActorLifecycle.__module__ == 'actor_integration.engines.sglang.actor'\n"
+            "assert slime_rollout.__name__ == 'actor_integration.frameworks.slime.rollout'\n"
+            "assert rollout.SGLangEngine.__module__ == 'actor_integration.engines.sglang.engine'\n"
+        )
+        subprocess.run([sys.executable, "-c", code], check=True)
 
     def test_names_that_never_moved_are_not_aliased(self):
         """An unknown path is still a plain ModuleNotFoundError, not an alias."""

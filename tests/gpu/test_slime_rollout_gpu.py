@@ -396,7 +396,7 @@ def test_2_cycles_of_the_frameworks_sequence_under_the_wrap(rig: Any) -> None:
 def test_3_the_three_killing_sequences_are_absorbed_and_the_server_lives(rig: Any) -> None:
     """As a slime or miles job makes them: a second offload; the health monitor's check and a rollout request
     through the router while released; an onload_kv on an awake server."""
-    from actor_integration.rollout.sglang_http import SGLangHTTPEngine
+    from actor_integration.engines.sglang.http import SGLangHTTPEngine
 
     engine, router = rig["engine"], rig["router"]
     probe = SGLangHTTPEngine(rig["url"], codec=lambda named: None, multi_dtype_buckets=False, timeout_s=30)

@@ -40,7 +40,7 @@ COMMIT_ENV = "RL_LIFECYCLE_AREAL_COMMIT"
 HOW_TO_RUN = (
     f"set {SOURCE_ENV} to an AReaL checkout or git directory holding commit {AREAL_COMMIT} "
     f"(git clone https://github.com/areal-project/AReaL), e.g. `{SOURCE_ENV}=~/src/AReaL python -m pytest "
-    "tests/actor_integration/frameworks/test_areal_source.py`"
+    "tests/actor_integration/frameworks/areal/test_areal_source.py`"
 )
 # The plugin with `_maybe_process_awex_queue_when_idle` (feature/optimizer_offload, in PR #1613's
 # merge ref 40018373): the polling of the weight queue in SGLang's idle loop that #1737 removed.

@@ -49,8 +49,7 @@ class ActorReads:
     def time_lifecycle_requests(self) -> None:
         """From now on, time each request the lifecycle sends to the server and to the router."""
         times = self.__dict__.setdefault("_test_request_times", RequestTimes())
-        for key, who in (("_lc_client", "server"), ("_lc_router", "router")):
-            client = self.__dict__.get(key)
+        for client, who in ((self._lc_state.client, "server"), (self._lc_state.router, "router")):
             if client is not None:
                 client._http.request = times.request_timed(who, client._http.request)
 
@@ -61,7 +60,8 @@ class ActorReads:
     def set_request_timeout(self, seconds: float) -> float:
         """The deadline of the lifecycle's own requests to the server and to its schedulers'
         receiver (`lifecycle_timeout_s`, fixed when each client starts); the previous one."""
-        clients = [self.__dict__[k] for k in ("_lc_client", "_lc_receiver_client") if k in self.__dict__]
+        state = self._lc_state
+        clients = [c for c in (state.client, state.receiver_client) if c is not None]
         before = float(clients[0].timeout_s)
         for client in clients:
             client.timeout_s = client.call_timeout_s = seconds

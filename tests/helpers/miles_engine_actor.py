@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 
-from actor_integration.frameworks.miles_rollout import lifecycle_engine
+from actor_integration.frameworks.miles.rollout import lifecycle_engine
 from tests.helpers.engine_actor_reads import ActorReads, PointAt
 from tests.helpers.engine_source import installed
 from tests.helpers.miles_source import MilesSource

@@ -49,7 +49,7 @@ COMMIT_ENV = "RL_LIFECYCLE_MILES_COMMIT"
 HOW_TO_RUN = (
     f"set {SOURCE_ENV} to a miles checkout or git directory holding commit {MILES_COMMIT} "
     f"(git clone https://github.com/radixark/miles), e.g. `{SOURCE_ENV}=~/src/miles python -m pytest "
-    "tests/actor_integration/frameworks/test_miles_source.py`"
+    "tests/actor_integration/frameworks/miles/test_miles_source.py`"
 )
 
 # miles' modules run from its source, in dependency order.

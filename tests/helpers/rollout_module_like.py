@@ -11,9 +11,9 @@ class SGLangEngine:
 
 
 def install() -> Any:
-    """What `actor_integration.frameworks.slime_rollout.install` does, on this module."""
+    """What `actor_integration.frameworks.slime.rollout.install` does, on this module."""
     import sys
 
-    from actor_integration.frameworks.slime_rollout import install_into, lifecycle_engine
+    from actor_integration.frameworks.slime.rollout import install_into, lifecycle_engine
 
     return install_into(sys.modules[__name__], lifecycle_engine)

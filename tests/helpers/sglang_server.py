@@ -422,7 +422,7 @@ class FakeSGLangServer:
         Every parameter is labelled as the flattened-bucket path labels it: by the call's version."""
         from unittest import mock
 
-        from actor_integration.rollout import sglang_receiver
+        from actor_integration.engines.sglang import receiver as sglang_receiver
 
         if self.model is None:
             self.model = receiving_model()
@@ -497,7 +497,7 @@ class FakeSGLangServer:
 
 def _receiver_round(names: list[str]) -> bool:
     """Whether a call of the lifecycle's receiver loads weights (its op "round"), from its names."""
-    from actor_integration.rollout import sglang_receiver
+    from actor_integration.engines.sglang import receiver as sglang_receiver
 
     if not names or not names[0].startswith(sglang_receiver.PREFIX):
         return True  # not the receiver's encoding: its refusal is a load attempt like any other

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 
-from actor_integration.frameworks.slime_rollout import lifecycle_engine
+from actor_integration.frameworks.slime.rollout import lifecycle_engine
 from tests.helpers.engine_actor_reads import ActorReads, PointAt
 from tests.helpers.engine_source import installed
 from tests.helpers.slime_source import SlimeSource

@@ -43,7 +43,7 @@ COMMIT_ENV = "RL_LIFECYCLE_SLIME_COMMIT"
 HOW_TO_RUN = (
     f"set {SOURCE_ENV} to a slime checkout or git directory holding commit {SLIME_COMMIT} "
     f"(git clone https://github.com/THUDM/slime), e.g. `{SOURCE_ENV}=~/src/slime python -m pytest "
-    "tests/actor_integration/frameworks/test_slime_source.py`"
+    "tests/actor_integration/frameworks/slime/test_slime_source.py`"
 )
 
 # slime's modules run from its source, in dependency order.

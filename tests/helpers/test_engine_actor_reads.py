@@ -6,9 +6,10 @@ from typing import Any
 
 import pytest
 
-from actor_integration.frameworks.router import RouterWorkers
-from actor_integration.frameworks.sglang_actor import _no_codec
-from actor_integration.rollout.sglang_http import SGLangHTTPEngine
+from actor_integration.engines.sglang.actor import _no_codec
+from actor_integration.engines.sglang.http import SGLangHTTPEngine
+from actor_integration.rollout.router import RouterWorkers
+from actor_integration.rollout.server_actor import ServerState
 from tests.helpers.engine_actor_reads import ActorReads, PointAt
 from tests.helpers.sglang_server import FakeRouter, FakeSGLangServer
 
@@ -24,10 +25,9 @@ def servers() -> Any:
 def test_the_lifecycles_requests_are_timed_per_path(servers: Any) -> None:
     server, router = servers
     actor = ActorReads()
-    actor.__dict__["_lc_client"] = client = SGLangHTTPEngine(
-        server.url, codec=_no_codec, multi_dtype_buckets=False
-    )
-    actor.__dict__["_lc_router"] = workers = RouterWorkers(router.url, server.url)
+    actor._lc_state = ServerState()  # on an engine actor, the wrap's own
+    actor._lc_state.client = client = SGLangHTTPEngine(server.url, codec=_no_codec, multi_dtype_buckets=False)
+    actor._lc_state.router = workers = RouterWorkers(router.url, server.url)
     actor.time_lifecycle_requests()
     client.flush_cache()
     client.flush_cache()

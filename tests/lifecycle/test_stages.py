@@ -125,3 +125,86 @@ class TestTogether:
         done.join(PATIENCE_S)
         assert not done.is_alive(), "the machine deadlocked on a hook calling back from the hook pool"
         assert len(refusals) == 1 and lc.state is State.PAUSED
+
+
+class BatchMemory(FakeMemorySaver):
+    """A memory backend that also takes a stage's tags in one call (`MemoryBatches`)."""
+
+    def __init__(self, fail: bool = False) -> None:
+        super().__init__()
+        self.batches: list[tuple[str, tuple[str, ...]]] = []
+        self.fail = fail
+
+    def pause_tags(self, tags):
+        self.batches.append(("pause", tags))
+        if self.fail:
+            raise RuntimeError("the server refused the release")
+        for tag in tags:
+            self.pause(tag)
+
+    def resume_tags(self, tags):
+        self.batches.append(("resume", tags))
+        for tag in tags:
+            self.resume(tag)
+
+
+ROLLOUT_TAGS = ("weights", "kv_cache", "cuda_graph")
+
+
+def rollout_policy() -> LifecyclePolicy:
+    return LifecyclePolicy(
+        memory_tags=ROLLOUT_TAGS,
+        sync_requires=("weights",),
+        discard_on_release=ROLLOUT_TAGS,
+        model_tag=None,
+        destroy_process_groups=False,
+    )
+
+
+class TestBatchedTags:
+    def test_a_stage_s_tags_go_to_a_batch_backend_in_one_call_and_log_one_entry_each(self):
+        """The sleep's three pauses are one `pause_tags`; the partial wake one tag (its own call,
+        `pause`/`resume` of one tag); the rest of the wake one `resume_tags`. The log still has one
+        hook entry per tag, and `lifecycle check` replays it clean."""
+        from lifecycle import checker
+
+        memory = BatchMemory()
+        with capture_events() as events:
+            lc = Lifecycle(rollout_policy(), Hooks(memory=memory), role="rollout", rank=0)
+            lc.sleep()
+            lc.wake_up(["weights"])
+            lc.wake_up()
+        assert memory.batches == [("pause", ROLLOUT_TAGS), ("resume", ("kv_cache", "cuda_graph"))]
+        transitions = [e for e in events if e["event"] == "lifecycle.transition"]
+        assert len(transitions) == 3
+        assert [[(h["name"], h.get("tag")) for h in t["hooks"]] for t in transitions] == [
+            [("memory.pause", tag) for tag in ROLLOUT_TAGS],
+            [("memory.resume", "weights")],
+            [("memory.resume", "kv_cache"), ("memory.resume", "cuda_graph")],
+        ]
+        first, *rest = transitions[0]["hooks"]
+        assert all(h["ms"] == 0.0 and h["at_ms"] >= first["at_ms"] for h in rest)
+        assert lc.residency == dict.fromkeys(ROLLOUT_TAGS, Residency.RESIDENT)
+        import json
+
+        lines = [
+            json.dumps({k: (v.value if hasattr(v, "value") else v) for k, v in e.items()}, default=str)
+            for e in events
+        ]
+        assert checker.check_lines(lines) == []
+
+    def test_a_failed_batch_fails_at_its_first_tag(self):
+        """As one call per tag would: the first tag failed, the later ones not reached."""
+        memory = BatchMemory(fail=True)
+        lc = Lifecycle(rollout_policy(), Hooks(memory=memory), role="rollout", rank=0)
+        with pytest.raises(RuntimeError, match="refused the release"):
+            lc.sleep()
+        assert lc.failure is not None and lc.failure.tag == "weights"
+        assert [(h["name"], h.get("tag"), h["ok"]) for h in lc.failure.hooks] == [
+            ("memory.pause", "weights", False)
+        ]
+
+    def test_a_backend_without_batches_gets_one_call_per_tag(self):
+        lc, rec = recording_lifecycle(rollout_policy())
+        lc.sleep()
+        assert rec.memory.pause_count == 3

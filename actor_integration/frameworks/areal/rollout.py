@@ -36,11 +36,12 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from typing import Any
 
+from actor_integration.engines.sglang.http import SGLangHTTPEngine
 from actor_integration.rollout.engine import ABORT_THEN_IN_PLACE, PAUSE_MODES, EngineGeneration
-from actor_integration.rollout.sglang_http import SGLangHTTPEngine
+from actor_integration.rollout.machine import rollout_lifecycle
 from lifecycle import Contents, Hooks, Lifecycle, LifecyclePolicy, Residency, State
 from lifecycle.errors import IllegalTransitionError
-from lifecycle.events import configure_rank_log, log_path
+from lifecycle.events import log_path
 from lifecycle.logs import Event
 
 __all__ = [
@@ -232,12 +233,11 @@ class ArealRolloutMixin:
             mode=self.lifecycle_pause_mode,
             flush_deadline_s=self.lifecycle_flush_deadline_s,
         )
-        configure_rank_log("rollout", self.lifecycle_rank, log_dir=self.lifecycle_log_dir)
-        lifecycle = Lifecycle(
+        lifecycle = rollout_lifecycle(
             areal_rollout_policy(),
             Hooks(memory=memory, generation=generation),
-            role="rollout",
             rank=self.lifecycle_rank,
+            log_dir=self.lifecycle_log_dir,
         )
         lifecycle.bind(framework="areal", servers=addresses)
         self.__dict__.update(_lc=lifecycle, _lc_memory=memory, _lc_generation=generation, _lc_servers=servers)

@@ -75,6 +75,8 @@ def _seconds(text: str) -> float:
 
 
 def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
+    from actor_integration.rollout.registry import engine_names  # the engines registered by name
+
     parser.add_argument("--steps", type=_positive, default=6, help="RL steps to run (default 6)")
     parser.add_argument(
         "--trainers",
@@ -129,7 +131,7 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--engine",
-        choices=["reference", "sglang"],
+        choices=list(engine_names()),
         default="reference",
         help="rollout engine: the reference torch engine (default), or a real sglang.Engine on each GPU "
         "(needs sglang and --model-config; the trainer then trains that Qwen2/Qwen3 model)",

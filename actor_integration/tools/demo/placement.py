@@ -21,6 +21,7 @@ from rich.console import Console
 
 from actor_integration.actors.cluster import SlotPlacement, cluster_nodes, describe_cluster, place_slots
 from actor_integration.actors.ray_group import LifecycleGroup
+from actor_integration.rollout.registry import engine_names
 from actor_integration.tools.demo.options import refuse
 from actor_integration.weight_sync.nodes import (
     NodeTopology,
@@ -32,7 +33,6 @@ from actor_integration.weight_sync.nodes import (
 from actor_integration.weight_sync.topology import SlotTopology
 
 VOCAB = 97
-ENGINE_KINDS = ("reference", "sglang")  # what the demo's checks branch on
 
 
 @dataclass(frozen=True)
@@ -58,8 +58,8 @@ class Placement:
     places: dict[str, dict[int, dict[str, Any]]]  # role → rank → where it runs (node, pid, GPUs)
 
     def __post_init__(self) -> None:
-        if self.engine not in ENGINE_KINDS:
-            raise ValueError(f"Placement: engine must be one of {list(ENGINE_KINDS)}, got {self.engine!r}")
+        if self.engine not in engine_names():
+            raise ValueError(f"Placement: engine must be one of {list(engine_names())}, got {self.engine!r}")
 
     @property
     def transport(self) -> str:

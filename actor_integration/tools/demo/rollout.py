@@ -84,7 +84,7 @@ class DemoSGLangRollout(_DemoActor):
         self, *, config_dir: str, rank: int, out: str, mem_fraction: float, seed: int, timeout_s: float
     ) -> None:
         configure_logging(json_path=Path(out) / "logs" / f"rollout-rank{rank}.jsonl")
-        from actor_integration.rollout.sglang import SGLangEngine
+        from actor_integration.engines.sglang.engine import SGLangEngine
 
         self.faults = FaultInjector()
         self.sglang = SGLangEngine(

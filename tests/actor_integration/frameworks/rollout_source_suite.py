@@ -20,8 +20,8 @@ from typing import Any, ClassVar
 
 import pytest
 
+from actor_integration.engines.sglang.actor import LocalDirectory
 from actor_integration.errors import FollowerCallError, SGLangServerError, StaleWeightsError
-from actor_integration.frameworks.sglang_actor import LocalDirectory
 from lifecycle import Contents, Residency, State
 from lifecycle.checker import check_files
 from lifecycle.errors import IllegalTransitionError, LifecycleError
@@ -137,7 +137,7 @@ class Env:
         )
         self.plain = module.SGLangEngine
         self.wrapped = importlib.import_module(
-            f"actor_integration.frameworks.{framework}_rollout"
+            f"actor_integration.frameworks.{framework}.rollout"
         ).lifecycle_engine(module.SGLangEngine)
         self.worlds: list[rollout_calls.World] = []
 
@@ -544,9 +544,9 @@ class RolloutSourceSuite:
             methods["onload_kv"](world)
         assert not world.errors and check(world) is None, world.errors
         engine = world.engine
-        assert engine.__dict__["_lc_client"]._http.opened <= 2
-        assert engine.__dict__["_lc_router"]._http.opened == 1
-        assert engine._lc_key not in LocalDirectory.entries
+        assert engine._lc_state.client._http.opened <= 2
+        assert engine._lc_state.router._http.opened == 1
+        assert engine._lc_state.key not in LocalDirectory.entries
 
     # ------------------------------------------------------------------ a router that cannot remove a worker
 
@@ -600,14 +600,14 @@ class RolloutSourceSuite:
         for router in (env.router, miles_router):
             world = env.world(router=router)
             engine, server, url = world.engine, world.server, world.engine.lifecycle_state()["url"]
-            connections = [engine.__dict__[k]._http for k in ("_lc_client", "_lc_router")]
-            helper = engine.__dict__["_lc_helper"]  # the wake's version query ran there
+            connections = [engine._lc_state.client._http, engine._lc_state.router._http]
+            helper = engine._lc_state.helper  # the wake's version query ran there
             assert engine.shutdown() is None and not server.alive
             if router is env.router:
                 assert url not in router.urls()  # the framework's own removal
             with pytest.raises(RuntimeError, match="after shutdown"):
                 helper.submit(print)
-            assert "_lc_helper" not in engine.__dict__ and all(not c._idle for c in connections)
+            assert engine._lc_state.helper is None and all(not c._idle for c in connections)
 
     # ------------------------------------------------------------------ refusals and idempotency
 
@@ -690,7 +690,7 @@ class RolloutSourceSuite:
             sender.close()
         url = engine.lifecycle_state()["url"]
         assert world.router.urls() == [url]
-        clients = [engine.__dict__["_lc_client"], engine.__dict__["_lc_receiver_client"]]
+        clients = [engine._lc_state.client, engine._lc_state.receiver_client]
         sent_before = len(world.server.requests)
         with hung_schedulers(world, ("/update_weights_from_tensor", "/flush_cache"), clients):
             with pytest.raises(SGLangServerTimeout) as timed_out:
@@ -715,7 +715,7 @@ class RolloutSourceSuite:
         generation before the server rejoins the router, or every request it is sent waits."""
         from actor_integration.errors import SGLangServerTimeout
 
-        with hung_schedulers(world, ("/flush_cache",), [world.engine.__dict__["_lc_client"]]):
+        with hung_schedulers(world, ("/flush_cache",), [world.engine._lc_state.client]):
             with pytest.raises(SGLangServerTimeout) as timed_out:
                 METHODS[self.framework]["offload"](world)
             assert timed_out.value.fields["path"] == "/flush_cache" and world.server.paused
@@ -817,7 +817,7 @@ class RolloutSourceSuite:
             launch="spawn",
         ) as (module, _launched):
             cls = importlib.import_module(
-                f"actor_integration.frameworks.{self.framework}_rollout"
+                f"actor_integration.frameworks.{self.framework}.rollout"
             ).lifecycle_engine(module.SGLangEngine)
             args = engine_args(self.framework, router=env.router)
             engine = start_engine(cls, args, router=env.router)

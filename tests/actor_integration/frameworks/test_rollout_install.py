@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from actor_integration.frameworks import miles_rollout, slime_rollout
-from actor_integration.frameworks.sglang_actor import SGLangActorLifecycle
+from actor_integration.engines.sglang.actor import SGLangActorLifecycle
+from actor_integration.frameworks.miles import rollout as miles_rollout
+from actor_integration.frameworks.slime import rollout as slime_rollout
+from actor_integration.rollout.server_actor import ServerActorLifecycle
 from tests.helpers import rollout_module_like
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -25,8 +27,12 @@ class TestInstall:
         monkeypatch.setattr(rollout_module_like, "SGLangEngine", original)
         wrapped = rollout_module_like.install()
         assert rollout_module_like.SGLangEngine is wrapped
-        assert wrapped.__mro__[1:3] == (slime_rollout.SlimeRolloutMixin, SGLangActorLifecycle)
-        assert wrapped.__mro__[3] is original
+        assert wrapped.__mro__[1:4] == (
+            slime_rollout.SlimeRolloutMixin,
+            SGLangActorLifecycle,
+            ServerActorLifecycle,  # the engine-agnostic part
+        )
+        assert wrapped.__mro__[4] is original
         assert rollout_module_like.install() is wrapped  # idempotent
 
     def test_lifecycle_engine_builds_one_class_per_engine_class(self):

@@ -1,0 +1,7 @@
+"""Rollout engines, one package each, behind the engine-agnostic interface in `rollout/`.
+
+- `sglang`: SGLang's offline engine and its HTTP server, the in-engine receiver that loads the
+  trainer's buffers in SGLang's schedulers, and a framework's SGLang engine actor (slime's, miles').
+
+An engine registers its name in `actor_integration.rollout.registry`.
+"""

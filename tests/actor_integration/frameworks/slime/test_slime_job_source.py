@@ -1,0 +1,228 @@
+"""slime's real `train.py`, run as a job on a real Ray cluster, switched on the way the docs say.
+
+`ray start --head` (a fake GPU on this CPU machine), then the driver started as `ray job submit
+--runtime-env-json '{"worker_process_setup_hook": "actor_integration.frameworks.launch.slime",
+"env_vars": {..., "RL_LIFECYCLE_WRAP": "trainer,rollout"}}' -- python3 train.py` starts it. slime's
+own driver order runs unchanged: Ray started by `create_placement_groups`, the rollout manager with
+its SGLang engine actors (slime's real `SGLangEngine` over a fake server), the trainers, the first
+weight push, and the job's end. Stand-ins only where a GPU, Megatron-LM or SGLang is needed
+(tests/helpers/slime_job). A documented launch that breaks slime's driver (the "ray.init twice" of
+`ray.init(runtime_env=...)` before `create_rollout_manager`) fails here.
+
+Needs slime's source as a git checkout or git directory (CI has none: the suite skips there):
+
+    RL_LIFECYCLE_SLIME_SOURCE=/path/to/slime python -m pytest tests/actor_integration/frameworks/slime/test_slime_job_source.py
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers import slime_job
+from tests.helpers.cli import lifecycle
+from tests.helpers.framework_source import suite_source
+from tests.helpers.sglang_server import VERSION_ENV, FakeRouter
+from tests.helpers.slime_source import SlimeSource
+
+SOURCE: SlimeSource | None
+SOURCE, pytestmark, _source_readable = suite_source(SlimeSource, "slime's")
+pytestmark = [pytestmark, pytest.mark.ray]
+
+ROOT = Path(__file__).resolve().parents[4]
+
+
+def _tiny_model(out: Path) -> Path:
+    subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "make_tiny_qwen2.py"),
+            str(out),
+            "--hidden",
+            "64",
+            "--layers",
+            "1",
+            "--vocab",
+            "300",
+            "--prompts",
+            "8",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    return out / "model"
+
+
+def job_argv(model: Path, prompts: Path, router: FakeRouter, *extra: str) -> list[str]:
+    """slime's command line for a colocated one-GPU PPO job (actor, critic, one engine) on the tiny model:
+    slime's own parser reads it (Megatron-LM's flags from the stand-in parser), and slime's check of the
+    HF config against the Megatron flags passes for the model make_tiny_qwen2.py writes."""
+    return [
+        *("--actor-num-nodes", "1", "--actor-num-gpus-per-node", "1", "--num-gpus-per-node", "1"),
+        *("--rollout-num-gpus", "1", "--rollout-num-gpus-per-engine", "1", "--colocate"),
+        *("--hf-checkpoint", str(model), "--advantage-estimator", "ppo"),
+        *("--num-rollout", "2", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2"),
+        *("--global-batch-size", "4", "--rollout-max-response-len", "8", "--save-interval", "1"),
+        *("--prompt-data", str(prompts), "--input-key", "prompt", "--label-key", "label"),
+        *("--apply-chat-template", "--rm-type", "random", "--save", str(model.parent / "checkpoints")),
+        *(
+            "--num-layers",
+            "1",
+            "--hidden-size",
+            "64",
+            "--ffn-hidden-size",
+            "192",
+            "--num-attention-heads",
+            "2",
+        ),
+        *(
+            "--group-query-attention",
+            "--num-query-groups",
+            "1",
+            "--norm-epsilon",
+            "1e-6",
+            "--rotary-base",
+            "10000",
+        ),
+        *("--swiglu", "--disable-bias-linear", "--add-qkv-bias", "--normalization", "RMSNorm"),
+        *("--position-embedding-type", "rope", "--sglang-mem-fraction-static", "0.5"),
+        *("--sglang-router-ip", router.host, "--sglang-router-port", str(router.port)),
+        *extra,
+    ]
+
+
+@pytest.fixture(scope="module")
+def stage(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    assert SOURCE is not None
+    root = tmp_path_factory.mktemp("slime-job")
+    try:
+        job = slime_job.build(SOURCE, root)
+    except subprocess.CalledProcessError as exc:
+        pytest.skip(f"{SOURCE.location} is not a git checkout holding {SOURCE.commit}: {exc.stderr!r}")
+    _tiny_model(root / "tiny")
+    with slime_job.ray_head(root, cpus=6) as head:
+        yield job, head, root / "tiny"
+
+
+def _logs(job: slime_job.SlimeJob) -> dict[str, list[dict[str, Any]]]:
+    return {
+        path.stem: [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        for path in sorted(job.logs.glob("*.jsonl"))
+    }
+
+
+def _transitions(events: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    return [(e["operation"], e["plan"], e["dst"]) for e in events if e["event"] == "lifecycle.transition"]
+
+
+def _perf_reports(output: str) -> list[dict[str, Any]]:
+    """What slime's log_perf_data sent to its tracking, from its own log line (`perf N: {...}`)."""
+    return [
+        ast.literal_eval(line.split(" - perf ", 1)[1].split(": ", 1)[1])
+        for line in output.splitlines()
+        if "train_metric_utils.py" in line and " - perf " in line
+    ]
+
+
+def _check(job: slime_job.SlimeJob) -> subprocess.CompletedProcess[str]:
+    return lifecycle("check", *map(str, sorted(job.logs.glob("*.jsonl"))), timeout=120)
+
+
+def _run(stage: Any, *extra: str, wrap: str | None = "trainer,rollout") -> tuple[slime_job.JobRun, Any]:
+    job, head, tiny = stage
+    for old in job.logs.glob("*.jsonl"):
+        old.unlink()
+    env = slime_job.runtime_env(job, wrap=wrap, extra_env={VERSION_ENV: "0.5.17"})
+    router = FakeRouter()  # one per job: slime's dispose leaves its engines registered
+    try:
+        argv = job_argv(tiny / "model", tiny / "prompts.jsonl", router, *extra)
+        return slime_job.run(job, head, argv, env=env, timeout_s=900), job
+    finally:
+        router.close()
+
+
+class TestSlimesOwnJobUnderTheLaunchSwitch:
+    """Two PPO steps of slime's own driver: actor, critic and engine under the lifecycle."""
+
+    @pytest.fixture(scope="class")
+    def ran(self, stage: Any) -> tuple[slime_job.JobRun, dict[str, list[dict[str, Any]]], str]:
+        result, job = _run(stage)
+        check = _check(job)
+        return result, _logs(job), check.stdout + check.stderr
+
+    def test_slimes_driver_runs_to_its_end(self, ran: Any) -> None:
+        result, _, _ = ran
+        assert result.returncode == 0, result.output[-8000:]
+
+    def test_the_job_says_which_classes_are_wrapped_where(self, ran: Any) -> None:
+        result, _, _ = ran
+        out = result.output
+        assert "slime job: RL_LIFECYCLE_WRAP=trainer,rollout: MegatronTrainRayActor (actor and critic)" in out
+        assert (
+            "slime: slime.backends.megatron_utils.actor.MegatronTrainRayActor (actor and critic) runs as "
+            "LifecycleMegatronTrainRayActor (SlimeLifecycleMixin)" in out
+        )
+        assert "slime: slime.ray.rollout.SGLangEngine (rollout engines) runs as LifecycleSGLangEngine" in out
+        assert "slime preflight: fits: 1 GPU(s) of 1, 3 CPU(s) of 6" in out
+
+    def test_actor_critic_and_engine_each_ran_under_the_lifecycle_and_their_logs_check_clean(
+        self, ran: Any
+    ) -> None:
+        _, logs, check = ran
+        assert sorted(logs) == ["actor-rank0", "critic-rank0", "rollout-rank0"]
+        assert "3 machine(s): clean" in check, check
+        critic = _transitions(logs["critic-rank0"])
+        assert critic[0] == ("sleep", "sleep", "PAUSED")  # the sleep that ends slime's init
+        assert ("train", "wake", "AWAKE") in critic and ("save", "sleep", "PAUSED") in critic
+        actor = _transitions(logs["actor-rank0"])
+        assert actor.count(("sync", "groups_up", "SYNCING")) == 3  # the first push, then one per step
+        assert actor[-1][2] == "PAUSED" and critic[-1][2] == "PAUSED"
+        engine = _transitions(logs["rollout-rank0"])
+        assert (
+            engine.count(("sleep", "sleep", "PAUSED")) == 3
+        )  # slime's offload at start and after each rollout
+        assert ("wake_up", "wake", "AWAKE") in engine
+
+    def test_slimes_own_perf_metrics_keep_sleep_and_wake_and_gain_the_lifecycles(self, ran: Any) -> None:
+        result, _, _ = ran
+        reports = _perf_reports(result.output)
+        assert len(reports) == 2, result.output[-4000:]  # one per step, from the actor's train
+        for report in reports:
+            assert report["perf/sleep_time"] > 0 and report["perf/wake_up_time"] > 0
+            assert report["perf/lifecycle_sleep_time"] == pytest.approx(report["perf/sleep_time"])
+            assert "perf/lifecycle_sleep_process_groups_destroy_time" in report
+            assert "perf/lifecycle_wake_memory_resume_time" in report
+
+    def test_the_missing_retained_backup_of_slimes_fork_is_a_logged_decision(self, ran: Any) -> None:
+        _, logs, _ = ran
+        for role in ("actor-rank0", "critic-rank0"):
+            (configured,) = [e for e in logs[role] if e["event"] == "lifecycle.configured"]
+            assert "retain_cpu_backup" in configured["memory_capabilities"]["missing"]
+            assert any(
+                "retain_cpu_backup was asked for" in n and "5.75 s" in n for n in configured["memory_notes"]
+            )
+
+
+class TestRefusals:
+    def test_an_unknown_half_is_refused_before_any_actor_runs(self, stage: Any) -> None:
+        result, _ = _run(stage, wrap="actor")
+        assert result.returncode != 0
+        assert "RL_LIFECYCLE_WRAP='actor': 'actor' is not a half of the job" in result.output
+        assert "LifecycleMegatronTrainRayActor" not in result.output
+
+
+class TestDebugRolloutOnly:
+    def test_slimes_debug_rollout_only_runs_under_the_wrap(self, stage: Any) -> None:
+        """slime's init returns before `role` is set; the driver's first update_weights raised
+        AttributeError under the wrap. The job now runs its rollouts to the end."""
+        result, job = _run(stage, "--debug-rollout-only")
+        assert result.returncode == 0, result.output[-8000:]
+        assert "AttributeError" not in result.output
+        assert sorted(p.stem for p in job.logs.glob("*.jsonl")) == ["rollout-rank0"]
