@@ -102,6 +102,9 @@ class SlotStartGuard:
     def _call(self, name: str, remote: bool, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if name in PAYLOADS:
             self._check_payload(name, kwargs)
+            if not self.slot.is_coordinator:  # the slot's payload goes in once, from its coordinator
+                self.absorbed.append(name)
+                return _done() if remote else None
         elif not self.slot.is_coordinator:
             self.absorbed.append(name)
             return _done() if remote else None
