@@ -15,7 +15,8 @@ The weight sender is a stand-in of vime's colocated `UpdateWeightFromTensor`: it
 bracket and its IPC-handle gather follow a rule it is given (`SENDER_RULES`): "slot" is vime's
 since #57 (update_weight_from_tensor.py 01ea2336: the slot's first rank starts, handles gathered
 over the slot's ranks), "tp" is the pre-#57 rule issue 49 describes (`tp_rank == 0` starts, handles
-gathered over the TP group; no stored vime file has it).
+gathered over the TP group; no stored vime file has it), "tp_start" the pre-#57 start with the
+handles over the slot.
 """
 
 from __future__ import annotations
@@ -356,13 +357,14 @@ class UpdateWeightFromTensor:
         rank, size = dist.get_rank(), kwargs["engine_gpu_counts"][0]
         self._ipc_engine = engines[0]
         tp_rank = mpu.get_tensor_model_parallel_rank()
-        if self.args.sender_rule == "tp":  # pre-#57: every tp_rank 0 is a coordinator; handles over TP
-            self._ipc_engine_coordinator = tp_rank == 0
-            tp = mpu.get_tensor_model_parallel_world_size()
-            self._gather_ranks = list(range(rank - tp_rank, rank - tp_rank + tp))
-        else:  # vime since #57: the slot's first rank; handles over the slot
-            self._ipc_engine_coordinator = rank == 0
-            self._gather_ranks = list(range(size))
+        rule = self.args.sender_rule
+        tp = mpu.get_tensor_model_parallel_world_size()
+        # pre-#57 ("tp", "tp_start"): every tp_rank 0 starts; vime since #57 ("slot"): the slot's first rank.
+        self._ipc_engine_coordinator = tp_rank == 0 if rule in ("tp", "tp_start") else rank == 0
+        # pre-#57 ("tp"): handles gathered over the TP group; otherwise over the slot.
+        self._gather_ranks = (
+            list(range(rank - tp_rank, rank - tp_rank + tp)) if rule == "tp" else list(range(size))
+        )
         RECORD.setdefault("connected", []).append(list(map(str, engines)))
 
     def update_weights(self) -> None:

@@ -156,9 +156,10 @@ class SlotStartGuard:
 def guard_weight_updater(updater: Any, *, rank: int | None = None, world_size: int | None = None) -> bool:
     """Install `SlotStartGuard` on vime's colocated sender after each of its `connect_rollout_engines`. Idempotent.
 
-    Works on the sender's fields as vime's update_weight_from_tensor.py (01ea2336) names them
-    (`_ipc_engine`, `_ipc_engine_coordinator`); a sender without `connect_rollout_engines` (disk,
-    or none) is left alone. Returns whether the sender is guarded.
+    Works on the sender's field as vime's update_weight_from_tensor.py (01ea2336) names it
+    (`_ipc_engine`, the engine this rank's slot holds); its `_ipc_engine_coordinator` is only read
+    (a disagreement with the slot's coordinator is logged). A sender without
+    `connect_rollout_engines` (disk, or none) is left alone. Returns whether the sender is guarded.
     """
     connect = getattr(updater, "connect_rollout_engines", None)
     if not callable(connect):
@@ -211,16 +212,20 @@ def _install(
     if slot.slot is None:
         return
     updater._ipc_engine = SlotStartGuard(slot, engine)
-    if hasattr(updater, "_ipc_engine_coordinator") and updater._ipc_engine_coordinator != slot.is_coordinator:
+    named = getattr(updater, "_ipc_engine_coordinator", None)
+    if named is not None and bool(named) != slot.is_coordinator:
+        # The sender's own flag is left as it is: every rank keeps the code path its sender takes (a rank
+        # switched to another path would wait in a barrier its peers never reach); the guard decides
+        # what reaches the engine.
         _log.warning(
-            "vime: rank %s's sender named itself %s of slot %s (ranks %s); the slot's coordinator is rank %s",
+            "vime: rank %s's sender names itself %s of slot %s (ranks %s); the slot's coordinator is rank %s, "
+            "and only its start, finish and payload reach the engine",
             me,
-            "coordinator" if updater._ipc_engine_coordinator else "not the coordinator",
+            "coordinator" if named else "not the coordinator",
             slot.slot,
             list(slot.ranks),
             slot.coordinator,
         )
-        updater._ipc_engine_coordinator = slot.is_coordinator
 
 
 def _colocated(

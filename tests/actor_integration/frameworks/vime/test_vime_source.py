@@ -61,6 +61,9 @@ def _worker(rank: int, world_size: int, store: Any, location: str, port: int, va
     os.environ.update(launcher_env())
     if variant.startswith("ray_group:"):
         return _ray_group_run(actor_module, variant.removeprefix("ray_group:"))
+    rule = "slot"
+    if variant.startswith("rule:"):  # "rule:<sender rule>:<class>": init and one sync
+        _, rule, variant = variant.split(":")
     actor = _classes(actor_module)[variant](world_size, rank, "127.0.0.1", port)
     out: dict[str, Any] = {"steps": []}
 
@@ -70,8 +73,12 @@ def _worker(rank: int, world_size: int, store: Any, location: str, port: int, va
         state = machine.state.value if machine is not None else None
         out["steps"].append({"step": name, "state": state, "error": error, "pauses": SAVER.pause_count})
 
-    step("init", lambda: actor.init(vime_args(world_size), "actor"))
+    step("init", lambda: actor.init(vime_args(world_size, sender_rule=rule), "actor"))
     actor.set_rollout_manager(RolloutManager())
+    if rule != "slot":
+        step("update_weights", actor.update_weights)
+        out["engine_calls"] = RECORD["engine_calls"]
+        return out
     out["groups_init"] = group_counts()
     out["weights_init"] = model_checksum(actor.model)
     step("train", lambda: actor.train(0, rollout(0)))
@@ -281,3 +288,37 @@ class TestRayTrainGroupUnderTheLaunchSwitch:
         assert result["env_vars"]["LD_PRELOAD"].endswith("preload_cu12.abi3.so")
         assert result["init"].startswith("MemorySaverConfigError")
         assert "preload_cu13.abi3.so" in result["init"]
+
+
+class TestVime57OnTheTrainer:
+    """vime #57's trainer-side failures with vime's actor and a sender of the pre-#57 shape (tests/helpers/
+    vime_source.py): one 2-GPU engine slot over two ranks of Megatron TP=1, so both ranks have tp_rank 0."""
+
+    @staticmethod
+    def _calls(results: list[dict[str, Any]], call: str) -> list[dict[str, Any]]:
+        return [c for result in results for c in result["engine_calls"] if c["call"] == call]
+
+    def test_plain_vime_starts_the_slots_engine_twice(self) -> None:
+        results = _run("rule:tp_start:vime")
+        assert [c["rank"] for c in self._calls(results, "start_weight_update")] == [0, 1]  # two coordinators
+        assert len(self._calls(results, "update_weights_from_tensor")) == 2
+
+    def test_under_the_wrap_two_would_be_coordinators_make_one_start(self) -> None:
+        results = _run("rule:tp_start:lifecycle")
+        for result in results:
+            assert result["steps"][-1]["error"] is None and result["steps"][-1]["state"] == "PAUSED"
+        assert [c["rank"] for c in self._calls(results, "start_weight_update")] == [0]
+        assert [c["rank"] for c in self._calls(results, "update_weights_from_tensor")] == [0]
+        assert [c["rank"] for c in self._calls(results, "finish_weight_update")] == [0]
+
+    def test_plain_vime_sends_handles_gathered_over_tp_only(self) -> None:
+        """Each update carries one GPU's handle for a 2-GPU engine: its other worker finds none."""
+        updates = self._calls(_run("rule:tp:vime"), "update_weights_from_tensor")
+        assert [u["gpus"] for u in updates] == [["gpu0"], ["gpu1"]]
+
+    def test_under_the_wrap_handles_short_of_the_slot_are_refused_before_sending(self) -> None:
+        results = _run("rule:tp:lifecycle")
+        for result in results:
+            assert result["steps"][-1]["error"].startswith("IncompleteSlotHandlesError")
+        assert self._calls(results, "update_weights_from_tensor") == []
+        assert len(self._calls(results, "start_weight_update")) == 1
