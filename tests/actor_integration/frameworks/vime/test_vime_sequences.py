@@ -30,7 +30,7 @@ DEPTH = 2
 METHOD_NAMES = ("sleep", "wake_up", "train", "save_model", "update_weights")
 
 
-def _search(rank: int, world_size: int, store: Any, location: str) -> dict[str, Any]:
+def _search(rank: int, world_size: int, store: Any, location: str, depth: int = DEPTH) -> dict[str, Any]:
     from actor_integration.frameworks.slime import slime_memory_backend
     from actor_integration.frameworks.vime import VimeLifecycleMixin
     from lifecycle.errors import LifecycleError, ProtocolViolation
@@ -86,7 +86,7 @@ def _search(rank: int, world_size: int, store: Any, location: str) -> dict[str, 
     }
     out: dict[str, Any] = {}
     for name, cls in (("vime", actor_module.MegatronTrainRayActor), ("lifecycle", LifecycleTrainer)):
-        search = explore(lambda cls=cls: fresh(cls), methods, DEPTH)
+        search = explore(lambda cls=cls: fresh(cls), methods, depth)
         out[name] = {
             "sequences": search.sequences,
             "violations": search.violations,
@@ -136,3 +136,14 @@ def test_plain_vime_breaks(searches: dict[str, Any]) -> None:
 def test_no_sequence_breaks_under_the_wrap(searches: dict[str, Any]) -> None:
     wrapped = searches["lifecycle"]
     assert wrapped["violations"] == 0, wrapped["report"]
+
+
+@pytest.mark.slow
+def test_no_sequence_of_length_three_breaks_under_the_wrap() -> None:
+    """Length 3 (about 8 minutes on one CPU rank): plain vime's count, and still none under the wrap."""
+    assert SOURCE is not None
+    (result,) = run_world(_search, 1, str(SOURCE.location), 3, deadline_s=1500.0)
+    no_crash([result])
+    print(f"\n{result['vime']['report']}\n{result['lifecycle']['report']}")
+    assert result["vime"]["violations"] > 7
+    assert result["lifecycle"]["violations"] == 0 and result["lifecycle"]["sequences"] == 155
