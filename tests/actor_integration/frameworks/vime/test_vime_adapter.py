@@ -8,8 +8,10 @@ and without `SlotStartGuard` between them.
 
 from __future__ import annotations
 
+import sys
 import types
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -252,6 +254,8 @@ class TestLaunchSwitch:
         with pytest.raises(LaunchConfigError, match="VLLMEngine actor is not covered yet"):
             install_vime({"RL_LIFECYCLE_WRAP": asked})
 
-    def test_a_job_without_vime_is_refused(self) -> None:
+    def test_a_job_without_vime_is_refused(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        # pytest puts tests/actor_integration/frameworks on sys.path, where this suite's folder is named vime.
+        monkeypatch.setattr(sys, "path", [p for p in sys.path if not (Path(p or ".") / "vime").is_dir()])
         with pytest.raises(LaunchConfigError, match="vime is not importable"):
             install_vime({"RL_LIFECYCLE_WRAP": "trainer"})
