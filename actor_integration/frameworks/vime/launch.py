@@ -1,12 +1,13 @@
 """A vime job's trainer under the lifecycle, switched on where the job is launched, no edit of vime's source.
 
-vime launches as slime does: `ray job submit --runtime-env-json '{...}' -- python3 train.py ...`.
-The one change is a key in that JSON:
+vime launches as slime does (its scripts, e.g. `scripts/run-qwen3-4B.sh` at d9b10e3b: `ray start
+--head`, then `ray job submit --runtime-env-json=... -- python3 train.py ...`). The one change is a
+key in that JSON:
 
     ray job submit --address="http://127.0.0.1:8265" --runtime-env-json='{
         "worker_process_setup_hook": "actor_integration.frameworks.vime.launch.vime",
-        "env_vars": {"PYTHONPATH": "/root/Megatron-LM/", "RL_LIFECYCLE_WRAP": "trainer"}
-    }' -- python3 train.py ...
+        "env_vars": {"PYTHONPATH": "<vime>:/root/Megatron-LM/", "RL_LIFECYCLE_WRAP": "trainer"}
+    }' -- python3 train.py --train-backend megatron --colocate ...
 
 It is slime's launch switch (`actor_integration.frameworks.launch.install`: Ray runs the hook in
 every worker of the job, never in the driver) with vime's table. Where vime resolves the trainer
