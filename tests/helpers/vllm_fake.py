@@ -93,6 +93,7 @@ class FakeVLLM:
         self.dead: str | None = None
         self.warnings: list[str] = []
         self.calls: list[str] = []
+        self.sleeps: list[int] = []  # the level of every sleep call (0: a pause)
         self.update_active = False
         self.ipc: dict[int, torch.Tensor] = {}  # what the test's IPC sender "exported", by handle
         self.update_fields = field_names(tree, IPC_UPDATE_INFO)
@@ -112,6 +113,7 @@ class FakeVLLM:
     def sleep(self, level: int, mode: str) -> None:
         if mode not in self.pause_modes:
             raise ValueError(f"Invalid pause mode: {mode}")
+        self.sleeps.append(level)
         self.paused = True  # the sleep pauses the scheduler first (abort drops the requests)
         if mode == "abort":
             self.unfinished = 0
