@@ -19,6 +19,7 @@ v1/worker/gpu_worker.py) and the field's reports (docs/frameworks/vllm.md):
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import types
 from typing import Any
@@ -196,7 +197,13 @@ class FakeVLLM:
             dtypes.append(str(tensor.dtype).removeprefix("torch."))
             shapes.append(list(tensor.shape))
             handles.append({"fake-gpu": (key,)})
-        info = {"names": names, "dtype_names": dtypes, "shapes": shapes, "ipc_handles": handles, "packed": False}
+        info = {
+            "names": names,
+            "dtype_names": dtypes,
+            "shapes": shapes,
+            "ipc_handles": handles,
+            "packed": False,
+        }
         trainer_args["send_mode"](types.SimpleNamespace(**info).__dict__)
 
 
@@ -266,7 +273,9 @@ class FakeLLM:
         self.fake.finish_update()
 
 
-def method_arguments(tree: SourceTree, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+def method_arguments(
+    tree: SourceTree, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> dict[str, Any]:
     """The arguments of `LLM.name` as vLLM's function sees them, its defaults applied."""
     from tests.helpers.vllm_source import method
 
@@ -275,7 +284,7 @@ def method_arguments(tree: SourceTree, name: str, args: tuple[Any, ...], kwargs:
     out = dict(bound.arguments)
     for key, value in out.items():  # defaults come back as their source text
         if type(value).__name__ == "_SourceText":
-            out[key] = eval(repr(value), {})  # noqa: S307 - literals of vLLM's own source
+            out[key] = ast.literal_eval(repr(value))
     return out
 
 

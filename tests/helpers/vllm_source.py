@@ -96,7 +96,9 @@ def open_tree() -> SourceTree:
     if os.environ.get(OFFLINE_ENV) == "1":
         wheel = cached_wheel()
         if wheel is None:
-            pytest.skip(f"{OFFLINE_ENV}=1 and vllm {VERSION}'s wheel is not cached: the source checks need it")
+            pytest.skip(
+                f"{OFFLINE_ENV}=1 and vllm {VERSION}'s wheel is not cached: the source checks need it"
+            )
     else:
         try:
             wheel = fetch_wheel()
@@ -119,13 +121,17 @@ def method(tree: SourceTree, dotted_class: str, name: str) -> FunctionSym:
     return found
 
 
-def binds(tree: SourceTree, dotted_class: str, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+def binds(
+    tree: SourceTree, dotted_class: str, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> None:
     """Raise TypeError unless `dotted_class.name(*args, **kwargs)` binds to vLLM's signature."""
     signature = method(tree, dotted_class, name).signature(bound=True)
     try:
         signature.bind(*args, **kwargs)
     except TypeError as exc:
-        raise TypeError(f"vllm {VERSION}: {dotted_class}.{name}{signature} refuses {args!r} {kwargs!r}: {exc}") from exc
+        raise TypeError(
+            f"vllm {VERSION}: {dotted_class}.{name}{signature} refuses {args!r} {kwargs!r}: {exc}"
+        ) from exc
 
 
 def construct(tree: SourceTree, dotted_class: str, kwargs: dict[str, Any]) -> None:
@@ -190,7 +196,9 @@ def literal_choices(tree: SourceTree, dotted: str) -> tuple[Any, ...]:
     """The values of a module-level `X = Literal[...]` alias (vLLM's PauseMode)."""
     module, name = dotted.rsplit(".", 1)
     for node in tree.module(module).body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == name for t in node.targets
+        ):
             value = node.value
             if isinstance(value, ast.Subscript) and ast.unparse(value.value).endswith("Literal"):
                 elements = value.slice.elts if isinstance(value.slice, ast.Tuple) else [value.slice]

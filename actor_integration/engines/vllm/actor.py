@@ -68,7 +68,9 @@ class VLLMRolloutActor(RolloutActor):
         memory_bytes = getattr(self.engine, "memory_bytes", None)
         if memory_bytes is None:
             return None
-        together = self.memory_audit.memory.together if isinstance(self.memory_audit.memory, VLLMMemory) else set()
+        together = (
+            self.memory_audit.memory.together if isinstance(self.memory_audit.memory, VLLMMemory) else set()
+        )
         if tag is not None and tag in together:
             return 0
         value: int | None = memory_bytes(None)

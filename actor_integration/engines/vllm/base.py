@@ -131,7 +131,7 @@ class VLLMAdapter:
         return self.guard.residency()
 
     def weights_state(self) -> str:
-        """"resident", "host" (level-1 sleep) or "discarded" (level 2, until a whole version loads)."""
+        """ "resident", "host" (level-1 sleep) or "discarded" (level 2, until a whole version loads)."""
         return self.guard.weights()
 
     def describe(self) -> dict[str, Any]:
@@ -280,7 +280,11 @@ class VLLMAdapter:
                     version=version,
                     round=round_index,
                     written=False,
-                    **{k: v for k, v in first.get("fields", {}).items() if k not in ("version", "round", "written")},
+                    **{
+                        k: v
+                        for k, v in first.get("fields", {}).items()
+                        if k not in ("version", "round", "written")
+                    },
                 )
             failed = [r for r in replies if not r.get("ok")]
             if failed:
@@ -316,7 +320,9 @@ class VLLMAdapter:
                 f"{type(self).__name__}: a checksum of vLLM's weights needs the worker extension "
                 "(worker_receiver=True); compare greedy generations instead"
             )
-        digests = sorted((r.get("rank", 0), r.get("sha256", "")) for r in self._rpc("lifecycle_checksum", "{}"))
+        digests = sorted(
+            (r.get("rank", 0), r.get("sha256", "")) for r in self._rpc("lifecycle_checksum", "{}")
+        )
         return "/".join(d for _rank, d in digests)
 
     def memory_bytes(self, tag: str | None = None) -> int | None:
@@ -333,7 +339,11 @@ class VLLMAdapter:
         if not self.worker_receiver:
             return None
         replies = self._rpc("lifecycle_memory", "{}")
-        return {"weights": int(replies[0]["weights"]), "kv_cache": int(replies[0]["kv_cache"])} if replies else None
+        return (
+            {"weights": int(replies[0]["weights"]), "kv_cache": int(replies[0]["kv_cache"])}
+            if replies
+            else None
+        )
 
     # ------------------------------------------------------------------ what subclasses call vLLM with
 

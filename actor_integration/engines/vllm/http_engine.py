@@ -184,7 +184,9 @@ class VLLMHTTPEngine(VLLMAdapter):
         self._request("POST", "/start_weight_update", None)
 
     def _update(self, update_info: dict[str, Any]) -> None:
-        self._request("POST", "/update_weights", {"update_info": update_info}, timeout_s=self.weights_timeout_s)
+        self._request(
+            "POST", "/update_weights", {"update_info": update_info}, timeout_s=self.weights_timeout_s
+        )
 
     def _finish_update(self) -> None:
         self._request("POST", "/finish_weight_update", None, timeout_s=self.weights_timeout_s)

@@ -82,7 +82,12 @@ class LifecycleWorkerExtension:
     def lifecycle_hello(self, request: str = "{}") -> dict[str, Any]:
         """Who answers: the worker's pid and rank (the adapter checks every rank has the extension)."""
         version = self._lifecycle_state().get("version")
-        return {"ok": True, "pid": os.getpid(), "rank": int(getattr(self, "rank", 0)), "weight_version": version}
+        return {
+            "ok": True,
+            "pid": os.getpid(),
+            "rank": int(getattr(self, "rank", 0)),
+            "weight_version": version,
+        }
 
     def lifecycle_verify(self, request: str) -> dict[str, Any]:
         """Open and verify this worker's payload of a round; keep the views until `lifecycle_load`."""
@@ -104,7 +109,11 @@ class LifecycleWorkerExtension:
                 stack.close()
                 raise
             state = self._lifecycle_state()
-            state["stack"], state["received"], state["round"] = stack, received, (data["version"], data["round"])
+            state["stack"], state["received"], state["round"] = (
+                stack,
+                received,
+                (data["version"], data["round"]),
+            )
         except BaseException as exc:  # never into vLLM's RPC loop: the verdict carries it
             return _failure(exc, written=False)
         return {"ok": True, "rank": rank, "nbytes": received.nbytes, "verify_ms": _ms(start)}

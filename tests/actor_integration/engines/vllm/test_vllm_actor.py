@@ -67,7 +67,9 @@ class TestCycles:
         sender.engine_call = lambda version, payloads: call(version, [with_bad_checksum(p) for p in payloads])
         with pytest.raises(Exception, match="checksum") as info:
             sender.send(1, weights(1).items())
-        assert isinstance(info.value, CorruptBucketError) or isinstance(info.value.__cause__, CorruptBucketError)
+        assert isinstance(info.value, CorruptBucketError) or isinstance(
+            info.value.__cause__, CorruptBucketError
+        )
         assert fake.model.loads == loads
         assert actor.engine.guard.update_owner is None  # the claim is released with the refusal
 
@@ -132,7 +134,9 @@ class TestLifecycleRefusals:
                 actor.sleep(tags)
         assert "sleep" not in fake.calls and actor.lifecycle_state()["state"] == "AWAKE"
 
-    def test_a_plain_rollout_actor_cannot_pair_the_tags_and_fails_before_vllm_sleeps(self, fake, make_engine, tmp_path):
+    def test_a_plain_rollout_actor_cannot_pair_the_tags_and_fails_before_vllm_sleeps(
+        self, fake, make_engine, tmp_path
+    ):
         """The generic actor releases one tag per call; the adapter refuses the first, vLLM untouched."""
         actor = RolloutActor(make_engine(), log_dir=str(tmp_path))
         with pytest.raises(SleepTagsError):

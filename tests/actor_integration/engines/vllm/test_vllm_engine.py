@@ -184,7 +184,9 @@ class TestWeightTransfer:
             engine.release_memory_occupation(None)  # no sleep under an update either
         fake.ipc_sender(iter(weights(5).items()), {"send_mode": first.update})
         first.finish(5)
-        assert engine.weight_version == 5 and torch.equal(fake.model.params["model.norm.weight"], weights(5)["model.norm.weight"])
+        assert engine.weight_version == 5 and torch.equal(
+            fake.model.params["model.norm.weight"], weights(5)["model.norm.weight"]
+        )
         engine.begin_weight_update("coordinator-1").abort()  # free again
 
     def test_load_weights_goes_through_vllms_ipc_session(self, fake, make_engine):
@@ -192,7 +194,9 @@ class TestWeightTransfer:
         load_ipc(engine, 3, weights(3))
         assert fake.calls[-3:] == ["start_weight_update", "update_weights", "finish_weight_update"]
         assert fake.model.digest() != "" and engine.weight_version == 3
-        assert torch.equal(fake.model.params["model.embed_tokens.weight"], weights(3)["model.embed_tokens.weight"])
+        assert torch.equal(
+            fake.model.params["model.embed_tokens.weight"], weights(3)["model.embed_tokens.weight"]
+        )
 
     def test_a_failed_chunk_leaves_the_weights_mixed_until_a_whole_load(self, fake, make_engine):
         engine = make_engine(worker_receiver=False)
