@@ -39,9 +39,17 @@ def test_a_colocated_cycle_through_the_server_with_the_workers_receiver(server, 
         assert len(actor.generate(PROMPTS, max_new_tokens=3)[1]) == 3
     assert engine.served_weight_version() == "3"
     paths = {r.split("?")[0] for r in server.requests}
-    assert {"POST /sleep", "POST /wake_up", "POST /pause", "POST /resume", "POST /reset_prefix_cache"} <= paths
+    assert {
+        "POST /sleep",
+        "POST /wake_up",
+        "POST /pause",
+        "POST /resume",
+        "POST /reset_prefix_cache",
+    } <= paths
     assert "POST /sleep?level=2&mode=abort" in server.requests
-    assert "POST /wake_up?tags=weights" in server.requests and "POST /wake_up?tags=kv_cache" in server.requests
+    assert (
+        "POST /wake_up?tags=weights" in server.requests and "POST /wake_up?tags=kv_cache" in server.requests
+    )
 
 
 def test_vllms_ipc_path_sends_the_handles_pickled_as_vllms_http_sender_does(server, fake):
@@ -110,7 +118,8 @@ def test_a_server_without_dev_mode_is_named(fake, monkeypatch):
     server = FakeVLLMServer(fake)
     try:
         monkeypatch.setattr(
-            "tests.helpers.vllm_server.route_problem", lambda tree, method, target: "vLLM serves no dev routes"
+            "tests.helpers.vllm_server.route_problem",
+            lambda tree, method, target: "vLLM serves no dev routes",
         )
         with pytest.raises(ValueError, match="VLLM_SERVER_DEV_MODE=1"):
             VLLMHTTPEngine(server.url, timeout_s=2)
