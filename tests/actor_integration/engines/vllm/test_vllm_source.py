@@ -5,8 +5,9 @@ what a call-level fake cannot: the pin, the tags, the modes, the extension's hoo
 
 import ast
 import re
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 from actor_integration.engines.vllm import PAUSE_MODES, SUPPORTED_VERSION, VLLM_TAGS
 from actor_integration.engines.vllm.offline import llm_arguments
