@@ -137,7 +137,7 @@ class VLLMEngine(VLLMAdapter):
 
     def _generate(self, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
         make = self._sampling or import_vllm().SamplingParams
-        params = make(max_tokens=max_new_tokens, temperature=0.0, ignore_eos=True)
+        params = make(max_tokens=max_new_tokens, temperature=0.0, ignore_eos=True, detokenize=False)
         outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         return [list(o.outputs[0].token_ids) for o in outputs]
 
