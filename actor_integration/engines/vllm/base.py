@@ -19,10 +19,13 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from actor_integration.engines.vllm.guards import VLLM_TAGS, SleepGuard, vllm_pause_mode
-from actor_integration.weight_sync.wire import CorruptBucketError, RankPayload, WeightSyncError
+from actor_integration.errors import CorruptBucketError, WeightSyncError
+
+if TYPE_CHECKING:
+    from actor_integration.weight_sync.wire import RankPayload
 
 PAYLOAD_TRANSPORTS = ("cuda_ipc", "shm")  # what the workers open themselves
 IpcSender = Callable[[Iterator[tuple[str, Any]], dict[str, Any]], None]

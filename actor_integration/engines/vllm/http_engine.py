@@ -1,6 +1,7 @@
 """`RolloutEngine` over a vLLM server (`vllm serve --enable-sleep-mode`, `VLLM_SERVER_DEV_MODE=1`).
 
-Standard library only (no torch, no vLLM): every request has a timeout, and every failure is typed:
+No vLLM and, in this module, nothing but the standard library (the kept-alive connections come from
+`rollout.http_connections`, whose package still loads torch today): every request has a timeout, and every failure is typed:
 the server answered with an error status (`VLLMServerError`, with the status and vLLM's text),
 could not be reached (`VLLMServerError`, status None), or did not answer in time
 (`VLLMServerTimeout`). The routes are vLLM 0.26.0's dev routes (`/sleep?level=&mode=`,

@@ -114,3 +114,16 @@ def test_the_ipc_sender_and_the_weight_session(vllm_tree):
 def test_completions_answer_token_ids(vllm_tree):
     choice = "vllm.entrypoints.openai.completion.protocol.CompletionResponseChoice"
     assert "token_ids" in field_names(vllm_tree, choice)
+
+
+def test_the_package_the_worker_extension_and_the_guards_import_without_vllm_or_torch():
+    """vLLM's workers import the extension by name; the package and the guards must not pull vLLM
+    (nor torch) in at import."""
+    import subprocess
+    import sys
+
+    modules = ["actor_integration.engines.vllm", "actor_integration.engines.vllm.worker"]
+    modules.append("actor_integration.engines.vllm.guards")
+    code = f"import sys; [__import__(m) for m in {modules!r}]; print(sorted({{'torch', 'vllm'}} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
