@@ -75,7 +75,10 @@ class VLLMHTTPEngine(VLLMAdapter):
                 "`VLLM_SERVER_DEV_MODE=1 vllm serve ... --enable-sleep-mode`"
             ) from exc
         if sleeping:
-            self.guard.released()  # asleep before we came: every tag is woken before use
+            # Asleep before we came (or only paused: vLLM's /is_sleeping counts a paused scheduler as
+            # asleep, and no route tells the two apart). Every tag counts as asleep, so the first
+            # wake is wake_up(None); vLLM's executor ignores it, with a warning, where nothing slept.
+            self.guard.released()
         if worker_receiver:
             self.workers = self._rpc("lifecycle_hello", "{}")
 

@@ -144,3 +144,16 @@ def test_a_timeout_is_typed(fake, monkeypatch):
 def test_make_engine_with_a_url_builds_the_http_adapter(server):
     engine = make_engine(url=server.url, timeout_s=5)
     assert isinstance(engine, VLLMHTTPEngine) and engine.describe()["adapter"] == "VLLMHTTPEngine"
+
+
+def test_a_server_asleep_before_the_adapter_came_is_woken_before_it_serves(server, fake):
+    fake.sleep(1, "abort")
+    assert engine_at(server).weights_state() == "discarded"  # a level-2 adapter assumes the worst
+    engine = engine_at(server, sleep_level=1)
+    assert engine.residency == {"weights": False, "kv_cache": False}
+    seen = len(server.requests)
+    with pytest.raises(MemoryStateError):
+        engine.generate(PROMPTS)
+    assert len(server.requests) == seen
+    engine.resume_memory_occupation(None)
+    assert len(engine.generate(PROMPTS, max_new_tokens=2)) == 2
