@@ -42,6 +42,16 @@ from tests.helpers.vllm_source import (
 VOCAB = 97
 
 
+def weights(seed: int = 0) -> dict[str, torch.Tensor]:
+    """A trainer's weight set: vLLM-style names, two dtypes."""
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "model.embed_tokens.weight": torch.randn(32, 8, generator=g).to(torch.bfloat16),
+        "model.layers.0.self_attn.qkv_proj.weight": torch.randn(24, 8, generator=g).to(torch.bfloat16),
+        "model.norm.weight": torch.randn(8, generator=g),
+    }
+
+
 class Model(torch.nn.Module):
     """The served model as vLLM's loaders see it: `load_weights(weights)` copies each named tensor."""
 

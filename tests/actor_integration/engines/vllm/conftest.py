@@ -2,9 +2,8 @@
 tests/helpers/vllm_source.py), and fakes bound to it."""
 
 import pytest
-import torch
 
-from tests.helpers.vllm_fake import FakeLLM, FakeVLLM, sampling_params
+from tests.helpers.vllm_fake import FakeLLM, FakeVLLM, sampling_params, weights
 from tests.helpers.vllm_source import open_tree
 
 
@@ -13,15 +12,6 @@ def vllm_tree():
     tree = open_tree()
     yield tree
     tree.close()
-
-
-def weights(seed: int = 0) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    return {
-        "model.embed_tokens.weight": torch.randn(32, 8, generator=g).to(torch.bfloat16),
-        "model.layers.0.self_attn.qkv_proj.weight": torch.randn(24, 8, generator=g).to(torch.bfloat16),
-        "model.norm.weight": torch.randn(8, generator=g),
-    }
 
 
 @pytest.fixture

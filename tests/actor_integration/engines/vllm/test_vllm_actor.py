@@ -5,14 +5,13 @@ here; the adapter's own refusals are in test_vllm_engine.py."""
 
 import pytest
 import torch
-from conftest import weights
 
 from actor_integration.engines.vllm import VLLMEngine, VLLMRolloutActor, make_engine
 from actor_integration.errors import CorruptBucketError, MemoryStateError, SleepTagsError
 from actor_integration.rollout.actor import RolloutActor
 from lifecycle import IllegalTransitionError, State
 from lifecycle.errors import InvalidWeightsError
-from tests.helpers.vllm_fake import FakeLLM
+from tests.helpers.vllm_fake import FakeLLM, weights
 from tests.helpers.weight_sync_doubles import shm_sender_into, with_bad_checksum
 
 PROMPTS = [[3, 1, 4], [1, 5]]

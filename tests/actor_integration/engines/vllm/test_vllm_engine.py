@@ -6,7 +6,6 @@ import threading
 
 import pytest
 import torch
-from conftest import weights
 
 from actor_integration.engines.vllm import VLLMEngine
 from actor_integration.errors import (
@@ -16,7 +15,7 @@ from actor_integration.errors import (
     WeightsDiscardedError,
     WeightUpdateBusyError,
 )
-from tests.helpers.vllm_fake import FakeLLM
+from tests.helpers.vllm_fake import FakeLLM, weights
 
 PROMPTS = [[1, 2, 3], [4, 5]]
 

@@ -4,10 +4,10 @@ offline adapter, and the server's failures typed."""
 
 import pytest
 import torch
-from conftest import weights
 
 from actor_integration.engines.vllm import VLLMHTTPEngine, VLLMRolloutActor, make_engine
 from actor_integration.errors import MemoryStateError, SleepTagsError, VLLMServerError, VLLMServerTimeout
+from tests.helpers.vllm_fake import weights
 from tests.helpers.vllm_server import FakeVLLMServer
 from tests.helpers.weight_sync_doubles import shm_sender_into
 

@@ -3,10 +3,9 @@ any loads, so one corrupt rank means no rank loads; a load that fails after veri
 the weights mixed, and the adapter refuses to serve them until a whole version loads."""
 
 import pytest
-from conftest import weights
 
 from actor_integration.errors import CorruptBucketError, WeightsDiscardedError, WeightSyncError
-from tests.helpers.vllm_fake import FakeLLM, FakeVLLM, sampling_params
+from tests.helpers.vllm_fake import FakeLLM, FakeVLLM, sampling_params, weights
 from tests.helpers.weight_sync_doubles import shm_sender, with_bad_checksum
 
 
