@@ -230,6 +230,36 @@ class SGLangServerTimeout(LifecycleError, TimeoutError):
     `missing` (the server's URL: who did not answer, as in every timeout of this library)."""
 
 
+# ---------------------------------------------------------------------- rollout engines (vLLM)
+
+
+class SleepTagsError(LifecycleError, ValueError):
+    """A release of memory tags the engine cannot release alone (vLLM's sleep releases the weights
+    and the KV cache together), refused before the engine is called. Fields: tags (asked),
+    releasable (the sets the engine can release), engine."""
+
+
+class WeightsDiscardedError(LifecycleError, RuntimeError):
+    """A generation on weights the engine discarded (vLLM's level-2 sleep) and nobody reloaded since:
+    vLLM would answer it with gibberish and no error. Fields: engine, level, weight_version."""
+
+
+class WeightUpdateBusyError(WeightSyncError):
+    """A second caller started a weight update on an engine while one was already in progress (two
+    coordinators on one slot: vime #57). Fields: engine, owner (who holds the update), refused (who
+    asked)."""
+
+
+class VLLMServerError(LifecycleError, RuntimeError):
+    """A vLLM server refused a request (`status`, vLLM's text in `answer`) or could not be reached
+    (`status` None). Fields: method, path, status, answer."""
+
+
+class VLLMServerTimeout(LifecycleError, TimeoutError):
+    """A vLLM server did not answer a request in time. Fields: method, path, timeout_s, missing (the
+    server's URL)."""
+
+
 # -------------------------------------------------------------------------------- frameworks (miles)
 
 

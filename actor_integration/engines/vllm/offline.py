@@ -1,0 +1,155 @@
+"""`RolloutEngine` over an offline `vllm.LLM` (imported lazily: vllm is an optional extra).
+
+Written against vLLM 0.26.0 (pyproject's `vllm` extra); CI checks every call this module makes
+against that wheel's source (tests/actor_integration/engines/vllm/test_vllm_source.py).
+
+The offline `LLM` has no pause call of its own: vLLM's level-0 sleep is its scheduler pause
+(`LLM.sleep(level=0, mode)`), and `wake_up(["scheduling"])` resumes it; a sleep at level 1 or 2
+pauses the scheduler itself first, and vLLM resumes scheduling once every tag is awake again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from actor_integration.engines.vllm.base import IpcSender, VLLMAdapter
+from actor_integration.engines.vllm.worker import WORKER_EXTENSION
+from actor_integration.errors import EngineNotIdleError
+
+SUPPORTED_VERSION = "0.26.0"
+
+
+def import_vllm() -> Any:
+    try:
+        import vllm
+    except ImportError as exc:
+        raise ImportError(
+            "the vLLM rollout adapter needs vllm: `pip install 'rl-lifecycle[vllm]'`; without it use "
+            "actor_integration.rollout.ReferenceEngine"
+        ) from exc
+    return vllm
+
+
+def llm_arguments(kwargs: dict[str, Any], *, worker_receiver: bool) -> dict[str, Any]:
+    """`vllm.LLM(**kwargs)` with sleep mode on, the IPC weight transfer, and the workers' receiver;
+    ValueError, before vLLM starts, for arguments that contradict them."""
+    if "model" not in kwargs:
+        raise ValueError("VLLMEngine: give model= (a path or hub name), or an LLM as llm=")
+    if kwargs.get("enable_sleep_mode") is False:
+        raise ValueError(
+            "VLLMEngine: enable_sleep_mode=False leaves nothing to release; the rollout lifecycle needs "
+            "vLLM's sleep mode (drop the argument: it is turned on)"
+        )
+    out = {**kwargs, "enable_sleep_mode": True}
+    out.setdefault("weight_transfer_config", {"backend": "ipc"})
+    extension = out.get("worker_extension_cls") or ""
+    if worker_receiver:
+        if extension and extension != WORKER_EXTENSION:
+            raise ValueError(
+                f"VLLMEngine: vLLM takes one worker_extension_cls; {extension!r} was given and the lifecycle's "
+                f"receiver needs {WORKER_EXTENSION!r}. Subclass both into one, or pass worker_receiver=False."
+            )
+        out["worker_extension_cls"] = WORKER_EXTENSION
+    return out
+
+
+class VLLMEngine(VLLMAdapter):
+    """Adapts `vllm.LLM` to `RolloutEngine`. Pass an `LLM` (started with `enable_sleep_mode=True`,
+    and `worker_extension_cls=WORKER_EXTENSION` unless `worker_receiver=False`), or the keyword
+    arguments to build one.
+
+    `sleep_level`: 2 (default) discards the weights on release, a sync reloads them; 1 keeps them
+    in host RAM (mind the host memory: vime #190). `sampling_params` builds vLLM's `SamplingParams`
+    (tests); `ipc_sender` replaces vLLM's IPC sender for `load_weights` (tests)."""
+
+    def __init__(
+        self,
+        llm: Any = None,
+        *,
+        sleep_level: int = 2,
+        worker_receiver: bool = True,
+        ipc_sender: IpcSender | None = None,
+        packed: bool = True,
+        sampling_params: Callable[..., Any] | None = None,
+        **llm_kwargs: Any,
+    ) -> None:
+        super().__init__(
+            sleep_level=sleep_level, worker_receiver=worker_receiver, ipc_sender=ipc_sender, packed=packed
+        )
+        if llm is None:
+            arguments = llm_arguments(llm_kwargs, worker_receiver=worker_receiver)
+            llm = import_vllm().LLM(**arguments)
+        elif llm_kwargs:
+            raise ValueError(f"VLLMEngine: got an LLM and LLM arguments {sorted(llm_kwargs)}; give one")
+        self.llm = llm
+        self._sampling = sampling_params
+        config = llm.llm_engine.vllm_config
+        if not getattr(config.model_config, "enable_sleep_mode", False):
+            raise ValueError(
+                "VLLMEngine: the LLM was started without enable_sleep_mode=True: vLLM's sleep would free nothing"
+            )
+        self.tp_size = int(getattr(config.parallel_config, "tensor_parallel_size", 1))
+        if worker_receiver:
+            try:
+                self.workers = self._rpc("lifecycle_hello", "{}")
+            except Exception as exc:
+                raise ValueError(
+                    f"VLLMEngine: vLLM's workers do not answer lifecycle_hello ({exc!r}); start the LLM with "
+                    f"worker_extension_cls={WORKER_EXTENSION!r}, or pass worker_receiver=False"
+                ) from exc
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "tp_size": self.tp_size, "supported": SUPPORTED_VERSION}
+
+    def queued_requests(self) -> dict[str, int]:
+        """What vLLM still holds: its unfinished requests (running and waiting together)."""
+        return {"running": int(self.llm.llm_engine.get_num_unfinished_requests()), "waiting": 0}
+
+    def _check_idle(self) -> None:
+        if self._paused:
+            return  # vLLM's sleep aborts (or keeps, frozen) what the pause left
+        if self.llm.llm_engine.has_unfinished_requests():
+            queued = self.queued_requests()
+            raise EngineNotIdleError(
+                f"VLLMEngine: {queued['running']} request(s) unfinished in vLLM and generation not paused; "
+                "sleeping under live requests is an illegal memory access (vllm #28714, #27901). Pause "
+                "generation first (the rollout's sleep does).",
+                queued=queued,
+            )
+
+    # ------------------------------------------------------------------ vLLM's calls
+
+    def _sleep(self, level: int, mode: str) -> None:
+        self.llm.sleep(level=level, mode=mode)
+
+    def _wake(self, tags: list[str] | None) -> None:
+        self.llm.wake_up(tags=tags)
+
+    def _pause(self, mode: str) -> None:
+        self.llm.sleep(level=0, mode=mode)
+
+    def _resume(self) -> None:
+        self.llm.wake_up(tags=["scheduling"])
+
+    def _reset_prefix_cache(self) -> bool:
+        return bool(self.llm.reset_prefix_cache())
+
+    def _generate(self, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+        make = self._sampling or import_vllm().SamplingParams
+        params = make(max_tokens=max_new_tokens, temperature=0.0, ignore_eos=True, detokenize=False)
+        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        return [list(o.outputs[0].token_ids) for o in outputs]
+
+    def _rpc(self, method: str, request: str) -> list[dict[str, Any]]:
+        replies = self.llm.collective_rpc(method, args=(request,))
+        return [dict(r) for r in replies]
+
+    def _start_update(self) -> None:
+        self.llm.start_weight_update()
+
+    def _update(self, update_info: dict[str, Any]) -> None:
+        self.llm.update_weights({"update_info": update_info})
+
+    def _finish_update(self) -> None:
+        self.llm.finish_weight_update()
