@@ -2,7 +2,7 @@
 
 An engine is a `RolloutEngine` class named by "module:attribute", imported only when it is asked
 for: naming an engine costs nothing, and an engine whose package is not installed (sglang, vllm)
-fails only where it is used. `reference` and `sglang` are registered here; another engine
+fails only where it is used. `reference`, `sglang` and `vllm` are registered here; another engine
 registers itself with `register_engine` (or is added to `_BUILT_IN`).
 
     from actor_integration.rollout.registry import engine_class, engine_names
@@ -54,6 +54,11 @@ _BUILT_IN = (
         "sglang",
         "actor_integration.engines.sglang.engine:SGLangEngine",
         "SGLang's offline engine (sglang.Engine), on CUDA",
+    ),
+    EngineEntry(
+        "vllm",
+        "actor_integration.engines.vllm.offline:VLLMEngine",
+        "vLLM's offline engine (vllm.LLM, sleep mode on), on CUDA; under VLLMRolloutActor",
     ),
 )
 _ENGINES: dict[str, EngineEntry] = {entry.name: entry for entry in _BUILT_IN}

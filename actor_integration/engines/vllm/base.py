@@ -262,7 +262,7 @@ class VLLMAdapter:
         self, version: int, payloads: Sequence[RankPayload], *, round_index: int, final: bool
     ) -> dict[str, Any]:
         """Verify the round in every worker, then load it in all of them or in none."""
-        from actor_integration.rollout.sglang_receiver import encode_payload
+        from actor_integration.engines.sglang.receiver import encode_payload
 
         owner = "the lifecycle's sender"
         self.guard.begin_update(owner)

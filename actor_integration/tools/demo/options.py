@@ -31,6 +31,10 @@ ROLE_HOOKS = {
     ),
 }
 TINY_HEADS = 4  # the reference model's attention heads (`placement.py` builds it with these)
+DEMO_ENGINES = (
+    "reference",
+    "sglang",
+)  # the registered engines the demo drives (vLLM's comes with its GPU run)
 
 
 def refuse(message: str) -> NoReturn:
@@ -212,6 +216,11 @@ def check_demo_arguments(args: argparse.Namespace) -> str | None:
         return (
             f"--corrupt-sync {corrupt[0]}: that step's sync never runs (--steps {args.steps}, --skip-sync "
             f"{sorted(args.skip_sync)}); pick a step that syncs"
+        )
+    if args.engine not in DEMO_ENGINES:
+        return (
+            f"--engine {args.engine}: the demo drives {list(DEMO_ENGINES)}; {args.engine}'s adapter is tested on "
+            f"CPU against its own source, and its demo comes with its first GPU run (docs/frameworks/{args.engine}.md)"
         )
     if args.engine == "sglang":
         problem = _check_sglang_arguments(args)

@@ -21,8 +21,9 @@ def restore_registry(monkeypatch):
 
 
 class TestEngineRegistry:
-    def test_reference_and_sglang_are_registered_by_name(self):
-        assert engine_names()[:2] == ("reference", "sglang")
+    def test_reference_sglang_and_vllm_are_registered_by_name(self):
+        assert engine_names()[:3] == ("reference", "sglang", "vllm")
+        assert engine_entry("vllm").path == "actor_integration.engines.vllm.offline:VLLMEngine"
         assert engine_class("reference") is ReferenceEngine
         assert engine_entry("sglang").path == "actor_integration.engines.sglang.engine:SGLangEngine"
 
@@ -59,5 +60,7 @@ class TestEngineRegistry:
         assert parser.parse_args(["--engine", "other"]).engine == "other"
         with pytest.raises(SystemExit):
             parser.parse_args(["--engine", "nothing-registered"])
-        with pytest.raises(ValueError, match=r"engine must be one of \['reference', 'sglang', 'other'\]"):
+        with pytest.raises(
+            ValueError, match=r"engine must be one of \['reference', 'sglang', 'vllm', 'other'\]"
+        ):
             Placement.__post_init__(argparse.Namespace(engine="nothing-registered"))

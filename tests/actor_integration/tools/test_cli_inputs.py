@@ -40,6 +40,7 @@ def one_line_error(proc: subprocess.CompletedProcess[str], command: str) -> str:
         (["--inject-fault", "trainer:generation.pause@1"], "the demo's trainer never calls generation.pause"),
         (["--inject-fault", "memory.paws@2"], "expected [trainer:|rollout:]HOOK@STEP"),
         (["--engine", "sglang"], "--engine sglang needs --model-config DIR"),
+        (["--engine", "vllm"], "--engine vllm: the demo drives ['reference', 'sglang']"),
         (["--step", "3"], "unrecognized arguments: --step 3"),  # no abbreviation of --steps
         (["--engines", "0"], "argument --engines: expected a positive integer, got 0"),
         (["--transport", "carrier-pigeon"], "argument --transport: invalid choice"),
