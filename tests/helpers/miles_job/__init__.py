@@ -71,7 +71,10 @@ SITE = {
     + "parse_args, validate_args = megatron_parse_args, megatron_validate_args\n",
     "polars/__init__.py": _module(
         "miles' dashboard names its dtypes at import (no dashboard here)",
-        **{name: f"{name!r}" for name in ("Float64", "Float32", "String", "Int64", "Int32", "Null", "Boolean")},
+        **{
+            name: f"{name!r}"
+            for name in ("Float64", "Float32", "String", "Int64", "Int32", "Null", "Boolean")
+        },
     ),
     "httpx/__init__.py": _reexport(
         "AsyncClient", "HTTPError", "HTTPStatusError", "Limits", "Timeout", why="httpx is not installed"
@@ -108,7 +111,9 @@ SITE = {
     "sglang/srt/function_call/function_call_parser.py": _module(
         "SGLang's tool calls", FunctionCallParser="type('FunctionCallParser', (), {})"
     ),
-    "sglang/srt/server_args.py": _reexport("ServerArgs", why="SGLang's ServerArgs, the fields miles sets or reads"),
+    "sglang/srt/server_args.py": _reexport(
+        "ServerArgs", why="SGLang's ServerArgs, the fields miles sets or reads"
+    ),
     "sglang/srt/utils.py": slime_job.SITE["sglang/srt/utils.py"]
     + "MultiprocessingSerializer = type('MultiprocessingSerializer', (), {})  # miles' weight push (stood in)\n",
     "sglang/srt/entrypoints/openai/protocol.py": _module(
@@ -117,7 +122,9 @@ SITE = {
         Tool="type('Tool', (), {})",
     ),
     "sglang/srt/debug_utils/__init__.py": "",
-    "sglang/srt/debug_utils/dumper.py": _reexport("DumperConfig", "_get_rank", why="SGLang's tensor dumper (off)")
+    "sglang/srt/debug_utils/dumper.py": _reexport(
+        "DumperConfig", "_get_rank", why="SGLang's tensor dumper (off)"
+    )
     + "dumper = None\n",
 }
 

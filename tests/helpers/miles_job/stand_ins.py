@@ -16,8 +16,8 @@ where miles' module has slime's names, and miles' own below where it does not:
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import contextlib
+import dataclasses
 import enum
 import types
 from typing import Any
@@ -42,7 +42,10 @@ MILES_SERVER_FIELDS: dict[str, Any] = {
     "enable_return_routed_experts": False,
     "enable_return_indexer_topk": False,
 }
-_DEFAULTS = {**{name: slime._SERVER_DEFAULTS.get(name) for name in slime.SERVER_FIELDS}, **MILES_SERVER_FIELDS}
+_DEFAULTS = {
+    **{name: slime._SERVER_DEFAULTS.get(name) for name in slime.SERVER_FIELDS},
+    **MILES_SERVER_FIELDS,
+}
 
 
 def _add_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -60,7 +63,6 @@ ServerArgs = dataclasses.make_dataclass(
     [(name, Any, dataclasses.field(default=default)) for name, default in _DEFAULTS.items()],
     namespace={"url": slime._url, "__reduce__": slime._reduce, "add_cli_args": staticmethod(_add_cli_args)},
 )
-
 
 
 class DumperConfig:
@@ -95,7 +97,9 @@ MILES_MEGATRON_FLAGS: dict[str, tuple[Any, Any]] = {
 MILES_MEGATRON_SWITCHES = ("--record-memory-history", "--async-save")
 
 
-def megatron_parse_args(extra_args_provider: Any = None, ignore_unknown_args: bool = False) -> argparse.Namespace:
+def megatron_parse_args(
+    extra_args_provider: Any = None, ignore_unknown_args: bool = False
+) -> argparse.Namespace:
     """megatron.training.arguments.parse_args: slime_job's flags and those miles reads, then miles' own."""
 
     def provider(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -185,7 +189,16 @@ def initialize_model_and_optimizer(args: Any, role: str, **kwargs: Any) -> tuple
     return slime.initialize_model_and_optimizer(args, role)
 
 
-def train(rollout_id: int, model: Any, optimizer: Any, scheduler: Any, data_iterator: Any, *rest: Any, **kw: Any) -> Any:
+TRAIN_SECONDS_ENV = "MILES_JOB_TRAIN_SECONDS"  # how long each training step takes (unset: at once)
+
+
+def train(
+    rollout_id: int, model: Any, optimizer: Any, scheduler: Any, data_iterator: Any, *rest: Any, **kw: Any
+) -> Any:
+    import os
+    import time
+
+    time.sleep(float(os.environ.get(TRAIN_SECONDS_ENV, "0")))  # Megatron's forward and backward
     slime.train(rollout_id, model, optimizer, scheduler, data_iterator)
     return TrainStepOutcome.NORMAL
 
@@ -211,7 +224,9 @@ def get_num_rollouts(args: Any, data: Any, num_steps: int) -> int:
     return 1
 
 
-def get_rollout_data(args: Any, rollout_data_ref: Any, witness_info: Any = None) -> tuple[dict[str, Any], Any]:
+def get_rollout_data(
+    args: Any, rollout_data_ref: Any, witness_info: Any = None
+) -> tuple[dict[str, Any], Any]:
     """miles' get_rollout_data: its own process_rollout_data over the Ray object store, tokens on the CPU."""
     from miles.utils.data import process_rollout_data
 
@@ -241,7 +256,11 @@ def log_cpu_memory(rollout_id: int, args: Any, label: str) -> None:
     from miles.utils.tracking_utils import tracking
 
     print(f"[CPU memory] {label} (rollout_id={rollout_id})", flush=True)
-    tracking.log(args, {f"perf/cpu_memory_{label}_gb": 1.0, "rollout/step": compute_rollout_step(args, rollout_id)}, step_key="rollout/step")
+    tracking.log(
+        args,
+        {f"perf/cpu_memory_{label}_gb": 1.0, "rollout/step": compute_rollout_step(args, rollout_id)},
+        step_key="rollout/step",
+    )
 
 
 def no_op(*_: Any, **__: Any) -> None:
@@ -350,10 +369,19 @@ NO_OPS: dict[str, tuple[str, ...]] = {
     f"{_MEGATRON}/replay_utils.py": ("register_replay_list_moe",),
 }
 # miles' modules kept as they are but for `import torch` (they select a CUDA device)
-CPU_TORCH_MODULES = ("miles/ray/train_actor.py", "miles/utils/memory_utils.py", "miles/utils/tensor_backper.py")
+CPU_TORCH_MODULES = (
+    "miles/backends/megatron_utils/actor.py",
+    "miles/ray/train_actor.py",
+    "miles/utils/memory_utils.py",
+    "miles/utils/tensor_backper.py",
+)
 
 
 # ---------------------------------------------------------------------------------------------- httpx
+
+
+GENERATE_SECONDS_ENV = "MILES_JOB_GENERATE_SECONDS"  # how long each /generate takes (unset: at once)
+GENERATED = "[miles_job] /generate"  # the line each /generate request prints: its start and end (epoch s)
 
 
 class _Response(slime._Response):
@@ -394,7 +422,17 @@ class AsyncClient(slime.AsyncClient):
     """slime_job's httpx.AsyncClient with what miles' http_utils reads besides (`json()`, `async with`)."""
 
     async def post(self, url: str, json: Any = None, headers: Any = None) -> _Response:
-        return _Response(await super().post(url, json=json, headers=headers), url)
+        if not url.endswith("/generate"):
+            return _Response(await super().post(url, json=json, headers=headers), url)
+        import asyncio
+        import os
+        import time
+
+        started = time.time()
+        await asyncio.sleep(float(os.environ.get(GENERATE_SECONDS_ENV, "0")))  # the engine's decoding time
+        reply = _Response(await super().post(url, json=json, headers=headers), url)
+        print(f"{GENERATED} {started:.3f} {time.time():.3f}", flush=True)
+        return reply
 
     async def get(self, url: str) -> _Response:
         return _Response(await super().get(url), url)

@@ -230,8 +230,8 @@ def _session(sid: int) -> list[int]:
 
 
 @contextlib.contextmanager
-def ray_head(root: Path, *, cpus: int) -> Iterator[RayHead]:
-    head = RayHead(root, cpus=cpus)
+def ray_head(root: Path, *, cpus: int, gpus: int = 1) -> Iterator[RayHead]:
+    head = RayHead(root, cpus=cpus, gpus=gpus)
     try:
         yield head
     finally:
