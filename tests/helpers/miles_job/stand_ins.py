@@ -11,6 +11,12 @@ where miles' module has slime's names, and miles' own below where it does not:
 - miles' perf log: miles' own `train_metric_utils.log_perf_data_raw` (its Timer, its tracking), on
   the one rank, without Megatron's FLOPs count.
 - `torch` in miles' modules that select a CUDA device (`CPU_TORCH`).
+- the weight push: slime_job's sequence of engine calls (pause, flush, `update_weights_from_tensor`
+  with the parameter names, continue), no tensors; train_async's non-colocated senders use it too.
+- httpx: slime_job's client over `requests`, with `json()` and the fields of SGLang's /generate
+  reply miles reads that the fake server leaves out; optional decoding and training times
+  (`GENERATE_SECONDS_ENV`, `TRAIN_SECONDS_ENV`) and one printed line per /generate (`GENERATED`),
+  so a test can see train_async's rollout run while a step trains.
 """
 
 from __future__ import annotations
@@ -315,11 +321,6 @@ class UpdateWeightFromTensor:
 
 UpdateWeightFromDistributed = UpdateWeightP2P = UpdateWeightFromTensor
 InMemoryCheckpointManager = type("InMemoryCheckpointManager", (), {})
-
-
-@contextlib.contextmanager
-def _nothing() -> Any:
-    yield
 
 
 # miles' path -> (names re-exported from here, why)
