@@ -141,6 +141,8 @@ class _CpuTorch:
         memory_reserved=lambda device=None: 0,
     )
 
+    _C = types.SimpleNamespace(_host_emptyCache=lambda: None)  # miles' clear_memory(clear_host_memory=True)
+
     def __getattr__(self, name: str) -> Any:
         return getattr(torch, name)
 
