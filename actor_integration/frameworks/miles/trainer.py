@@ -58,7 +58,8 @@ from actor_integration.errors import MilesVersionError, OffloadTrainRequiredErro
 from actor_integration.frameworks.registry_groups import RegistryProcessGroups, registry, require
 from actor_integration.frameworks.slime.trainer import RETAIN_VARIABLE
 from actor_integration.frameworks.stand_ins import body_owner, plan_owned_globals, stand_in_calls
-from lifecycle import Hooks, LifecyclePolicy, State
+from actor_integration.frameworks.timer_feed import TimerFeed
+from lifecycle import Hooks, Lifecycle, LifecyclePolicy, State
 from lifecycle.errors import IllegalTransitionError
 from lifecycle.hooks import MemoryBackend, ProcessGroupsBackend
 from lifecycle.logs import Event
@@ -278,6 +279,15 @@ class MilesLifecycleMixin(LifecycleMixin):
             self.args, self.role = args, role
             self.__dict__["_lifecycle_memory"] = self.lifecycle_memory()
         return super().init(args, role, *rest, **kwargs)  # type: ignore[misc]
+
+    def configure_lifecycle(self, policy: LifecyclePolicy, hooks: Hooks, **kwargs: Any) -> Lifecycle:
+        """The lifecycle's per-plan and per-hook figures into miles' `Timer` (`perf/lifecycle_*` in miles'
+        `log_perf_data`); miles' own entries (`sleep`, `wake_up`, ...) stay its decorators' alone."""
+        lifecycle = super().configure_lifecycle(policy, hooks, **kwargs)
+        timer = vars(sys.modules[body_owner(self).__module__]).get("Timer")
+        if timer is not None:
+            lifecycle.observe(TimerFeed(timer, plan_timers={}, operation_timers={}))
+        return lifecycle
 
     def lifecycle_config(self) -> dict[str, Any]:
         return {

@@ -230,8 +230,8 @@ def _session(sid: int) -> list[int]:
 
 
 @contextlib.contextmanager
-def ray_head(root: Path, *, cpus: int) -> Iterator[RayHead]:
-    head = RayHead(root, cpus=cpus)
+def ray_head(root: Path, *, cpus: int, gpus: int = 1) -> Iterator[RayHead]:
+    head = RayHead(root, cpus=cpus, gpus=gpus)
     try:
         yield head
     finally:
@@ -244,13 +244,19 @@ class JobRun:
     output: str
 
 
-def runtime_env(job: SlimeJob, *, wrap: str | None, extra_env: Mapping[str, str]) -> dict[str, Any]:
+def runtime_env(
+    job: SlimeJob,
+    *,
+    wrap: str | None,
+    extra_env: Mapping[str, str],
+    hook: str = "actor_integration.frameworks.launch.slime",
+) -> dict[str, Any]:
     """The documented runtime env JSON (the hook and RL_LIFECYCLE_WRAP), with what slime's scripts put
     in env_vars anyway (PYTHONPATH) and the test's own (where logs go, the fake server's version)."""
     env_vars = {"PYTHONPATH": job.python_path(), "RL_LIFECYCLE_LOG_DIR": str(job.logs), **extra_env}
     if wrap is not None:
         env_vars["RL_LIFECYCLE_WRAP"] = wrap
-    return {"worker_process_setup_hook": "actor_integration.frameworks.launch.slime", "env_vars": env_vars}
+    return {"worker_process_setup_hook": hook, "env_vars": env_vars}
 
 
 def run(
@@ -260,8 +266,9 @@ def run(
     *,
     env: Mapping[str, Any],
     timeout_s: float = 600.0,
+    script: str = "train.py",
 ) -> JobRun:
-    """slime's train.py as `ray job submit --runtime-env-json ENV -- python3 train.py ARGV` starts it."""
+    """slime's train.py (or `script`) as `ray job submit --runtime-env-json ENV -- python3 train.py ARGV` starts it."""
     env_vars = {**env["env_vars"], "SLIME_JOB_SITE": str(job.site)}
     runtime = {**env, "env_vars": env_vars}
     driver_env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "RL_LIFECYCLE_"))}
@@ -275,7 +282,7 @@ def run(
         PYTHONUNBUFFERED="1",
     )
     proc = subprocess.Popen(
-        [sys.executable, "train.py", *argv],
+        [sys.executable, script, *argv],
         cwd=job.tree,
         env=driver_env,
         stdout=subprocess.PIPE,
