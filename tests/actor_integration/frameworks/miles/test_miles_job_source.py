@@ -15,7 +15,7 @@ overlap (rollout N+1 generated while step N trains) is checked from the job's ow
 
 Needs miles' source as a git checkout or git directory (CI has none: the suite skips there):
 
-    RL_LIFECYCLE_MILES_SOURCE=/path/to/miles python -m pytest tests/actor_integration/frameworks/test_miles_job_source.py
+    RL_LIFECYCLE_MILES_SOURCE=/path/to/miles python -m pytest tests/actor_integration/frameworks/miles/test_miles_job_source.py
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ SOURCE: MilesSource | None
 SOURCE, pytestmark, _source_readable = suite_source(MilesSource, "miles'")
 pytestmark = [pytestmark, pytest.mark.ray]
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 TRAINER = (
     "miles: miles.backends.megatron_utils.actor.MegatronTrainRayActor (actor and critic, train.py and "
     "train_async.py) runs as LifecycleMegatronTrainRayActor (MilesLifecycleMixin) in this process (pid {pid})"
