@@ -11,7 +11,8 @@ ray.get(rollout.wake_up.remote(["kv_cache"]))
 Each engine is a package of its own (`actor_integration.engines.<name>`; SGLang's is
 `engines.sglang`), registered by name in `registry`. The names below are imported on first use,
 so that `rollout.registry` (the CLI's engine choices) pulls in neither torch nor an engine;
-`SGLangEngine` is still importable from here.
+`SGLangEngine` is still importable from here, as 0.1 had it (from `actor_integration.engines.sglang`
+it is typed).
 """
 
 from __future__ import annotations
@@ -19,8 +20,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    from actor_integration.engines.sglang.engine import SGLangEngine
+if TYPE_CHECKING:  # SGLangEngine is left out: rollout/ imports no engine (it resolves through _LAZY)
     from actor_integration.rollout.actor import ROLLOUT_POLICY, RolloutActor
     from actor_integration.rollout.engine import (
         ENGINE_TAGS,
