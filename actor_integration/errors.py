@@ -250,6 +250,21 @@ class WeightUpdateBusyError(WeightSyncError):
     asked)."""
 
 
+class DuplicateWeightUpdateStartError(WeightUpdateBusyError):
+    """A second `start_weight_update` on one engine before its `finish_weight_update`, from a second
+    would-be coordinator of the slot (vime #57), refused on the trainer's side. Fields: rank, slot."""
+
+
+class WeightUpdateNotStartedError(WeightSyncError):
+    """Weights sent to, or a finish asked of, an engine that no `start_weight_update` opened.
+    Fields: rank, slot."""
+
+
+class IncompleteSlotHandlesError(WeightSyncError, ValueError):
+    """A chunk's IPC handles do not cover every GPU of the engine's slot (gathered over TP, not the
+    slot: vime #57), refused before it is sent. Fields: rank, slot, weights."""
+
+
 class VLLMServerError(LifecycleError, RuntimeError):
     """A vLLM server refused a request (`status`, vLLM's text in `answer`) or could not be reached
     (`status` None). Fields: method, path, status, answer."""

@@ -25,8 +25,12 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from actor_integration.errors import (
+    DuplicateWeightUpdateStartError,
+    IncompleteSlotHandlesError,
+    WeightUpdateNotStartedError,
+)
 from actor_integration.weight_sync.topology import RankSlot, SlotTopology
-from lifecycle.errors import LifecycleError
 
 __all__ = [
     "DuplicateWeightUpdateStartError",
@@ -40,18 +44,6 @@ _log = logging.getLogger("rl_lifecycle.vime")
 
 GATED = ("start_weight_update", "finish_weight_update")
 PAYLOADS = ("update_weights_from_tensor",)
-
-
-class DuplicateWeightUpdateStartError(LifecycleError, RuntimeError):
-    """A second `start_weight_update` on one engine before its `finish_weight_update` (vime #57)."""
-
-
-class WeightUpdateNotStartedError(LifecycleError, RuntimeError):
-    """Weights sent to, or a finish asked of, an engine that no `start_weight_update` opened."""
-
-
-class IncompleteSlotHandlesError(LifecycleError, ValueError):
-    """A chunk's IPC handles do not cover every GPU of the engine's slot (gathered over TP, not the slot)."""
 
 
 def _done() -> Any:
