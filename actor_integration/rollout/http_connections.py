@@ -28,14 +28,16 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import json
 import select
 import socket
 import threading
 import time
 import urllib.parse
 from collections.abc import Mapping
+from typing import Any
 
-__all__ = ["KEEP_ALIVE_S", "Connections"]
+__all__ = ["KEEP_ALIVE_S", "Connections", "answer_text", "decode_answer"]
 
 KEEP_ALIVE_S = 2.0  # reuse a connection only this long after its last answer
 _QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)  # Linux only
@@ -131,3 +133,25 @@ def _closed_by_peer(connection: http.client.HTTPConnection) -> bool:
     except (OSError, ValueError):
         return True
     return bool(readable)
+
+
+def decode_answer(raw: bytes) -> Any:
+    """An engine server's answer body: its JSON, or its text where it is not JSON (None when empty)."""
+    text = raw.decode(errors="replace")
+    try:
+        return json.loads(text) if text else None
+    except json.JSONDecodeError:
+        return text.strip()
+
+
+def answer_text(answer: Any, keys: tuple[str, ...] = ("detail", "message")) -> str:
+    """The error text of a decoded answer: {"error": {"message": ...}}, else the first of `keys`
+    present (FastAPI's {"detail": ...}, ...), else the answer as text."""
+    if isinstance(answer, dict):
+        error = answer.get("error")
+        if isinstance(error, dict) and "message" in error:
+            return str(error["message"])
+        for key in keys:
+            if key in answer:
+                return str(answer[key])
+    return str(answer)

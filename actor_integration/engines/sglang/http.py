@@ -40,7 +40,7 @@ from actor_integration.engines.sglang.scheduler import (
 )
 from actor_integration.errors import SGLangServerError, SGLangServerTimeout
 from actor_integration.rollout.engine import GENERATION_MODES
-from actor_integration.rollout.http_connections import Connections
+from actor_integration.rollout.http_connections import Connections, answer_text, decode_answer
 
 
 class SGLangHTTPEngine(SchedulerReceiverCalls, SGLangWeights):
@@ -260,11 +260,11 @@ class SGLangHTTPEngine(SchedulerReceiverCalls, SGLangWeights):
         status, answer = self._request("POST", path, {}, refused_ok=True)
         if status != 200 or not (isinstance(answer, dict) and answer.get("success")):
             raise SGLangServerError(
-                f"SGLang at {self.url} refused {path}: {_message(answer)}",
+                f"SGLang at {self.url} refused {path}: {answer_text(answer)}",
                 method="POST",
                 path=path,
                 status=status,
-                answer=_message(answer),
+                answer=answer_text(answer),
             )
 
     def _require_resident(self, what: str, tags: Sequence[str]) -> None:
@@ -306,15 +306,15 @@ class SGLangHTTPEngine(SchedulerReceiverCalls, SGLangWeights):
             ) from exc
         except OSError as exc:
             raise self._unreachable(method, path, exc) from exc
-        answer = _decode(raw)
+        answer = decode_answer(raw)
         if 200 <= status < 300 or (refused_ok and status == 400):
             return status, answer
         raise SGLangServerError(
-            f"SGLang at {self.url} answered {method} {path} with {status}: {_message(answer)}",
+            f"SGLang at {self.url} answered {method} {path} with {status}: {answer_text(answer)}",
             method=method,
             path=path,
             status=status,
-            answer=_message(answer),
+            answer=answer_text(answer),
         )
 
     def _unreachable(self, method: str, path: str, exc: OSError) -> SGLangServerError:
@@ -337,27 +337,6 @@ class SGLangHTTPEngine(SchedulerReceiverCalls, SGLangWeights):
             timeout_s=timeout,
             missing=[self.url],
         )
-
-
-def _decode(raw: bytes) -> Any:
-    text = raw.decode(errors="replace")
-    try:
-        return json.loads(text) if text else None
-    except json.JSONDecodeError:
-        return text.strip()
-
-
-def _message(answer: Any) -> str:
-    """SGLang's error text: {"error": {"message": ...}}, FastAPI's {"detail": ...}, or plain text."""
-    if isinstance(answer, dict):
-        error = answer.get("error")
-        if isinstance(error, dict) and "message" in error:
-            return str(error["message"])
-        if "detail" in answer:
-            return str(answer["detail"])
-        if "message" in answer:
-            return str(answer["message"])
-    return str(answer)
 
 
 __all__ = ["SGLangHTTPEngine", "SGLangServerError", "SGLangServerTimeout"]

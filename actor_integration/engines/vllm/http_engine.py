@@ -27,7 +27,9 @@ from typing import Any
 
 from actor_integration.engines.vllm.base import IpcSender, VLLMAdapter
 from actor_integration.errors import EngineNotIdleError, VLLMServerError, VLLMServerTimeout
-from actor_integration.rollout.http_connections import Connections
+from actor_integration.rollout.http_connections import Connections, answer_text, decode_answer
+
+VLLM_ANSWER_KEYS = ("error", "detail", "message")  # vLLM also answers {"error": "text"}
 
 
 class VLLMHTTPEngine(VLLMAdapter):
@@ -229,36 +231,16 @@ class VLLMHTTPEngine(VLLMAdapter):
                 status=None,
                 answer=repr(exc),
             ) from exc
-        answer = _decode(raw)
+        answer = decode_answer(raw)
         if 200 <= status < 300:
             return status, answer
         raise VLLMServerError(
-            f"vLLM at {self.url} answered {method} {path} with {status}: {_message(answer)}",
+            f"vLLM at {self.url} answered {method} {path} with {status}: {answer_text(answer, VLLM_ANSWER_KEYS)}",
             method=method,
             path=path,
             status=status,
-            answer=_message(answer),
+            answer=answer_text(answer, VLLM_ANSWER_KEYS),
         )
-
-
-def _decode(raw: bytes) -> Any:
-    text = raw.decode(errors="replace")
-    try:
-        return json.loads(text) if text else None
-    except json.JSONDecodeError:
-        return text.strip()
-
-
-def _message(answer: Any) -> str:
-    """vLLM's error text: {"error": ...}, FastAPI's {"detail": ...}, or plain text."""
-    if isinstance(answer, dict):
-        error = answer.get("error")
-        if isinstance(error, dict) and "message" in error:
-            return str(error["message"])
-        for key in ("error", "detail", "message"):
-            if key in answer:
-                return str(answer[key])
-    return str(answer)
 
 
 __all__ = ["VLLMHTTPEngine"]
