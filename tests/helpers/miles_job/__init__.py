@@ -12,9 +12,6 @@ the runtime env and the driver's start are slime_job's (`ray_head`, `runtime_env
 
 from __future__ import annotations
 
-import io
-import subprocess
-import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -131,24 +128,7 @@ SITE = {
 
 def build(source: MilesSource, root: Path) -> SlimeJob:
     """miles' tree at the source's commit with the stand-ins, under `root`."""
-    tree, site, logs = root / "miles", root / "site", root / "lifecycle-logs"
-    for path in (tree, site, logs):
-        path.mkdir(parents=True)
-    archive = subprocess.run(
-        [*source._git(), "archive", "--format=tar", source.commit, "miles", "train.py", "train_async.py"],
-        capture_output=True,
-        timeout=120,
-        check=True,
-    ).stdout
-    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-        tar.extractall(tree, filter="data")
-    for relative, content in _overlays(source.read).items():
-        (tree / relative).write_text(content)
-    for relative, content in SITE.items():
-        path = site / relative
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(content)
-    return SlimeJob(tree=tree, site=site, logs=logs)
+    return slime_job.write_job(source, root, "miles", _overlays(source.read), SITE)
 
 
 def runtime_env(job: SlimeJob, *, wrap: str | None, extra_env: dict[str, str]) -> dict[str, Any]:

@@ -144,20 +144,28 @@ class SlimeJob:
 
 def build(source: SlimeSource, root: Path) -> SlimeJob:
     """slime's tree at the source's commit with the stand-ins, under `root`."""
-    tree, site, logs = root / "slime", root / "site", root / "lifecycle-logs"
+    return write_job(source, root, "slime", _overlays(source.read), SITE)
+
+
+def write_job(
+    source: Any, root: Path, package: str, overlays: dict[str, str], site_files: dict[str, str]
+) -> SlimeJob:
+    """A framework's tree (`package`, train.py, train_async.py) at the source's commit under
+    `root/package`, with `overlays` written over its files and `site_files` as the stand-in site."""
+    tree, site, logs = root / package, root / "site", root / "lifecycle-logs"
     for path in (tree, site, logs):
         path.mkdir(parents=True)
     archive = subprocess.run(
-        [*source._git(), "archive", "--format=tar", source.commit, "slime", "train.py", "train_async.py"],
+        [*source._git(), "archive", "--format=tar", source.commit, package, "train.py", "train_async.py"],
         capture_output=True,
         timeout=120,
         check=True,
     ).stdout
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(tree, filter="data")
-    for relative, content in _overlays(source.read).items():
+    for relative, content in overlays.items():
         (tree / relative).write_text(content)
-    for relative, content in SITE.items():
+    for relative, content in site_files.items():
         path = site / relative
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(content)
