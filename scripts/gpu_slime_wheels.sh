@@ -8,7 +8,8 @@
 #   full/     every wheel as downloaded (a cache: kept between runs, never carried)
 #   wheels/   the set to install (site/: SGLang's server, slime's driver and workers, Ray with its
 #             dashboard; np1/: numpy 1.26.4 and scipy 1.17.1, for the processes that import slime)
-#   src/      slime at 624b824a and Megatron-LM's megatron/ at 1dcf0daf, exported with git archive
+#   src/      slime at 624b824a and Megatron-LM's megatron/ at 1dcf0daf, exported with git archive, with
+#             slime's docker/patch/latest/megatron.patch applied as slime's image applies it
 #   p1..pN    the parts to carry, one a device call (<= PART_MIB MiB each, 56 by default: the working
 #             tree travels beside them within the call's 64 MiB)
 # The wheel list is scripts/gpu_slime_wheels.txt over $SGLANG_GPU/wheels.txt (the 0.5.17 set); the two
@@ -90,8 +91,19 @@ EOF
 mkdir -p "$D/src/slime" "$D/src/Megatron-LM"
 git -C "$SLIME_GIT" archive "$SLIME_COMMIT" -- . ':!docs' ':!imgs' | tar -x -C "$D/src/slime"
 git -C "$MEGATRON_GIT" archive "$MEGATRON_COMMIT" megatron | tar -x -C "$D/src/Megatron-LM"
+# slime's image applies its Megatron patch (docker/Dockerfile: docker/patch/${PATCH_VERSION}/megatron.patch,
+# PATCH_VERSION=latest) over that commit; so does this set. Without it megatron.core's import sets
+# torch_memory_saver.hook_mode = "torch" in every process that imports it, SGLang's scheduler included
+# (its dumper imports megatron.core when it is on the path), and SGLang's pauseable CUDA graphs then
+# assert "Only hook_mode=preload supports pauseable CUDA Graph" (seen on the first GPU run, 2026-12-06).
+git -C "$SLIME_GIT" show "$SLIME_COMMIT:docker/patch/latest/megatron.patch" >"$D/megatron.patch"
+patch -s -p1 -d "$D/src/Megatron-LM" <"$D/megatron.patch" # it touches megatron/ only
+grep -q '# torch_memory_saver.hook_mode = "torch"' "$D/src/Megatron-LM/megatron/core/inference/contexts/dynamic_context.py" || {
+    echo "slime's megatron.patch did not take (megatron/core/inference/contexts/dynamic_context.py)" >&2
+    exit 1
+}
 echo "$(git -C "$SLIME_GIT" rev-parse "$SLIME_COMMIT") slime" >"$D/src/COMMITS"
-echo "$(git -C "$MEGATRON_GIT" rev-parse "$MEGATRON_COMMIT") Megatron-LM" >>"$D/src/COMMITS"
+echo "$(git -C "$MEGATRON_GIT" rev-parse "$MEGATRON_COMMIT") Megatron-LM + slime's docker/patch/latest/megatron.patch" >>"$D/src/COMMITS"
 
 echo "wheels: $(find "$D/wheels" -name '*.whl' | wc -l) ($(du -sh "$D/wheels" | cut -f1)); sources: $(du -sh "$D/src" | cut -f1)"
 py=python3

@@ -64,7 +64,7 @@ slime_args() {  # the job's flags, slime's names (the model's must match make_ti
     --swiglu --disable-bias-linear --add-qkv-bias --normalization RMSNorm --position-embedding-type rope
     --transformer-impl local --spec "${spec[@]}"
     --no-rope-fusion --no-gradient-accumulation-fusion --no-bias-swiglu-fusion --no-bias-dropout-fusion
-    --no-masked-softmax-fusion --attention-dropout 0.0 --hidden-dropout 0.0
+    --no-masked-softmax-fusion --no-persist-layer-norm --attention-dropout 0.0 --hidden-dropout 0.0
     --sglang-mem-fraction-static 0.4 --check-weight-update-equal
     --use-tensorboard --tb-project-name "slime-e2e-$name"
   )
@@ -108,7 +108,7 @@ job() {  # job NAME [wrapped]: one run of slime's train.py; its output in $OUT/N
   ray_up "$name"
   trap ray_down EXIT INT TERM
   (cd "$SLIME_DIR" && "$RAY" job submit --address="http://127.0.0.1:8265" --runtime-env-json="$runtime" \
-    -- "$PY" train.py "${ARGS[@]}") 2>&1 | tee "$OUT/$name.log"
+    -- "$PY" "$SLIME_DIR/train.py" "${ARGS[@]}") 2>&1 | tee "$OUT/$name.log"
   ray_down
   trap - EXIT INT TERM
 }
