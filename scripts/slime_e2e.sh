@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # slime's own GRPO job on one GPU, plain and under the lifecycle's launch switch, side by side.
 #
-# STATUS: PREPARED, NOT YET RUN ON A GPU (written 2026-12-06 on a CPU machine). Its launch, flags and
-# driver order are the ones tests/actor_integration/frameworks/slime/test_slime_job_source.py runs on a CPU
-# with stand-ins; on a GPU nothing of it has run. Expect to fix things on the first run, and say so.
+# STATUS: ran on one H100 on 2026-12-06 (scripts/gpu_slime.sh, SGLang 0.5.15.post1, 5 steps, SGLang's
+# CUDA graphs off): plain and wrapped both finished every step; docs/measurements.md has the table.
+# Its launch, flags and driver order are also what
+# tests/actor_integration/frameworks/slime/test_slime_job_source.py runs on a CPU with stand-ins.
+# Changed since that run, not yet run on a GPU: the reward (`math` gave 0 on the random model, so
+# GRPO's loss and gradient were 0 and the weights never changed; `random` gives advantages) and the
+# learning rate (1e-6 -> 1e-4, so that bf16 weights move each step).
 #
 # Usage (on the GPU machine, from the repository root):
 #   SLIME_DIR=/path/to/slime MEGATRON_DIR=/path/to/Megatron-LM \
@@ -27,14 +31,18 @@
 #               scripts/gpu_slime.sh puts numpy 1.26 and the carried wheels there).
 #
 # What each job is: slime's train.py under `ray job submit`, --colocate (both offloads) on one GPU, a
-# tiny Qwen2 made here (scripts/make_tiny_qwen2.py: no hub), a generated prompt set, slime's rule
-# reward `math`, --check-weight-update-equal, tensorboard offline. "wrapped" differs from "plain" by
+# tiny Qwen2 made here (scripts/make_tiny_qwen2.py: no hub), a generated prompt set, slime's reward
+# `random` (no network; GRPO gets advantages on a random model), --check-weight-update-equal (slime
+# checks the first push only), tensorboard offline. "wrapped" differs from "plain" by
 # the runtime env alone: the launch switch's hook and RL_LIFECYCLE_WRAP=trainer,rollout.
 set -euo pipefail
 
 REPO="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)"
-: "${SLIME_DIR:?set SLIME_DIR to a checkout of slime at 624b824a}"
-: "${MEGATRON_DIR:?set MEGATRON_DIR to Megatron-LM at the commit slime pins}"
+: "${SLIME_DIR:=}" "${MEGATRON_DIR:=}"
+need_sources() {
+  [ -n "$SLIME_DIR" ] || { echo "set SLIME_DIR to a checkout of slime at 624b824a" >&2; exit 2; }
+  [ -n "$MEGATRON_DIR" ] || { echo "set MEGATRON_DIR to Megatron-LM at the commit slime pins" >&2; exit 2; }
+}
 OUT="${OUT:-$REPO/out/slime-e2e}"
 STEPS="${STEPS:-6}"
 PY="${PY:-python3}"
@@ -56,9 +64,9 @@ slime_args() {  # the job's flags, slime's names (the model's must match make_ti
     --hf-checkpoint "$OUT/tiny/model" --ref-load "$OUT/tiny/model"
     --save "$OUT/ckpt-$name" --save-interval 2
     --prompt-data "$OUT/tiny/prompts.jsonl" --input-key prompt --label-key label --apply-chat-template
-    --rm-type math --num-rollout "$STEPS" --rollout-batch-size 8 --n-samples-per-prompt 4
+    --rm-type random --num-rollout "$STEPS" --rollout-batch-size 8 --n-samples-per-prompt 4
     --global-batch-size 32 --rollout-max-response-len 64 --rollout-temperature 1 --seed 1234
-    --advantage-estimator grpo --optimizer adam --lr 1e-6 --lr-decay-style constant
+    --advantage-estimator grpo --optimizer adam --lr 1e-4 --lr-decay-style constant
     --num-layers 2 --hidden-size 256 --ffn-hidden-size 768 --num-attention-heads 4
     --group-query-attention --num-query-groups 2 --norm-epsilon 1e-6 --rotary-base 10000
     --swiglu --disable-bias-linear --add-qkv-bias --normalization RMSNorm --position-embedding-type rope
@@ -93,6 +101,7 @@ ray_down() {
 
 job() {  # job NAME [wrapped]: one run of slime's train.py; its output in $OUT/NAME.log
   local name="$1" wrapped="${2:-}"
+  need_sources
   slime_args "$name"
   local env_vars
   env_vars=$(printf '"PYTHONPATH": "%s:%s%s", "CUDA_DEVICE_MAX_CONNECTIONS": "1", "TENSORBOARD_DIR": "%s"' \
@@ -113,35 +122,8 @@ job() {  # job NAME [wrapped]: one run of slime's train.py; its output in $OUT/N
   trap - EXIT INT TERM
 }
 
-report() {  # slime's own perf metrics per step, plain beside wrapped, and lifecycle check on the logs
-  "$PY" - "$OUT/plain.log" "$OUT/wrapped.log" <<'EOF'
-import ast, sys
-
-def perf(path):
-    steps = {}
-    for line in open(path, errors="replace"):
-        if "train_metric_utils.py" in line and " - perf " in line:
-            head, _, body = line.split(" - perf ", 1)[1].partition(": ")
-            steps[int(head)] = ast.literal_eval(body.strip())
-    return steps
-
-plain, wrapped = perf(sys.argv[1]), perf(sys.argv[2])
-keys = ["perf/sleep_time", "perf/wake_up_time", "perf/update_weights_time", "perf/train_time", "perf/step_time"]
-print("step | " + " | ".join(f"{k} plain / wrapped" for k in keys))
-for step in sorted(set(plain) | set(wrapped)):
-    row = [f"{plain.get(step, {}).get(k, float('nan')):.3f} / {wrapped.get(step, {}).get(k, float('nan')):.3f}" for k in keys]
-    print(f"{step} | " + " | ".join(row))
-
-def after_sleep(path):  # slime's print_memory after each sleep of the trainer (rank 0)
-    out = []
-    for line in open(path, errors="replace"):
-        if "Memory-Usage after offload model" in line and "[Rank 0]" in line:
-            out.append(ast.literal_eval(line.split("after offload model: ", 1)[1].strip()).get("used_GB"))
-    return out
-
-print("GPU memory used after each trainer sleep (GB), plain:", after_sleep(sys.argv[1]))
-print("GPU memory used after each trainer sleep (GB), wrapped:", after_sleep(sys.argv[2]))
-EOF
+report() {  # slime's own figures per step, plain beside wrapped, and lifecycle check on the wrapped job's logs
+  "$PY" "$REPO/scripts/slime_e2e_report.py" "$OUT"
   "$PY" -m actor_integration.tools.cli check "$OUT/lifecycle-logs"
 }
 

@@ -1,0 +1,118 @@
+"""scripts/slime_e2e_report.py: slime's own per-step figures, plain beside wrapped, read from its job logs.
+
+The lines are shaped as slime 624b824a logs them under `ray job submit` (Ray's actor prefix, slime's
+logger head, a Python dict), as they came off the GPU machine's first run of slime's job.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+HEAD = "\x1b[36m(MegatronTrainRayActor pid=6850)\x1b[0m [2026-12-06 10:28:51] "
+
+
+@pytest.fixture(scope="module")
+def report_module() -> ModuleType:
+    spec = importlib.util.spec_from_file_location(
+        "slime_e2e_report", ROOT / "scripts" / "slime_e2e_report.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def job_log(sleep: list[float], wake: list[float], step_time: list[float], checker: list[int]) -> str:
+    lines = ["Running entrypoint for job raysubmit_x: python3 train.py --colocate"]
+    for step, (s, w, t) in enumerate(zip(sleep, wake, step_time, strict=True)):
+        lines.append(
+            HEAD
+            + f"train_metric_utils.py:135 - rollout {step}: {{'rollout/raw_reward': 0.25, 'rollout/truncated': 0.9}}"
+        )
+        lines.append(HEAD + f"model.py:918 - step {step}: {{'train/loss': 0.5, 'train/grad_norm': 0.125}}")
+        lines.append(
+            HEAD + "memory_utils.py:49 - [Rank 0] Memory-Usage after offload model: "
+            "{'gpu': '0', 'total_GB': 79.18, 'used_GB': 3.68, 'host_free_GB': 113.59}"
+        )
+        lines.append(
+            HEAD
+            + f"train_metric_utils.py:401 - perf {step}: {{'perf/sleep_time': {s}, 'perf/wake_up_time': {w}, "
+            f"'perf/update_weights_time': 0.05, 'perf/rollout_time': 0.3, 'perf/train_time': 0.6, "
+            f"'perf/step_time': {t}}}"
+        )
+    for code in checker:
+        lines.append(
+            f'(SGLangEngine pid=1) [2026-12-06 10:28:25] INFO:     1.2.3.4:5 - "POST /weights_checker HTTP/1.1" {code} OK'
+        )
+    lines.append(
+        HEAD + "train_metric_utils.py:401 - perf 9: {'perf/sleep_time': 0.5,"
+    )  # a line Ray cut short
+    return "\n".join(lines) + "\n"
+
+
+def test_the_table_puts_plain_beside_wrapped_and_judges_the_targets(
+    report_module: ModuleType, tmp_path: Path
+) -> None:
+    (tmp_path / "plain.log").write_text(job_log([1.0, 1.5], [0.4, 0.7], [3.0, 2.9], [200, 200, 200]))
+    (tmp_path / "wrapped.log").write_text(job_log([0.05, 0.1], [0.03, 0.04], [3.1, 2.0], [200, 200, 400]))
+    text = report_module.report(tmp_path)
+    assert "| 0 | 1.000 / 0.050 | 0.400 / 0.030 |" in text
+    assert "1.400 / 0.080 (17.5x)" in text and "2.200 / 0.140 (15.7x)" in text
+    assert "15.7x to 17.5x (target: at least 10x every step: met)" in text
+    assert "step time wrapped no higher than plain: MISSED at step(s) 0" in text
+    assert "0.250 / 0.250" in text and "0.500 / 0.500" in text and "0.125 / 0.125" in text
+    assert "/weights_checker calls, plain: 3 (all 200)" in text
+    assert "/weights_checker calls, wrapped: 3 (NOT all 200)" in text
+    assert "(GB), wrapped: [3.68, 3.68]" in text
+    assert "steps: plain 2, wrapped 2" in text  # the cut line is no step
+
+
+def test_a_missed_speed_target_says_so(report_module: ModuleType, tmp_path: Path) -> None:
+    (tmp_path / "plain.log").write_text(job_log([1.0], [0.4], [3.0], [200]))
+    (tmp_path / "wrapped.log").write_text(job_log([0.5], [0.03], [2.0], [200]))
+    text = report_module.report(tmp_path)
+    assert "2.6x to 2.6x (target: at least 10x every step: MISSED)" in text
+    assert "step time wrapped no higher than plain: met" in text
+
+
+def test_the_wrapped_trainers_sleeps_come_from_the_lifecycle_log(
+    report_module: ModuleType, tmp_path: Path
+) -> None:
+    (tmp_path / "plain.log").write_text(job_log([1.0], [0.4], [3.0], [200]))
+    (tmp_path / "wrapped.log").write_text(job_log([0.5], [0.03], [2.0], [200]))
+    logs = tmp_path / "lifecycle-logs"
+    logs.mkdir()
+    events = [
+        {"event": "lifecycle.configured"},
+        {
+            "event": "lifecycle.transition",
+            "operation": "train",
+            "plan": "sleep",
+            "duration_ms": 489.1,
+            "hooks": [{"name": "clear_memory", "ms": 23.6}, {"name": "process_groups.destroy", "ms": 462.6}],
+        },
+        {
+            "event": "lifecycle.transition",
+            "operation": "train",
+            "plan": "wake",
+            "duration_ms": 28.5,
+            "hooks": [],
+        },
+    ]
+    (logs / "actor-rank0.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    text = report_module.report(tmp_path)
+    assert "| 0 | train | 489.1 | clear_memory 23.6, process_groups.destroy 462.6 |" in text
+    assert "| 1 |" not in text.split("from the lifecycle's log")[1]  # the wake is no sleep
+
+
+def test_without_the_job_logs_it_says_what_to_run(report_module: ModuleType, tmp_path: Path) -> None:
+    assert "run scripts/slime_e2e.sh plain and wrapped first" in report_module.report(tmp_path)
+    assert report_module.main([]) == 2
