@@ -21,7 +21,7 @@ from actor_integration.backends.release_audit import cuda_free_bytes
 from actor_integration.errors import RendezvousTimeoutError
 from lifecycle.budget import BudgetInputs, agree
 
-__all__ = ["DeviceMemoryProbe"]
+__all__ = ["DefaultStore", "DeviceMemoryProbe"]
 
 
 class DeviceMemoryProbe:
@@ -89,3 +89,30 @@ class DeviceMemoryProbe:
 
     def _key(self, r: int, rank: int) -> str:
         return f"{self.prefix}/{r}/{rank}"
+
+
+class DefaultStore:
+    """The store of torch.distributed's default group, looked up at every call: where a framework
+    re-creates WORLD between sleeps (slime's reloadable WORLD, a `PrefixStore` per generation over its
+    rendezvous store), the store the ranks meet on now, not the one of the group that was.
+    `DeviceMemoryProbe(store=DefaultStore(), ...)` agrees over it."""
+
+    def _store(self) -> Any:
+        from torch.distributed import distributed_c10d
+
+        return distributed_c10d._get_default_store()
+
+    def set(self, key: str, value: str) -> None:
+        self._store().set(key, value)
+
+    def get(self, key: str) -> bytes:
+        return bytes(self._store().get(key))
+
+    def wait(self, keys: list[str], timeout: timedelta) -> None:
+        self._store().wait(keys, timeout)
+
+    def check(self, keys: list[str]) -> bool:
+        return bool(self._store().check(keys))
+
+    def delete_key(self, key: str) -> bool:
+        return bool(self._store().delete_key(key))

@@ -2,6 +2,8 @@
 
 - `trainer`: slime's `MegatronTrainRayActor` (`SlimeLifecycleMixin`): its memory, process groups
   and model tag under the trainer's transition table.
+- `budget`: `RL_LIFECYCLE_MEMORY_BUDGET=rollout`, the trainer's sleep freeing only what the colocated
+  engines need (opt-in; read by `SlimeLifecycleMixin`).
 - `rollout`: slime's `SGLangEngine` Ray actor (`SlimeRolloutMixin`, `lifecycle_engine`, `install`):
   the rollout's transition table in front of its calls.
 

@@ -43,10 +43,13 @@ import torch.distributed as dist
 
 from actor_integration.actors.mixin import LifecycleMixin
 from actor_integration.backends.clear_memory import ClearMemory
+from actor_integration.backends.memory_budget import DefaultStore, DeviceMemoryProbe
 from actor_integration.backends.memory_saver import TorchMemorySaverBackend
+from actor_integration.backends.release_audit import cuda_free_bytes
 from actor_integration.backends.routing_replay import RoutingReplayClear
 from actor_integration.backends.tms_env import is_true
 from actor_integration.frameworks.registry_groups import RegistryProcessGroups, registry, require
+from actor_integration.frameworks.slime.budget import budget_mode, rollout_need_bytes
 from actor_integration.frameworks.stand_ins import (
     body_owner,
     pipeline_parallel_size,
@@ -54,7 +57,7 @@ from actor_integration.frameworks.stand_ins import (
     stand_in_calls,
 )
 from actor_integration.frameworks.timer_feed import TimerFeed
-from lifecycle import Hooks, Lifecycle, LifecyclePolicy
+from lifecycle import Hooks, Lifecycle, LifecyclePolicy, MemoryBudget
 from lifecycle.errors import LifecycleNotConfiguredError
 from lifecycle.hooks import MemoryBackend, ProcessGroupsBackend
 from lifecycle.table import Communicators
@@ -231,11 +234,16 @@ class SlimeLifecycleMixin(LifecycleMixin):
     role: str
     _switch_model: Callable[[str], None]
 
-    def configure_lifecycle(self, policy: LifecyclePolicy, hooks: Hooks, **kwargs: Any) -> Lifecycle:
+    def configure_lifecycle(
+        self, policy: LifecyclePolicy, hooks: Hooks, *, need_bytes: int | None = None, **kwargs: Any
+    ) -> Lifecycle:
+        """`need_bytes`: what each sleep leaves free under the policy's memory budget (`lifecycle_budget_need`)."""
         lifecycle = super().configure_lifecycle(policy, hooks, **kwargs)
         feed = self.lifecycle_timer_feed()
         if feed is not None:
             lifecycle.observe(feed)
+        if need_bytes is not None:
+            lifecycle.expect(need_bytes)
         return lifecycle
 
     def lifecycle_timer_feed(self) -> TimerFeed | None:
@@ -303,11 +311,43 @@ class SlimeLifecycleMixin(LifecycleMixin):
             "hooks": self.lifecycle_hooks(),
             "rank": dist.get_rank(),
             "role": self.role,
+            "need_bytes": self.lifecycle_budget_need(),
         }
 
     def lifecycle_policy(self) -> LifecyclePolicy:
-        """slime's flags (`--offload-train`, `--colocate`, `--use-routing-replay`, ...), all memory as one unit."""
-        return LifecyclePolicy.from_args(self.args, role=self.role, memory_tags=None)
+        """slime's flags (`--offload-train`, `--colocate`, `--use-routing-replay`, ...), all memory as one unit;
+        a memory budget where `RL_LIFECYCLE_MEMORY_BUDGET=rollout` asks for one."""
+        budget = MemoryBudget() if self.lifecycle_budget_need() is not None else None
+        return LifecyclePolicy.from_args(self.args, role=self.role, memory_tags=None, memory_budget=budget)
+
+    def lifecycle_budget_need(self) -> int | None:
+        """What each sleep must leave free on this device (bytes): under `RL_LIFECYCLE_MEMORY_BUDGET=rollout`
+        the colocated engines' `--sglang-mem-fraction-static` of it (`frameworks.slime.budget`); None (off:
+        slime's full sleep) by default."""
+        if budget_mode() == "off":
+            return None
+        return rollout_need_bytes(self.args, self.lifecycle_device_total_bytes())
+
+    def lifecycle_device_total_bytes(self) -> int:
+        """This rank's device memory, all of it (the engines' fraction is of this)."""
+        import torch
+
+        return int(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
+
+    def lifecycle_free_bytes(self) -> int | None:
+        """Free bytes on this rank's device now, as the budget reads them (None: CUDA not initialised)."""
+        return cuda_free_bytes()
+
+    def lifecycle_budget_probe(self) -> DeviceMemoryProbe:
+        """The budget's probe: this device's free memory, the ranks agreeing over the default group's store
+        (looked up at each sleep: slime re-creates WORLD over its rendezvous store)."""
+        world = dist.get_world_size()
+        return DeviceMemoryProbe(
+            free_bytes=self.lifecycle_free_bytes,
+            store=DefaultStore() if world > 1 else None,
+            rank=dist.get_rank(),
+            world_size=world,
+        )
 
     def lifecycle_memory(self) -> MemoryBackend:
         """slime's memory as one unit, its backup retained (`slime_memory_backend`), checked against host RAM."""
@@ -328,6 +368,7 @@ class SlimeLifecycleMixin(LifecycleMixin):
             routing_replay=RoutingReplayClear(replay) if replay is not None else None,
             clear_memory=ClearMemory(host=True),  # slime's sleep: clear_memory(clear_host_memory=True)
             switch_model=self._switch_model if self.role == "actor" else None,
+            budget=self.lifecycle_budget_probe() if self.lifecycle_budget_need() is not None else None,
         )
 
     def lifecycle_body_globals(self, operation: str) -> Mapping[str, Any]:
