@@ -487,6 +487,10 @@ class Load:
 
 
 def finish_reason(status: Any, answer: Any) -> str:
+    """How a batch ended: "length" / "stop", "abort" (200 with an abort finish, or SGLang's error
+    answer for an aborted request: 400, 500 or 503 naming the abort), else "status <code>"."""
+    if status != 200 and "abort" in str(answer).lower():
+        return "abort"
     if status != 200 or not isinstance(answer, list) or not answer:
         return f"status {status}"
     reasons = {str((out.get("meta_info", {}).get("finish_reason") or {}).get("type")) for out in answer}
