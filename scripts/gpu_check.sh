@@ -4,9 +4,9 @@
 # Every change to code these paths run goes through it on its final commit (`make gpu-check`).
 #
 #   Here, once:     scripts/gpu_check.sh prepare
-#                   (SGLANG_GPU names the directory of the SGLang wheel set's fetch_wheels.sh; RL_LIFECYCLE_SLIME_SOURCE and
-#                   RL_LIFECYCLE_MILES_SOURCE the frameworks' sources: the wheel parts .gpuw/p1..pN
-#                   and the engine sources .gpuw/r33, all git-ignored)
+#                   (SGLANG_GPU names the directory of the SGLang wheel set's fetch_wheels.sh; RL_LIFECYCLE_SLIME_SOURCE,
+#                   RL_LIFECYCLE_MILES_SOURCE and RL_LIFECYCLE_AREAL_SOURCE the frameworks' sources: the wheel
+#                   parts .gpuw/p1..pN and the engine sources .gpuw/r33, all git-ignored)
 #   On the device:  call after call, back to back (the machine is given back 30 s after a call),
 #                   call K carrying .gpuw/pK (and .gpuw/r33), the calls after the last part
 #                   carrying .gpuw/r33 only:   bash scripts/gpu_check.sh
@@ -38,10 +38,12 @@ if [[ $# -gt 0 ]]; then
 fi
 
 # The usual seconds of each step (measured on an H100, sglang 0.5.17, 2026-12-06, whole run at
-# da506b8): a step starts only if these fit.
+# da506b8): a step starts only if these fit. areal's is an ESTIMATE, not yet measured (AReaL's import
+# ~15 s, two 1 GB checkpoints ~10 s, the server ~60 s, 2 x 10 cycles with a disk load each ~40 s,
+# the failures ~30 s, lifecycle check ~5 s): replace it with the first run's.
 declare -A usual=([bench]=115 [demo]=200 [demoplain]=120 [tests]=95 [wsync]=70 [kill]=120 [probeorder]=70
-    [slime]=200 [miles]=210)
-read -r -a steps <<<"${GPU_CHECK_STEPS:-bench demo demoplain tests wsync kill probeorder slime miles}"
+    [slime]=200 [miles]=210 [areal]=180)
+read -r -a steps <<<"${GPU_CHECK_STEPS:-bench demo demoplain tests wsync kill probeorder slime miles areal}"
 for s in "${steps[@]}"; do
     [[ -n ${usual[$s]:-} ]] || {
         echo "scripts/gpu_check.sh: unknown step '$s' in GPU_CHECK_STEPS; steps: ${!usual[*]}" >&2

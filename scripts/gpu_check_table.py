@@ -26,6 +26,7 @@ COMMANDS = {
     "probeorder": ["probe_release_order"],
     "slime": ["test_slime_rollout_gpu", "slime_rollout_check"],
     "miles": ["test_miles_rollout_gpu", "miles_rollout_check"],
+    "areal": ["test_areal_rollout_gpu", "areal_rollout_check"],
 }
 
 
@@ -103,6 +104,33 @@ def figures(work: Path, name: str) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
+def areal_headline(work: Path) -> str:
+    """AReaL's engine on the server: the switch plain and wrapped against the 3 ms target, the field
+    failures, whether AReaL's AWEX plugin fits this SGLang's scheduler."""
+    summary = figures(work, "areal_rollout_summary") or figures(work, "areal_rollout_switch")
+    parts = []
+    if "wrapped_switch_ms" in summary:
+        met = {True: "met", False: "MISSED"}.get(summary.get("target_met"), "?")
+        delta = summary.get("delta_ms")
+        parts.append(
+            f"switch plain {summary.get('plain_switch_ms')} ms, wrapped {summary.get('wrapped_switch_ms')} ms "
+            f"({'?' if delta is None else f'{delta:+}'} ms, target <= 3: {met})"
+        )
+    failures = [
+        ("#1726", "1726_absorbed"),
+        ("#1737", "1737_refused_then_ordered"),
+        ("#1160", "1160_plain_held_wrapped_served"),
+        ("idle", "idle_drained"),
+        ("in-place refused", "idle_ablation_refused"),
+    ]
+    seen = [f"{label} {'ok' if summary[key] else 'FAILED'}" for label, key in failures if key in summary]
+    if seen:
+        parts.append(", ".join(seen))
+    if "plugin_runs_on_this_sglang" in summary:
+        parts.append(f"AWEX plugin fits this SGLang: {summary['plugin_runs_on_this_sglang']}")
+    return "; ".join(parts)
+
+
 def headline(work: Path, step: str) -> str:
     if step == "bench":
         return bench_headline(work)
@@ -121,6 +149,17 @@ def headline(work: Path, step: str) -> str:
         return pytest_line(log(work, COMMANDS[step][0]))
     if step in ("slime", "miles"):
         return f"{pytest_line(log(work, COMMANDS[step][0]))}; {check_line(log(work, COMMANDS[step][1]))}"
+    if step == "areal":
+        extra = areal_headline(work)
+        return "; ".join(
+            p
+            for p in (
+                pytest_line(log(work, COMMANDS[step][0])),
+                extra,
+                check_line(log(work, COMMANDS[step][1])),
+            )
+            if p
+        )
     return ""
 
 

@@ -26,6 +26,10 @@
 #             a real server, slime's push and ours; lifecycle check on the actor's log
 #   miles     tests/gpu/test_miles_rollout_gpu.py: the same tests on miles' SGLangEngine (source in
 #             .gpuw/r33/miles, exported the same way)
+#   areal     tests/gpu/test_areal_rollout_gpu.py: AReaL's own RemoteSGLangEngine (the files it imports
+#             in .gpuw/r33/areal, exported the same way) on a stock SGLang server, plain and under
+#             ArealRolloutMixin: the colocate switch timed, AReaL's field failures; lifecycle check on
+#             the wrapped engines' log
 # e.g. `bash scripts/gpu_sglang.sh stage install tests bench`. Each step's output goes to
 # $WORK/<step>.log (default /tmp/gpu-sglang); the tail is printed; results-*.tgz lands in $OUT.
 set -u
@@ -39,6 +43,7 @@ export PYTHONPATH=$SITE:$PSITE:$PWD HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TVM_
 export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1 LIFECYCLE_GPU_OUT=$WORK
 export RL_LIFECYCLE_SLIME_SOURCE=${RL_LIFECYCLE_SLIME_SOURCE:-$PWD/.gpuw/r33/slime}
 export RL_LIFECYCLE_MILES_SOURCE=${RL_LIFECYCLE_MILES_SOURCE:-$PWD/.gpuw/r33/miles}
+export RL_LIFECYCLE_AREAL_SOURCE=${RL_LIFECYCLE_AREAL_SOURCE:-$PWD/.gpuw/r33/areal}
 
 step() {
     local name=$1 limit=$2
@@ -161,12 +166,18 @@ for part in "$@"; do
             "$PY" -m pytest -m gpu -q -s -p no:cacheprovider tests/gpu/test_miles_rollout_gpu.py
         step miles_rollout_check 40 "$PY" -m actor_integration.tools.cli check "$WORK/miles-rollout-logs"
         ;;
+    areal)
+        TAIL=40 step test_areal_rollout_gpu 420 \
+            "$PY" -m pytest -m gpu -q -s -p no:cacheprovider tests/gpu/test_areal_rollout_gpu.py
+        step areal_rollout_check 40 "$PY" -m actor_integration.tools.cli check "$WORK/areal-rollout-logs"
+        ;;
     *) echo "unknown part $part" ;;
     esac
 done
 if [[ -n ${OUT:-} ]]; then
     cp "$WORK/summary.txt" "$OUT/summary.txt" 2>/dev/null
-    cat "$WORK"/sglang_*.json "$WORK"/slime_*.json "$WORK"/miles_*.json "$WORK"/bench_sglang_sync.json >"$OUT/figures.txt" 2>/dev/null
+    cat "$WORK"/sglang_*.json "$WORK"/slime_*.json "$WORK"/miles_*.json "$WORK"/areal_*.json \
+        "$WORK"/bench_sglang_sync.json >"$OUT/figures.txt" 2>/dev/null
     [[ -d $TVM_FFI_CACHE_DIR ]] && tar -czf "$OUT/tvmffi.tgz" -C "$TVM_FFI_CACHE_DIR" . 2>/dev/null
 fi
 cat "$WORK/summary.txt" 2>/dev/null

@@ -4,7 +4,9 @@
 #   scripts/gpu_wheels.sh            # .gpuw/p1 .. .gpuw/pN, one part each (git-ignore /.gpuw/)
 # With RL_LIFECYCLE_SLIME_SOURCE set (a slime checkout or git directory), slime's engine modules
 # are exported to .gpuw/r33/slime for the `slime` step; with RL_LIFECYCLE_MILES_SOURCE, miles' to
-# .gpuw/r33/miles for the `miles` step.
+# .gpuw/r33/miles for the `miles` step; with RL_LIFECYCLE_AREAL_SOURCE, the AReaL files its remote
+# SGLang engine imports (tests/helpers/areal_engine.py ENGINE_FILES, about 1.5 MB) to
+# .gpuw/r33/areal for the `areal` step.
 # Then, back to back (the machine is given back 30 s after a call):
 #   run(carry=[".gpuw/p1"], command="bash scripts/gpu_sglang.sh stage")   ... for p1 .. pN-1
 #   run(carry=[".gpuw/pN"], command="bash scripts/gpu_sglang.sh stage run")
@@ -55,18 +57,23 @@ for part in .gpuw/p*; do echo "$n" >"$part/parts"; done # the device side knows 
 rm -f .gpuw/all.tar
 echo "$n parts of <= ${part_mib} MiB:"
 du -sh .gpuw/p*
-# The frameworks' engine sources for `gpu_sglang.sh slime` / `miles` (never committed), each from
-# its RL_LIFECYCLE_<NAME>_SOURCE when set: carry .gpuw/r33 with the last part.
+# The frameworks' engine sources for `gpu_sglang.sh slime` / `miles` / `areal` (never committed),
+# each from its RL_LIFECYCLE_<NAME>_SOURCE when set: carry .gpuw/r33 with the last part.
 py=python3
 [[ -x .venv/bin/python ]] && py=.venv/bin/python # the source helpers import torch: `make install` has it
-for name in slime miles; do
+for name in slime miles areal; do
     source_env="RL_LIFECYCLE_${name^^}_SOURCE"
     [[ -n ${!source_env:-} ]] || continue
     rm -rf ".gpuw/r33/$name"
     PYTHONPATH=$here "$py" -c 'import importlib, sys; from pathlib import Path
 name = sys.argv[1]
-modules = getattr(importlib.import_module("tests.helpers.engine_source"), f"{name.upper()}_MODULES")
+modules = (
+    importlib.import_module("tests.helpers.areal_engine").ENGINE_FILES
+    if name == "areal"
+    else getattr(importlib.import_module("tests.helpers.engine_source"), f"{name.upper()}_MODULES")
+)
 source = getattr(importlib.import_module(f"tests.helpers.{name}_source"), f"{name.capitalize()}Source")
 print(name, source.find().export(Path(sys.argv[2]), (*modules, source.PROBE)).resolved_commit(), "->", sys.argv[2])' \
         "$name" ".gpuw/r33/$name"
 done
+if [[ -d .gpuw/r33 ]]; then du -sh .gpuw/r33/* .gpuw/r33; fi

@@ -1,0 +1,66 @@
+"""scripts/gpu_check_table.py: the `areal` step's row, from what gpu_sglang.sh and the GPU test leave in WORK."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def table() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gpu_check_table", ROOT / "scripts" / "gpu_check_table.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def ran(work: Path, figures: dict | None) -> None:
+    (work / "summary.txt").write_text("test_areal_rollout_gpu rc=0 150s\nareal_rollout_check rc=0 3s\n")
+    (work / "test_areal_rollout_gpu.log").write_text("======= 8 passed in 140.2s =======\n")
+    (work / "areal_rollout_check.log").write_text(
+        "lifecycle check: 1 file(s), 300 event(s), 2 machine(s): clean\n"
+    )
+    if figures is not None:
+        (work / "areal_rollout_summary.json").write_text(json.dumps(figures))
+
+
+def test_the_row_gives_the_switch_against_the_target_the_failures_and_the_plugin(table, tmp_path, capsys):
+    ran(
+        tmp_path,
+        {
+            "plain_switch_ms": 60.1,
+            "wrapped_switch_ms": 64.5,
+            "delta_ms": 4.4,
+            "target_met": False,
+            "1726_absorbed": True,
+            "1737_refused_then_ordered": True,
+            "1160_plain_held_wrapped_served": True,
+            "idle_drained": False,
+            "idle_ablation_refused": "EngineNotIdleError",
+            "plugin_runs_on_this_sglang": False,
+        },
+    )
+    assert table.main([str(tmp_path), "areal"]) == 0
+    row = capsys.readouterr().out.splitlines()[2]
+    assert row.startswith("| areal | pass | 153 | 8 passed in 140.2s; ")
+    assert "switch plain 60.1 ms, wrapped 64.5 ms (+4.4 ms, target <= 3: MISSED)" in row
+    assert "#1726 ok, #1737 ok, #1160 ok, idle FAILED, in-place refused ok" in row
+    assert "AWEX plugin fits this SGLang: False; lifecycle check: " in row
+
+
+def test_without_the_figures_the_row_has_the_test_and_the_check_only(table, tmp_path, capsys):
+    ran(tmp_path, None)
+    table.main([str(tmp_path), "areal"])
+    row = capsys.readouterr().out.splitlines()[2]
+    assert row.endswith(
+        "| 8 passed in 140.2s; lifecycle check: 1 file(s), 300 event(s), 2 machine(s): clean |"
+    )
