@@ -10,10 +10,9 @@ from typing import Any
 import pytest
 import torch
 
-from actor_integration.weight_sync import RankSlot, WeightSender
 from actor_integration.weight_sync.cuda_ipc import IpcBuffer
-from actor_integration.weight_sync.shm import ShmSender
 from actor_integration.weight_sync.wire import PAYLOAD_TRANSPORTS, decode_payload, encode_payload
+from tests.helpers.weight_sync_doubles import shm_sender
 
 
 @pytest.fixture
@@ -25,15 +24,7 @@ def payload() -> Any:
         captured.extend(payloads)
         return {"version": version}
 
-    sender = WeightSender(
-        RankSlot.single(0),
-        None,
-        ShmSender(),
-        rank=0,
-        engine_call=engine_call,
-        bucket_bytes=1 << 12,
-        deadline_s=10,
-    )
+    sender = shm_sender(engine_call, bucket_bytes=1 << 12, deadline_s=10)
     g = torch.Generator().manual_seed(0)
     tensors = {"a.weight": torch.randn(32, 8, generator=g), "a.bias": torch.randn(8, generator=g).bfloat16()}
     sender.send(1, tensors.items())
