@@ -6,6 +6,9 @@ they hold (`backends/`, `actors/`, `tools/`, `models/`, `frameworks/`); the SGLa
 `frameworks/<name>/`. Importing an old path gives
 the new module itself (the same classes, so isinstance checks and Ray's pickles by name still work)
 and one `DeprecationWarning` naming the new path.
+
+A name that left a module which stays (`MOVED_NAMES`) answers there the same way: the module's
+`__getattr__` hands it to `moved_name`, which gives the object from its new home and warns.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import warnings
 from collections.abc import Sequence
 from importlib.machinery import ModuleSpec
 from types import ModuleType
+from typing import Any
 
 MOVED = {
     "actor_integration.memory_saver": "actor_integration.backends.memory_saver",
@@ -46,6 +50,29 @@ MOVED = {
     "actor_integration.frameworks.slime_rollout": "actor_integration.frameworks.slime.rollout",
     "actor_integration.frameworks.miles_rollout": "actor_integration.frameworks.miles.rollout",
 }
+
+# Names that left a module which stays, by their whole dotted paths (old -> new).
+MOVED_NAMES = {
+    # 0.1.x, issue 48: the payload codec is the weight sync's, whatever engine's processes receive
+    "actor_integration.engines.sglang.receiver.encode_payload": "actor_integration.weight_sync.wire.encode_payload",
+    "actor_integration.engines.sglang.receiver.decode_payload": "actor_integration.weight_sync.wire.decode_payload",
+    "actor_integration.engines.sglang.receiver.TRANSPORTS": "actor_integration.weight_sync.wire.PAYLOAD_TRANSPORTS",
+}
+
+
+def moved_name(module: str, name: str) -> Any:
+    """`module.name` asked for under its old path: the object at its new one, with a DeprecationWarning
+    (what a module's `__getattr__` returns); an AttributeError for a name that never moved."""
+    new = MOVED_NAMES.get(f"{module}.{name}")
+    if new is None:
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+    warnings.warn(
+        f"{module}.{name} moved to {new}; import it from there (the old name goes in 0.2)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    where, attr = new.rsplit(".", 1)
+    return getattr(importlib.import_module(where), attr)
 
 
 def new_name(old: str) -> str | None:

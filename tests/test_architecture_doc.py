@@ -1,7 +1,11 @@
-"""docs/architecture.md names every module of `actor_integration/`, and every module it names exists."""
+"""docs/architecture.md names every module of `actor_integration/`, every module it names exists,
+and the imports keep the layering it states."""
 
+import ast
 import re
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = (ROOT / "docs" / "architecture.md").read_text()
@@ -48,3 +52,52 @@ def test_every_product_module_is_under_the_line_limit():
         if (n := len(path.read_text().splitlines())) > LIMIT
     }
     assert over == {}, f"modules over {LIMIT} lines: {over}"
+
+
+def _imported(path: Path) -> set[str]:
+    """Every module a file imports, at its top or inside a function (relative imports resolved)."""
+    package = path.relative_to(ROOT).with_suffix("").parts[:-1]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join(package[: len(package) - node.level + 1]) if node.level else ""
+            module = ".".join(p for p in (base, node.module or "") if p)
+            found.add(module)
+            found |= {f"{module}.{alias.name}" for alias in node.names}  # `from pkg import module`
+    return found
+
+
+def _offenders(folder: str, forbidden: str) -> list[str]:
+    return sorted(
+        f"{path.relative_to(ROOT).as_posix()} imports {name}"
+        for path in (ROOT / folder).rglob("*.py")
+        for name in _imported(path)
+        if name == forbidden or name.startswith(forbidden + ".")
+    )
+
+
+def test_the_core_imports_nothing_from_the_adapters():
+    """`lifecycle/` imports nothing from `actor_integration/`, as the doc says."""
+    assert "`lifecycle/` imports nothing from `actor_integration/`" in DOC
+    assert _offenders("lifecycle", "actor_integration") == []
+
+
+ENGINES = sorted(
+    p.name for p in (ROOT / "actor_integration" / "engines").iterdir() if (p / "__init__.py").is_file()
+)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_an_engine_imports_nothing_from_another_engine(engine):
+    """What two engines share lives in `rollout/` or `weight_sync/`, not in one of them."""
+    assert "imports nothing from another engine's" in DOC
+    assert len(ENGINES) > 1
+    others = [other for other in ENGINES if other != engine]
+    offenders = [
+        o
+        for other in others
+        for o in _offenders(f"actor_integration/engines/{engine}", f"actor_integration.engines.{other}")
+    ]
+    assert offenders == []

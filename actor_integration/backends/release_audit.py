@@ -7,6 +7,10 @@ asynchronous release), and the next phase runs out of memory (slime #579, miles 
 and after each pause and resume, and logs `memory.released` / `memory.taken` with the numbers
 through the actor's lifecycle (`sink`). A release that freed less than `warn_below` of what its
 tags hold (`expected_bytes`) is logged at warning level, with `short: true` and both figures.
+A backend that takes a plan stage's tags in one call (`MemoryBatches`: `pause_tags`,
+`resume_tags`) keeps that call: it is measured once, and its records stay one per tag (the first
+carries the call, the others follow it with nothing of their own), as the lifecycle's log keeps
+one hook entry per tag.
 
 `torch.cuda.mem_get_info` counts the whole device: another process allocating or freeing on the
 same GPU during the pause moves the figure (the colocated loop runs one side's phase switch at a
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,6 +35,7 @@ from lifecycle.logs import Event
 __all__ = ["AuditedMemory", "Measurement", "cuda_free_bytes"]
 
 MIB = 1 << 20
+BATCHES = {"pause_tags": "release", "resume_tags": "resume"}  # `MemoryBatches`, where the backend has them
 # Below this a tag's size is within the CUDA caching allocator's granularity (2 MiB blocks, 20 MiB
 # segments): what a release frees is then rounding, not evidence of a leak.
 WARN_MIN_BYTES = 64 * MIB
@@ -64,8 +70,9 @@ class AuditedMemory:
     """A `MemoryBackend` that measures the device memory each pause freed and each resume took.
 
     `expected_bytes(tag)` (tag None: every tag) says what a tag holds when resident, or None when
-    unknown (then nothing is judged short). Other attributes (`is_paused`, `region`, `describe`,
-    ...) are the wrapped backend's.
+    unknown (then nothing is judged short). `pause_tags` / `resume_tags` exist where the wrapped
+    backend has them, audited as one call (see the module docstring). Other attributes
+    (`is_paused`, `region`, `describe`, ...) are the wrapped backend's.
     """
 
     # Measuring needs the pause alone on the device: a process-group teardown run beside it frees
@@ -103,11 +110,11 @@ class AuditedMemory:
 
     def pause(self, tag: str | None = None) -> None:
         """Pause `tag` on the wrapped backend, measuring the device memory it freed."""
-        self._audit("release", tag, self.memory.pause)
+        self._audit("release", (tag,), functools.partial(self.memory.pause, tag))
 
     def resume(self, tag: str | None = None) -> None:
         """Resume `tag` on the wrapped backend, measuring the device memory it took."""
-        self._audit("resume", tag, self.memory.resume)
+        self._audit("resume", (tag,), functools.partial(self.memory.resume, tag))
 
     def disable(self) -> contextlib.AbstractContextManager[Any]:
         """The wrapped backend's `disable()` (not measured)."""
@@ -116,17 +123,26 @@ class AuditedMemory:
     def __getattr__(self, name: str) -> Any:
         if name == "memory":  # not set yet (unpickling): no wrapped backend to ask
             raise AttributeError(name)
-        return getattr(self.memory, name)
+        value = getattr(self.memory, name)  # an AttributeError where the backend lacks it
+        if name in BATCHES:  # the backend's one call for a stage's tags, audited as one
+            return functools.partial(self._audit_batch, BATCHES[name], value)
+        return value
 
-    def _audit(self, kind: str, tag: str | None, call: Callable[[str | None], None]) -> None:
+    def _audit_batch(self, kind: str, call: Callable[[tuple[str, ...]], None], tags: tuple[str, ...]) -> None:
+        self._audit(kind, tuple(tags), functools.partial(call, tags))
+
+    def _audit(self, kind: str, tags: tuple[str | None, ...], call: Callable[[], None]) -> None:
+        """Measure one call releasing (or resuming) `tags`: its first tag's record carries what the
+        call freed (or took) against what all of them hold; each other tag's record follows it with
+        nothing of its own (0 bytes expected and measured)."""
         before = self._free()
         started = time.perf_counter()
-        call(tag)
+        call()
         duration_ms = round((time.perf_counter() - started) * 1e3, 3)
         after = self._free() if before is not None else None
         if before is None or after is None:
             return
-        expected = self._expected(tag)
+        expected = self._expected_of(tags)
         measured = after - before if kind == "release" else before - after
         short = (
             kind == "release"
@@ -134,15 +150,27 @@ class AuditedMemory:
             and expected >= self.warn_min_bytes
             and measured < self.warn_below * expected
         )
-        measurement = Measurement(kind, tag, expected, measured, before, after, duration_ms, short)
-        self.measurements.append(measurement)
-        self._log(measurement)
+        first = Measurement(kind, tags[0], expected, measured, before, after, duration_ms, short)
+        rest = [Measurement(kind, tag, 0, 0, after, after, 0.0, False) for tag in tags[1:]]
+        for measurement in (first, *rest):
+            self.measurements.append(measurement)
+            self._log(measurement)
 
     def _free(self) -> int | None:
         try:
             return self.free_bytes()
         except Exception:  # a measurement must never turn a working hook into a failed one
             return None
+
+    def _expected_of(self, tags: tuple[str | None, ...]) -> int | None:
+        """What `tags` hold together, or None if any is unknown."""
+        total = 0
+        for tag in tags:
+            value = self._expected(tag)
+            if value is None:
+                return None
+            total += value
+        return total
 
     def _expected(self, tag: str | None) -> int | None:
         if self.expected_bytes is None:

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from actor_integration._moved import MOVED, new_name
+from actor_integration._moved import MOVED, MOVED_NAMES, new_name
 
 # The suite turns these warnings into errors (pyproject.toml); here they are what is tested.
 pytestmark = pytest.mark.filterwarnings("default:.* moved to actor_integration:DeprecationWarning")
@@ -79,3 +79,29 @@ class TestOldPaths:
         assert new_name("actor_integration.demonstration") is None
         with pytest.raises(ModuleNotFoundError):
             importlib.import_module("actor_integration.no_such_module")
+
+
+class TestMovedNames:
+    """A name that left a module which stays answers there for one release, with one warning."""
+
+    @pytest.mark.parametrize("old", sorted(MOVED_NAMES))
+    def test_an_old_name_is_the_new_object_and_says_where_it_went(self, old):
+        module, name = old.rsplit(".", 1)
+        where, attr = MOVED_NAMES[old].rsplit(".", 1)
+        with pytest.warns(DeprecationWarning, match=f"{old} moved to {MOVED_NAMES[old]}"):
+            value = getattr(importlib.import_module(module), name)
+        assert value is getattr(importlib.import_module(where), attr)
+
+    def test_the_codec_under_its_0_1_module_path_is_the_wire_codec(self):
+        """`from actor_integration.rollout.sglang_receiver import encode_payload`, as 0.1 had it."""
+        from actor_integration.weight_sync.wire import encode_payload
+
+        with pytest.warns(DeprecationWarning):
+            from actor_integration.rollout.sglang_receiver import encode_payload as old
+        assert old is encode_payload
+
+    def test_a_name_that_never_moved_is_still_an_attribute_error(self):
+        from actor_integration.engines.sglang import receiver
+
+        with pytest.raises(AttributeError, match="no attribute 'encode_weights'"):
+            receiver.encode_weights  # noqa: B018

@@ -47,3 +47,25 @@ class ForkMemorySaver(FakeMemorySaver):
     @memory_margin_bytes.setter
     def memory_margin_bytes(self, value: int) -> None:
         self.margin_bytes = value
+
+
+class BatchMemory(FakeMemorySaver):
+    """A memory backend that also takes a stage's tags in one call (`MemoryBatches`, as an engine
+    server's `ServerMemory` does): each batch is recorded, then paused (or resumed) tag by tag."""
+
+    def __init__(self, fail: bool = False, **options: Any) -> None:
+        super().__init__(**options)
+        self.batches: list[tuple[str, tuple[str, ...]]] = []
+        self.fail = fail
+
+    def pause_tags(self, tags: tuple[str, ...]) -> None:
+        self.batches.append(("pause", tags))
+        if self.fail:
+            raise RuntimeError("the server refused the release")
+        for tag in tags:
+            self.pause(tag)
+
+    def resume_tags(self, tags: tuple[str, ...]) -> None:
+        self.batches.append(("resume", tags))
+        for tag in tags:
+            self.resume(tag)

@@ -15,6 +15,7 @@ from lifecycle import (
 )
 from lifecycle.table import PLANS, Hook
 from lifecycle.testing import FakeMemorySaver, FakeProcessGroups, InjectedFault, recording_lifecycle
+from tests.helpers.tms import BatchMemory
 
 PATIENCE_S = 10.0  # only a hang would use it up
 
@@ -125,27 +126,6 @@ class TestTogether:
         done.join(PATIENCE_S)
         assert not done.is_alive(), "the machine deadlocked on a hook calling back from the hook pool"
         assert len(refusals) == 1 and lc.state is State.PAUSED
-
-
-class BatchMemory(FakeMemorySaver):
-    """A memory backend that also takes a stage's tags in one call (`MemoryBatches`)."""
-
-    def __init__(self, fail: bool = False) -> None:
-        super().__init__()
-        self.batches: list[tuple[str, tuple[str, ...]]] = []
-        self.fail = fail
-
-    def pause_tags(self, tags):
-        self.batches.append(("pause", tags))
-        if self.fail:
-            raise RuntimeError("the server refused the release")
-        for tag in tags:
-            self.pause(tag)
-
-    def resume_tags(self, tags):
-        self.batches.append(("resume", tags))
-        for tag in tags:
-            self.resume(tag)
 
 
 ROLLOUT_TAGS = ("weights", "kv_cache", "cuda_graph")

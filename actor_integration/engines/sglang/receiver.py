@@ -22,7 +22,6 @@ it after the call and raises the typed error (`CorruptBucketError` with the same
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 import os
@@ -31,8 +30,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from actor_integration import _moved
 from actor_integration.rollout.load_plan import LoadPlans
-from actor_integration.weight_sync.buckets import BucketManifest, PackedEntries
+from actor_integration.weight_sync import wire
 from actor_integration.weight_sync.wire import RankPayload
 
 LOADER = "actor_integration.engines.sglang.receiver.receive"
@@ -41,124 +41,6 @@ OPS = ("hello", "round", "release")
 
 _receiver: Any = None  # the WeightReceiver of this scheduler process, made on first use
 _plans = LoadPlans()  # SGLang's loaders' copies, per layout
-
-
-# ---------------------------------------------------------------------------------------------- encoding
-
-
-def _plain(value: Any) -> Any:
-    """JSON-able form of a descriptor field: bytes become {"b64": ...}, tuples lists."""
-    if isinstance(value, (bytes, bytearray)):
-        return {"b64": base64.b64encode(bytes(value)).decode()}
-    if isinstance(value, (tuple, list)):
-        return [_plain(v) for v in value]
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    raise TypeError(f"cannot send a {type(value).__name__} to SGLang's scheduler: {value!r}")
-
-
-def _unplain(value: Any) -> Any:
-    if isinstance(value, dict) and set(value) == {"b64"}:
-        return base64.b64decode(value["b64"])
-    if isinstance(value, list):
-        return tuple(_unplain(v) for v in value)
-    return value
-
-
-TRANSPORTS = ("cuda_ipc", "shm")  # what a scheduler can open: the trainer's GPU buffers, or /dev/shm files
-
-
-def encode_payload(payload: RankPayload) -> dict[str, Any]:
-    """A `cuda_ipc` or `shm` payload as JSON-able builtins (`decode_payload` reverses it)."""
-    if payload.transport not in TRANSPORTS:
-        raise ValueError(
-            f"the scheduler-side receiver takes {list(TRANSPORTS)} payloads, got {payload.transport!r}: "
-            "SGLang's scheduler opens the trainer's buffers by their CUDA IPC handles or shared-memory files"
-        )
-    buckets = []
-    for manifest in payload.buckets:
-        names, meta = manifest.packed.key
-        buckets.append(
-            {
-                "index": manifest.index,
-                "nbytes": manifest.nbytes,
-                "names": names,
-                "meta": _plain(meta),
-                "checksum": manifest.checksum,
-                "checksum_kind": manifest.checksum_kind,
-            }
-        )
-    return {
-        "version": payload.version,
-        "round": payload.round,
-        "final": payload.final,
-        "slot": payload.slot,
-        "rank": payload.rank,
-        "transport": payload.transport,
-        "sender": payload.sender,
-        "gpu": payload.gpu,
-        "buckets": buckets,
-        "descriptors": [_descriptor(payload.transport, d) for d in payload.descriptors],
-    }
-
-
-def _descriptor(transport: str, d: Any) -> dict[str, Any]:
-    if transport == "shm":
-        from actor_integration.weight_sync.shm import ShmRegion
-
-        if not isinstance(d, ShmRegion):
-            raise TypeError(f"shm payload with a {type(d).__name__} descriptor")
-        return {"path": d.path, "nbytes": d.nbytes}
-    from actor_integration.weight_sync.cuda_ipc import IpcBuffer
-
-    if not isinstance(d, IpcBuffer):
-        raise TypeError(f"cuda_ipc payload with a {type(d).__name__} descriptor")
-    return {
-        "buffer_id": d.buffer_id,
-        "share": _plain(d.share),
-        "capacity": d.capacity,
-        "ready": _plain(d.ready),
-    }
-
-
-def _undescriptor(transport: str, d: dict[str, Any]) -> Any:
-    if transport == "shm":
-        from actor_integration.weight_sync.shm import ShmRegion
-
-        return ShmRegion(path=d["path"], nbytes=d["nbytes"])
-    from actor_integration.weight_sync.cuda_ipc import IpcBuffer
-
-    return IpcBuffer(
-        buffer_id=d["buffer_id"],
-        share=_unplain(d["share"]),
-        capacity=d["capacity"],
-        ready=_unplain(d["ready"]),
-    )
-
-
-def decode_payload(data: dict[str, Any]) -> RankPayload:
-    buckets = tuple(
-        BucketManifest(
-            index=b["index"],
-            nbytes=b["nbytes"],
-            entries=PackedEntries(b["names"], _unplain(b["meta"])),
-            checksum=b["checksum"],
-            checksum_kind=b["checksum_kind"],
-        )
-        for b in data["buckets"]
-    )
-    return RankPayload(
-        version=data["version"],
-        round=data["round"],
-        final=data["final"],
-        slot=data["slot"],
-        rank=data["rank"],
-        transport=data["transport"],
-        sender=data["sender"],
-        gpu=data["gpu"],
-        buckets=buckets,
-        descriptors=tuple(_undescriptor(data["transport"], d) for d in data["descriptors"]),
-    )
 
 
 def encode_request(
@@ -184,7 +66,7 @@ def encode_request(
     for rank in range(ranks):
         request: dict[str, Any] = {"op": op, "call": call, "reply": reply, "rank": rank}
         if payloads is not None:
-            request["payload"] = encode_payload(payloads[rank])
+            request["payload"] = wire.encode_payload(payloads[rank])
             request["digest"] = digest
         names.append(PREFIX + json.dumps(request, separators=(",", ":")))
     return names
@@ -248,7 +130,7 @@ def _load_round(model: Any, request: dict[str, Any], group: Any) -> dict[str, An
     t0 = time.perf_counter()
     received = None
     try:
-        payload = decode_payload(request["payload"])
+        payload = wire.decode_payload(request["payload"])
         received = stack.enter_context(receiver.open([payload]))  # opens and verifies every bucket
         mine: dict[str, Any] = {"ok": True, "pid": os.getpid(), "nbytes": received.nbytes}
     except Exception as exc:
@@ -389,12 +271,16 @@ def _ms(start: float) -> float:
     return round((time.perf_counter() - start) * 1e3, 3)
 
 
+def __getattr__(name: str) -> Any:
+    """0.1's names of the payload codec here (`encode_payload`, `TRANSPORTS`), now in
+    `weight_sync.wire`, for one release."""
+    return _moved.moved_name(__name__, name)
+
+
 __all__ = [
     "LOADER",
     "OPS",
     "PREFIX",
-    "decode_payload",
-    "encode_payload",
     "encode_request",
     "read_reply",
     "receive",

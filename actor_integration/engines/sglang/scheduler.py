@@ -22,6 +22,7 @@ from typing import Any
 
 from actor_integration.engines.sglang import receiver as sglang_receiver
 from actor_integration.weight_sync.wire import (
+    PAYLOAD_TRANSPORTS,
     CorruptBucketError,
     RankPayload,
     WeightSyncError,
@@ -81,7 +82,7 @@ class SchedulerReceiverCalls:
 
     def accepts_payloads(self, transport: str) -> bool:
         """Whether a round by `transport` goes to the schedulers unopened (`load_payloads`)."""
-        return self.scheduler_receiver and transport in sglang_receiver.TRANSPORTS
+        return self.scheduler_receiver and transport in PAYLOAD_TRANSPORTS
 
     def check_payloads(self, payloads: Sequence[RankPayload]) -> None:
         """Refuse a round before anything is sent (the caller still holds its buffers' grants)."""

@@ -1,11 +1,12 @@
 """`VLLMRolloutActor`: `RolloutActor` with the memory hook vLLM's sleep needs.
 
-The lifecycle releases memory one tag at a time (weights, then the KV cache); vLLM's sleep releases
-both at once and cannot release either alone. `VLLMMemory` bridges the two honestly: the first
-tag's release is vLLM's sleep of both, and the other tag's release, which follows in the same
-sleep, is acknowledged as done by it. So that this pairing always completes, `VLLMRolloutActor`
-refuses a sleep of one tag (`SleepTagsError`) before the lifecycle starts it. Wakes go tag by tag,
-as vLLM's `wake_up(tags)` does (the colocated wake: weights, sync, then the KV cache).
+vLLM's sleep releases the weights and the KV cache at once and cannot release either alone. The
+lifecycle's sleep releases a stage's tags in one call where the memory hook takes tags together
+(`MemoryBatches`): `VLLMMemory` does, so the sleep of both tags is vLLM's one sleep (through the
+release audit, which keeps that call). So that a sleep always carries both, `VLLMRolloutActor`
+refuses a sleep of one tag (`SleepTagsError`) before the lifecycle starts it. Wakes go tag by tag
+where the caller asks one tag at a time, as vLLM's `wake_up(tags)` does (the colocated wake:
+weights, sync, then the KV cache), and in one `wake_up` where one wake asks both.
 
 A level-2 engine discards its weights on sleep: the lifecycle then counts them as discarded and
 refuses generation until a sync's final round loads (`discard_on_release`); a level-1 engine keeps
@@ -25,24 +26,14 @@ from actor_integration.rollout.engine import QueryableEngineMemory
 
 
 class VLLMMemory(QueryableEngineMemory):
-    """The lifecycle's per-tag memory hook over vLLM's sleep of both tags (see the module docstring)."""
+    """The lifecycle's memory hook over vLLM: a stage's tags in one call (see the module docstring);
+    a pause of one tag alone is the adapter's refusal (`SleepTagsError`), vLLM untouched."""
 
-    def __init__(self, engine: VLLMAdapter) -> None:
-        super().__init__(engine)
-        self.together: set[str] = set()  # tags the last sleep released beside the one asked
+    def pause_tags(self, tags: tuple[str, ...]) -> None:
+        self.engine.release_memory_occupation(list(tags))
 
-    def pause(self, tag: str | None = None) -> None:
-        if tag is not None and tag in self.together:
-            self.together.discard(tag)  # released by the sleep that released its partner
-            return
-        self.together.clear()
-        self.engine.release_memory_occupation(None)
-        if tag is not None:
-            self.together = set(VLLM_TAGS) - {tag}
-
-    def resume(self, tag: str | None = None) -> None:
-        self.together.clear()
-        self.engine.resume_memory_occupation(None if tag is None else [tag])
+    def resume_tags(self, tags: tuple[str, ...]) -> None:
+        self.engine.resume_memory_occupation(list(tags))
 
 
 class VLLMRolloutActor(RolloutActor):
@@ -61,20 +52,6 @@ class VLLMRolloutActor(RolloutActor):
         kwargs.setdefault("discard_on_release", discarded)
         super().__init__(built, **kwargs)
         self.memory_audit.memory = VLLMMemory(built)
-        self.memory_audit.expected_bytes = self._expected_bytes
-
-    def _expected_bytes(self, tag: str | None) -> int | None:
-        """What a release of `tag` frees: the first tag's release is vLLM's sleep of both."""
-        memory_bytes = getattr(self.engine, "memory_bytes", None)
-        if memory_bytes is None:
-            return None
-        together = (
-            self.memory_audit.memory.together if isinstance(self.memory_audit.memory, VLLMMemory) else set()
-        )
-        if tag is not None and tag in together:
-            return 0
-        value: int | None = memory_bytes(None)
-        return value
 
     def sleep(self, tags: Sequence[str] | None = None) -> None:
         """Sleep every tag; a subset is refused before the lifecycle starts (vLLM cannot release one alone)."""

@@ -27,7 +27,6 @@ from actor_integration.errors import CorruptBucketError, WeightSyncError
 if TYPE_CHECKING:
     from actor_integration.weight_sync.wire import RankPayload
 
-PAYLOAD_TRANSPORTS = ("cuda_ipc", "shm")  # what the workers open themselves
 IpcSender = Callable[[Iterator[tuple[str, Any]], dict[str, Any]], None]
 
 
@@ -246,12 +245,18 @@ class VLLMAdapter:
     # ------------------------------------------------------------------ the workers' receiver
 
     def accepts_payloads(self, transport: str) -> bool:
-        return self.worker_receiver and transport in PAYLOAD_TRANSPORTS
+        if not self.worker_receiver:
+            return False
+        from actor_integration.weight_sync.wire import PAYLOAD_TRANSPORTS  # what the workers open themselves
+
+        return transport in PAYLOAD_TRANSPORTS
 
     def check_payloads(self, payloads: Sequence[RankPayload]) -> None:
         self.guard.check_load("a weight sync")
         if self.guard.update_owner is not None:
             self.guard.begin_update("the lifecycle's sender")  # raises: one coordinator per engine
+        from actor_integration.weight_sync.wire import PAYLOAD_TRANSPORTS
+
         transports = sorted({p.transport for p in payloads})
         if transports != [t for t in transports if t in PAYLOAD_TRANSPORTS]:
             raise ValueError(
@@ -262,7 +267,7 @@ class VLLMAdapter:
         self, version: int, payloads: Sequence[RankPayload], *, round_index: int, final: bool
     ) -> dict[str, Any]:
         """Verify the round in every worker, then load it in all of them or in none."""
-        from actor_integration.engines.sglang.receiver import encode_payload
+        from actor_integration.weight_sync.wire import encode_payload
 
         owner = "the lifecycle's sender"
         self.guard.begin_update(owner)

@@ -94,7 +94,7 @@ class LifecycleWorkerExtension:
         start = time.perf_counter()
         self._lifecycle_drop()  # a round left open by a failed exchange is closed first
         try:
-            from actor_integration.engines.sglang.receiver import decode_payload
+            from actor_integration.weight_sync.wire import decode_payload
 
             data = json.loads(request)
             rank = int(getattr(self, "rank", 0))

@@ -10,8 +10,10 @@ from actor_integration.backends.release_audit import MIB, AuditedMemory, cuda_fr
 from actor_integration.models.tiny import TinyLMConfig
 from actor_integration.rollout import ReferenceEngine, RolloutActor
 from lifecycle import Hooks, Lifecycle, LifecyclePolicy, State, capture_events
+from lifecycle.hooks import MemoryBatches
 from lifecycle.logs import Event
 from lifecycle.testing import FakeMemorySaver, ProtocolViolation
+from tests.helpers.tms import BatchMemory
 
 CAPACITY = 80 * 1024 * MIB
 SIZES = {"weights": 600 * MIB, "kv_cache": 200 * MIB}
@@ -120,6 +122,72 @@ class TestMeasurement:
             (None, 0, False),
             (None, SIZES["kv_cache"], False),
         ]
+
+
+class TestBatches:
+    """A backend that takes a stage's tags in one call keeps it under the audit."""
+
+    def batched(self) -> tuple[AuditedMemory, BatchMemory, FakeDevice, Lifecycle]:
+        saver = BatchMemory(tags=tuple(SIZES))
+        device = FakeDevice(lambda tag: not saver.paused[tag])
+        memory = AuditedMemory(saver, expected_bytes=expected, free_bytes=device.free)
+        lifecycle = Lifecycle(LifecyclePolicy(memory_tags=tuple(SIZES), model_tag=None), Hooks(memory=memory))
+        memory.sink = lifecycle
+        return memory, saver, device, lifecycle
+
+    def test_a_batch_is_one_call_to_the_backend_with_one_record_per_tag(self):
+        """The sleep's two pauses reach the backend as one `pause_tags`; the first tag's record
+        carries what the call freed against what both tags hold, the other follows with nothing."""
+        memory, saver, _, lifecycle = self.batched()
+        with capture_events() as events:
+            lifecycle.sleep()
+            lifecycle.wake_up()
+        assert saver.batches == [("pause", tuple(SIZES)), ("resume", tuple(SIZES))]
+        both = sum(SIZES.values())
+        assert [
+            (m.kind, m.tag, m.expected_bytes, m.measured_bytes, m.short) for m in memory.measurements
+        ] == [
+            ("release", "weights", both, both, False),
+            ("release", "kv_cache", 0, 0, False),
+            ("resume", "weights", both, both, False),
+            ("resume", "kv_cache", 0, 0, False),
+        ]
+        assert [(e["event"], e["tag"]) for e in audit_events(events)] == [
+            ("memory.released", "weights"),
+            ("memory.released", "kv_cache"),
+            ("memory.taken", "weights"),
+            ("memory.taken", "kv_cache"),
+        ]
+
+    def test_a_short_batch_is_judged_on_all_its_tags(self):
+        _, _, device, lifecycle = self.batched()
+        device.leaked["weights"] = SIZES["weights"]  # only the KV cache's 200 of 800 MiB freed
+        with capture_events() as events:
+            lifecycle.sleep()
+        first, second = audit_events(events)
+        assert first["short"] is True and first["level"] == "warning"
+        assert (first["freed_bytes"], first["expected_bytes"]) == (SIZES["kv_cache"], sum(SIZES.values()))
+        assert second["short"] is False and second["level"] == "info"
+
+    def test_a_single_tag_still_goes_through_pause(self):
+        memory, saver, _, lifecycle = self.batched()
+        lifecycle.sleep(["weights"])
+        assert saver.batches == [] and [m.tag for m in memory.measurements] == ["weights"]
+
+    def test_the_batch_calls_exist_only_where_the_backend_has_them(self):
+        """Without them the lifecycle calls `pause` per tag, as before; the audit adds none."""
+        assert isinstance(AuditedMemory(BatchMemory()), MemoryBatches)
+        plain = AuditedMemory(FakeMemorySaver())
+        assert not isinstance(plain, MemoryBatches)
+        assert not hasattr(plain, "pause_tags") and not hasattr(plain, "resume_tags")
+
+    def test_a_failed_batch_records_nothing_and_is_the_hooks_failure(self):
+        saver = BatchMemory(fail=True, tags=tuple(SIZES))
+        device = FakeDevice(lambda tag: not saver.paused[tag])
+        memory = AuditedMemory(saver, expected_bytes=expected, free_bytes=device.free)
+        with pytest.raises(RuntimeError, match="refused the release"):
+            memory.pause_tags(tuple(SIZES))
+        assert list(memory.measurements) == []
 
 
 class TestNeverInTheWay:

@@ -1,6 +1,6 @@
-"""The scheduler-side receiver (`sglang_receiver.receive`), as SGLang's schedulers run it: the
-payload encoding, its refusal of foreign calls, and the TP ranks' agreement over a real gloo
-group (one rank's corrupt bucket keeps every rank from loading)."""
+"""The scheduler-side receiver (`sglang_receiver.receive`), as SGLang's schedulers run it: its
+refusal of foreign calls, and the TP ranks' agreement over a real gloo group (one rank's corrupt
+bucket keeps every rank from loading). The payload codec is `weight_sync.wire`'s (test_wire.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ import torch.distributed as dist
 
 from actor_integration.engines.sglang import receiver as sglang_receiver
 from actor_integration.weight_sync import RankSlot, WeightSender
-from actor_integration.weight_sync.cuda_ipc import IpcBuffer
 from actor_integration.weight_sync.shm import ShmSender
 from tests.helpers.spawn import no_crash, run_world
 
@@ -74,36 +73,7 @@ def tensors(seed: int) -> dict[str, torch.Tensor]:
     }
 
 
-class TestEncoding:
-    def test_payloads_cross_as_plain_json_and_come_back_equal(self):
-        """shm and cuda_ipc payloads, bytes fields included, survive the JSON names unchanged."""
-        sender, payload = rank_payload(0, tensors(0))
-        try:
-            data = json.loads(json.dumps(sglang_receiver.encode_payload(payload)))
-            assert sglang_receiver.decode_payload(data) == payload
-            ipc = dataclasses.replace(
-                payload,
-                transport="cuda_ipc",
-                descriptors=(
-                    IpcBuffer("s:0:1", (0, b"\x00\xffhandle", 4096, 0, b"ref", 8, b"ev", True), 4096, b"e"),
-                )
-                * len(payload.descriptors),
-            )
-            back = sglang_receiver.decode_payload(json.loads(json.dumps(sglang_receiver.encode_payload(ipc))))
-            assert back.descriptors == ipc.descriptors
-        finally:
-            sender.close()
-
-    def test_a_transport_the_scheduler_cannot_open_is_refused_here(self):
-        sender, payload = rank_payload(0, tensors(0))
-        sender.close()
-        try:
-            sglang_receiver.encode_payload(dataclasses.replace(payload, transport="nccl"))
-        except ValueError as exc:
-            assert "cuda_ipc" in str(exc) and "shm" in str(exc)
-        else:
-            raise AssertionError("an nccl payload was encoded for the scheduler")
-
+class TestForeignCalls:
     def test_a_call_not_made_by_the_lifecycle_is_answered_without_raising(self, monkeypatch):
         """Foreign names reach the loader: nothing is loaded, nothing raises (SGLang would die)."""
         install_tp_group(0, 1, None, lambda name, module: monkeypatch.setitem(sys.modules, name, module))

@@ -48,6 +48,26 @@ class TestCycles:
         state = actor.lifecycle_state()
         assert state["state"] == "AWAKE"
 
+    def test_a_sleep_of_both_tags_is_one_vllm_sleep_through_the_audit(self, fake, actor):
+        """The lifecycle's two pauses go over together (`VLLMMemory.pause_tags` through the release
+        audit): vLLM is asked to sleep once, and the audit's first record carries what it freed (both
+        tags, as vLLM reports them); a wake of both is one `wake_up`."""
+        sizes = {"weights": 4096, "kv_cache": 256}  # what the fake's worker reports
+        actor.memory_audit.free_bytes = lambda: (
+            -sum(n for t, n in sizes.items() if t not in fake.sleeping_tags)
+        )
+        actor.sleep(["weights", "kv_cache"])
+        assert fake.sleeps == [0, 2]  # the generation pause, then one sleep of both tags
+        assert fake.calls.count("sleep") == 2 and fake.sleeping_tags == {"weights", "kv_cache"}
+        assert [(m.tag, m.expected_bytes, m.measured_bytes) for m in actor.memory_audit.measurements] == [
+            ("weights", 4096 + 256, 4096 + 256),
+            ("kv_cache", 0, 0),
+        ]
+        calls = len(fake.calls)
+        actor.wake_up()
+        assert fake.calls[calls:] == ["wake_up", "wake_up"]  # both tags, then the scheduling
+        assert not fake.sleeping_tags and not fake.warnings and actor.lifecycle_state()["state"] == "AWAKE"
+
     def test_level_one_keeps_the_weights_and_wakes_without_a_sync(self, fake, make_engine, tmp_path):
         actor = VLLMRolloutActor(make_engine(sleep_level=1), log_dir=str(tmp_path))
         before = actor.generate(PROMPTS, max_new_tokens=4)
