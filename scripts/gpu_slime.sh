@@ -20,7 +20,13 @@
 #   model     scripts/slime_e2e.sh model: the tiny Qwen2 and its prompts
 #   plain     scripts/slime_e2e.sh plain: slime's train.py under `ray job submit`, colocated
 #   wrapped   scripts/slime_e2e.sh wrapped: the same under the launch switch's hook
-#   report    scripts/slime_e2e.sh report: slime's perf metrics side by side, `lifecycle check`
+#   report    scripts/slime_e2e.sh report: slime's perf metrics side by side, `lifecycle check`, and
+#             the fault jobs' results where they ran
+# and two optional steps, not in the default list (name them in GPU_SLIME_STEPS, after model):
+#   fault-hook scripts/slime_e2e.sh fault-hook: RL_LIFECYCLE_FAULT fails a trainer hook mid-job; the job
+#             must stop on LifecycleFailedError naming the rank, the transition and the residency
+#   fault-kill scripts/slime_e2e.sh fault-kill: SGLang's scheduler SIGKILLed mid-rollout; the job must
+#             stop on EngineDiedError within a deadline, nothing of it left running
 # A step runs once (its rc is in the table); GPU_SLIME_REDO="plain wrapped" runs those again, and
 # GPU_SLIME_STEPS names the steps of this call. State in $WORK (default /tmp/gpu-slime) on the warm
 # machine; the table (gpu-slime.md), the imports' output and the job logs (gpu-slime-logs.tgz) land
@@ -45,11 +51,11 @@ mkdir -p "$WORK" "$E2E"
 
 # Usual seconds of each step: estimates, nothing of it has run yet (SGLang up ~60-100 s with CUDA
 # graphs, Megatron's init, 6 rollout + train steps of a 2-layer model).
-declare -A usual=([imports]=60 [model]=40 [plain]=480 [wrapped]=480 [report]=30)
+declare -A usual=([imports]=60 [model]=40 [plain]=480 [wrapped]=480 [report]=30 [fault-hook]=240 [fault-kill]=240)
 read -r -a steps <<<"${GPU_SLIME_STEPS:-imports model plain wrapped report}"
 for s in "${steps[@]}"; do
     [[ -n ${usual[$s]:-} ]] || {
-        echo "scripts/gpu_slime.sh: unknown step '$s'; steps: imports model plain wrapped report" >&2
+        echo "scripts/gpu_slime.sh: unknown step '$s'; steps: imports model plain wrapped report (optional: fault-hook fault-kill)" >&2
         exit 2
     }
 done
