@@ -161,7 +161,7 @@ class ServerActorLifecycle:
     `lifecycle_log_dir`: where `rollout-rank<rank>.jsonl` goes (see `configure_rank_log`).
     An engine's wrap sets `lifecycle_server_tags` (its memory tags, in its order),
     `lifecycle_engine_label` and `lifecycle_process_prefix` (how the engine titles its own
-    processes, named first when one dies), and implements `_lc_new_client`.
+    processes: those are watched beside the server's, none without it), and implements `_lc_new_client`.
     """
 
     lifecycle_framework: ClassVar[str] = "server"
@@ -244,7 +244,7 @@ class ServerActorLifecycle:
         lifecycle.bind(engine=url, framework=self.lifecycle_framework)
         state.lifecycle = lifecycle
         state.processes = ServerProcesses.of(
-            getattr(self, "process", None), first=self.lifecycle_process_prefix
+            getattr(self, "process", None), own=self.lifecycle_process_prefix
         )
         state.served = self._lc_reported_version()  # the launch checkpoint ("default")
         router = None

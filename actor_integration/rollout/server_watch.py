@@ -10,10 +10,11 @@ wait with no deadline (slime's HTTP client has none), and the job's driver learn
 
 Two halves, both under the launch switch's rollout wrap:
 
-- `ServerProcesses`, in the engine actor: the server process and its descendants as they were once
-  the server was up; `dead()` names the first that exited (the engine's own processes first,
-  e.g. `sglang::scheduler_TP0`), `kill()` ends what is left of the tree. The actor checks them
-  before each call it drives (`ServerActorLifecycle`) and on the rollout manager's request.
+- `ServerProcesses`, in the engine actor: the server process and the engine's own processes under
+  it (those it titles, e.g. `sglang::scheduler_TP0`) as they were once the server was up; `dead()`
+  names the first that exited, `kill()` ends what is left of the tree. Helpers that come and go (a
+  resource tracker, compile workers) are not watched. The actor checks them before each call it
+  drives (`ServerActorLifecycle`) and on the rollout manager's request.
 - `watch_engines(run, engines, ...)`, in the rollout manager: the framework's rollout (`run`) on a
   helper thread while the engines are asked every `poll_s` whether their server lives (and once
   more when it ends); a death, or an engine actor that died, is raised as `EngineDiedError` naming
@@ -77,16 +78,17 @@ def _title(process: Any) -> str:
 @dataclass
 class ServerProcesses:
     """The processes of one engine server: `root`, the process the framework launched (a
-    `multiprocessing.Process`), and its descendants once the server was up, as (title, pid),
-    the engine's own (titles starting with `first`) before helpers such as a resource tracker."""
+    `multiprocessing.Process`), and the engine's own processes under it once the server was up,
+    as (title, pid)."""
 
     root: Any
     children: list[tuple[str, int]]
 
     @classmethod
-    def of(cls, root: Any, *, first: str = "") -> ServerProcesses | None:
-        """The processes of the server `root` (None: no process of its own to watch, e.g. an
-        external server, or a stand-in whose pid is no process's)."""
+    def of(cls, root: Any, *, own: str = "") -> ServerProcesses | None:
+        """The processes of the server `root` and, where the engine titles its own (`own`, a title's
+        start: SGLang's "sglang::"), those of its descendants (None: no process of its own to watch,
+        e.g. an external server, or a stand-in whose pid is no process's)."""
         pid = getattr(root, "pid", None)
         if not isinstance(pid, int) or pid <= 0 or pid == os.getpid():
             return None
@@ -96,9 +98,8 @@ class ServerProcesses:
             found = psutil.Process(pid).children(recursive=True)
         except psutil.NoSuchProcess:
             found = []
-        children = [(_title(p), p.pid) for p in found]
-        children.sort(key=lambda c: (not (first and c[0].startswith(first)), c[1]))
-        return cls(root, children)
+        titled = [(_title(p), p.pid) for p in found]
+        return cls(root, sorted(c for c in titled if own and c[0].startswith(own)))
 
     def dead(self) -> tuple[str, int, int | None] | None:
         """(title, pid, exit code) of the first watched process that exited (its exit code where

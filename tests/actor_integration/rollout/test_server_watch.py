@@ -45,9 +45,10 @@ def server() -> Iterator[tuple[Any, int]]:
 
 
 class TestServerProcesses:
-    def test_a_dead_child_is_named_first_and_the_rest_of_the_tree_killed(self, server: Any) -> None:
+    def test_a_dead_child_of_the_engines_own_is_named_and_the_rest_killed(self, server: Any) -> None:
         root, child = server
-        watched = ServerProcesses.of(root)
+        assert ServerProcesses.of(root) == ServerProcesses(root, [])  # no title of the engine's own
+        watched = ServerProcesses.of(root, own="python")  # as SGLang's "sglang::" titles its scheduler
         assert watched is not None and [pid for _, pid in watched.children] == [child]
         assert watched.dead() is None
         os.kill(child, signal.SIGKILL)  # the scheduler killed
@@ -61,7 +62,7 @@ class TestServerProcesses:
 
     def test_the_server_process_itself_dead_is_named_with_its_exit_code(self, server: Any) -> None:
         root, child = server
-        watched = ServerProcesses.of(root)
+        watched = ServerProcesses.of(root, own="python")
         assert watched is not None
         os.kill(root.pid, signal.SIGKILL)  # its child lives on, orphaned
         root.join(10)
