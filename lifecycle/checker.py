@@ -47,7 +47,7 @@ from lifecycle.errors import LogFieldError
 from lifecycle.logs import Event, LogFile, LogLine, parse_lines, read_logs
 from lifecycle.roster import Roster
 from lifecycle.sync_checks import WeightSyncChecks
-from lifecycle.table import Row
+from lifecycle.table import Row, State
 
 __all__ = ["Finding", "LogChecker", "check_files", "check_lines", "check_logs"]
 
@@ -241,6 +241,18 @@ class LogChecker:
                 f"no lifecycle events: {found}; is it a lifecycle log? per-rank logs are written by "
                 "lifecycle.configure_logging(json_path=...) at level info",
             )
+
+    def ended_failed(self) -> list[str]:
+        """The machines whose log ends in FAILED (a hook raised and nothing recovered it), one line
+        each: no finding (the table allows it), but what a run that stopped on a failure reports."""
+        out = []
+        for (path, rank, role), m in sorted(
+            self._machines.items(), key=lambda item: (self._order.get(item[0][0], 0), str(item[0]))
+        ):
+            if m.state is State.FAILED and not m.lost:
+                who = " ".join(p for p in (None if rank is None else f"rank {rank}", role) if p)
+                out.append(f"{path} {who}: ends FAILED ({m.failed}), not recovered")
+        return out
 
     def finish(self) -> list[Finding]:
         """Run the cross-rank checks and return every finding, by file then line."""

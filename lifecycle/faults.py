@@ -1,4 +1,5 @@
-"""Fault injection at the hook calls of a plan: tests and `lifecycle demo --inject-fault`.
+"""Fault injection at the hook calls of a plan: tests, `lifecycle demo --inject-fault` and a
+framework job's `RL_LIFECYCLE_FAULT` (testing and staging only).
 
     faults = FaultInjector()
     lifecycle = Lifecycle(policy, with_faults(faults, hooks))
@@ -7,19 +8,59 @@
 Hooks are named as in the logs ("memory.pause", "process_groups.reload", "clear_memory", ...).
 A fault fires before a call's effect (nothing happened) or after it (the effect happened, the
 call still raised), which are the two cases `recover()` must tell apart.
+
+`parse_fault("rollout:generation.pause@3")` reads the one grammar both switches take,
+`[trainer:|rollout:]HOOK@STEP`, into a `Fault` (a ValueError says what is wrong with the text).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from lifecycle.errors import InjectedFault
 from lifecycle.hooks import Hooks
 from lifecycle.table import Hook
 
-__all__ = ["FaultInjector", "FaultyGeneration", "FaultyMemory", "FaultyProcessGroups", "with_faults"]
+__all__ = [
+    "FAULT_FORM",
+    "FAULT_ROLES",
+    "Fault",
+    "FaultInjector",
+    "FaultyGeneration",
+    "FaultyMemory",
+    "FaultyProcessGroups",
+    "parse_fault",
+    "with_faults",
+]
+
+FAULT_FORM = "[trainer:|rollout:]HOOK@STEP"
+FAULT_ROLES = ("trainer", "rollout")
+_FAULT = re.compile(r"^(?:(?P<role>trainer|rollout):)?(?P<hook>[a-z_.]+)@(?P<step>\d+)$")
+
+
+class Fault(NamedTuple):
+    """One injected fault: `hook` raises on every actor of `role` at `step` (from 1). What a step
+    is belongs to the switch: the demo's RL step; a framework job's `step`-th call of the hook."""
+
+    role: str
+    hook: str
+    step: int
+
+
+def parse_fault(text: str) -> Fault:
+    """`[trainer:|rollout:]HOOK@STEP` (role trainer when left out) → `Fault`; the hook names are
+    the logs'. ValueError, with the form and the hooks, for anything else."""
+    match = _FAULT.match(text)
+    hooks = [h.value for h in Hook]
+    if match is None or match["hook"] not in hooks or int(match["step"]) < 1:
+        raise ValueError(
+            f"{text!r}: expected {FAULT_FORM} with HOOK one of {hooks} and STEP from 1, "
+            "e.g. memory.pause@2 or rollout:generation.pause@3"
+        )
+    return Fault(match["role"] or "trainer", match["hook"], int(match["step"]))
 
 
 @dataclass
@@ -77,7 +118,17 @@ class FaultyMemory:
 
     def __getattr__(self, name: str) -> Any:
         # is_paused, region, ...: present exactly when the wrapped backend has them.
-        return getattr(self.inner, name)
+        attr = getattr(self.inner, name)
+        hook = _BATCH_HOOKS.get(name)
+        if hook is None:
+            return attr
+
+        def batch(tags: tuple[str, ...]) -> None:  # pause_tags / resume_tags: one call, one count
+            self.faults.check(hook, after_effect=False)
+            attr(tags)
+            self.faults.check(hook, after_effect=True)
+
+        return batch
 
 
 class FaultyProcessGroups:
@@ -141,3 +192,5 @@ def with_faults(faults: FaultInjector, hooks: Hooks) -> Hooks:
 
 
 _HOOK_OF_SLOT = {"routing_replay": Hook.ROUTING_REPLAY_CLEAR.value}
+# A backend's batch calls (`MemoryBatches`): the tags of a plan stage in one call, failing as one.
+_BATCH_HOOKS = {"pause_tags": Hook.MEMORY_PAUSE.value, "resume_tags": Hook.MEMORY_RESUME.value}

@@ -55,6 +55,9 @@ class Event(str, enum.Enum):
     RANKS_LOST = "ranks.lost"  # the driver told this actor that ranks were lost with their node
     ROUTER = "rollout.router"  # a framework's engine actor took its server out of the router, or put it back
     ABSORBED = "rollout.absorbed"  # a framework's call the engine actor answered without sending it (and why)
+    SERVER_DIED = (
+        "rollout.server_died"  # a process of a framework's engine server exited: which, and what was killed
+    )
 
     def __str__(self) -> str:
         return self.value

@@ -80,7 +80,15 @@ class Lifecycle:
     `held()` (or `hold()` ... `release()`) is a scope in which no sleep runs: the sleeps the calls
     inside it ask for are deferred, and the release of the last hold runs one sleep of the tags
     those calls would have left released without the scope.
+
+    A hook that raises puts the machine in FAILED and fails the call with the hook's own error;
+    with `typed_failures` set, with `LifecycleFailedError` instead (the hook's error its cause),
+    which names the machine (role, rank), the failing transition and what is resident: for a driver
+    that neither recovers nor reads the machine's state, where that error is all it prints (a
+    framework's own driver under the launch switch). Its log is flushed first.
     """
+
+    typed_failures: bool = False
 
     def __init__(
         self,
@@ -608,6 +616,18 @@ class Lifecycle:
         records, failed = self._runner.run(stages, p0, self._record)
         if failed is not None:
             self._enter_failed(edge, failed[0], records, failed[1], targets)
+            if self.typed_failures and isinstance(failed[1], Exception):
+                events.flush_logs(timeout=2.0)  # the driver may end the process on this error
+                raise failed_error(
+                    self._who(),
+                    edge.operation,
+                    self._failure,
+                    "recover(target=State.AWAKE) or recover(target=State.PAUSED) brings it back; a driver "
+                    "that does not recover must stop here",
+                    self._residency,
+                    self._groups,
+                    lambda fields: None,  # the failure is logged (lifecycle.failed), nothing was refused
+                ) from failed[1]
             raise failed[1]
         self._states.move(edge)
         if self._observers or events.enabled(_INFO):

@@ -20,7 +20,15 @@
 #   model     scripts/slime_e2e.sh model: the tiny Qwen2 and its prompts
 #   plain     scripts/slime_e2e.sh plain: slime's train.py under `ray job submit`, colocated
 #   wrapped   scripts/slime_e2e.sh wrapped: the same under the launch switch's hook
-#   report    scripts/slime_e2e.sh report: slime's perf metrics side by side, `lifecycle check`
+#   report    scripts/slime_e2e.sh report: slime's perf metrics side by side, `lifecycle check`, and
+#             the fault jobs' results where they ran
+# and optional steps, not in the default list (name them in GPU_SLIME_STEPS, after model; before report):
+#   budget    scripts/slime_e2e.sh budget: wrapped with RL_LIFECYCLE_MEMORY_BUDGET=rollout (the trainer's
+#             sleep frees only what SGLang needs); report puts it beside plain too
+#   fault-hook scripts/slime_e2e.sh fault-hook: RL_LIFECYCLE_FAULT fails a trainer hook mid-job; the job
+#             must stop on LifecycleFailedError naming the rank, the transition and the residency
+#   fault-kill scripts/slime_e2e.sh fault-kill: SGLang's scheduler SIGKILLed mid-rollout; the job must
+#             stop on EngineDiedError within a deadline, nothing of it left running
 # A step runs once (its rc is in the table); GPU_SLIME_REDO="plain wrapped" runs those again, and
 # GPU_SLIME_STEPS names the steps of this call. State in $WORK (default /tmp/gpu-slime) on the warm
 # machine; the table (gpu-slime.md), the imports' output and the job logs (gpu-slime-logs.tgz) land
@@ -44,12 +52,13 @@ E2E=$WORK/e2e # scripts/slime_e2e.sh's OUT (this call's $OUT is what comes back)
 mkdir -p "$WORK" "$E2E"
 
 # Usual seconds of each step, as seen on an H100 on 2026-12-06 (imports 28-37, model 11-17, wrapped
-# 229 and plain 177 with 5 steps and SGLang's CUDA graphs off), with room to spare.
-declare -A usual=([imports]=60 [model]=40 [plain]=300 [wrapped]=300 [report]=30)
+# 229 and plain 177 with 5 steps and SGLang's CUDA graphs off), with room to spare; the fault jobs'
+# are estimates (not yet run on a GPU).
+declare -A usual=([imports]=60 [model]=40 [plain]=300 [wrapped]=300 [report]=30 [budget]=300 [fault-hook]=240 [fault-kill]=240)
 read -r -a steps <<<"${GPU_SLIME_STEPS:-imports model plain wrapped report}"
 for s in "${steps[@]}"; do
     [[ -n ${usual[$s]:-} ]] || {
-        echo "scripts/gpu_slime.sh: unknown step '$s'; steps: imports model plain wrapped report" >&2
+        echo "scripts/gpu_slime.sh: unknown step '$s'; steps: imports model plain wrapped report (optional: budget fault-hook fault-kill)" >&2
         exit 2
     }
 done

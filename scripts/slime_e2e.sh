@@ -6,12 +6,12 @@
 # Its launch, flags and driver order are also what
 # tests/actor_integration/frameworks/slime/test_slime_job_source.py runs on a CPU with stand-ins.
 # Changed since that run, not yet run on a GPU: the reward (`math` gave 0 on the random model, so
-# GRPO's loss and gradient were 0 and the weights never changed; `random` gives advantages) and the
-# learning rate (1e-6 -> 1e-4, so that bf16 weights move each step).
+# GRPO's loss and gradient were 0 and the weights never changed; `random` gives advantages), the
+# learning rate (1e-6 -> 1e-4, so that bf16 weights move each step), the fault jobs and `budget`.
 #
 # Usage (on the GPU machine, from the repository root):
 #   SLIME_DIR=/path/to/slime MEGATRON_DIR=/path/to/Megatron-LM \
-#   scripts/slime_e2e.sh [model|plain|wrapped|report|all]
+#   scripts/slime_e2e.sh [model|plain|wrapped|report|all|fault-hook|fault-kill]
 #
 # SLIME_DIR     a checkout of slime at 624b824a (its train.py is run as it is)
 # MEGATRON_DIR  Megatron-LM at slime's Dockerfile pin (1dcf0daf): `fetch github:NVIDIA/Megatron-LM`
@@ -35,6 +35,18 @@
 # `random` (no network; GRPO gets advantages on a random model), --check-weight-update-equal (slime
 # checks the first push only), tensorboard offline. "wrapped" differs from "plain" by
 # the runtime env alone: the launch switch's hook and RL_LIFECYCLE_WRAP=trainer,rollout.
+#
+# Faults inside the job (not in `all`; each a wrapped job of FAULT_STEPS rollouts, default 3, that
+# must stop on a typed error): "fault-hook" sets RL_LIFECYCLE_FAULT=$FAULT_HOOK (default
+# trainer:memory.pause@3, the trainer's third pause: the sleep that ends rollout 1's train) and
+# expects LifecycleFailedError naming the rank, the transition and the residency; "fault-kill"
+# SIGKILLs SGLang's scheduler (pgrep -f sglang::scheduler) once the job's log shows rollout
+# $FAULT_KILL_ROLLOUT (default 1) starting, its responses made long (FAULT_KILL_ARGS) so the kill lands
+# mid-rollout, and expects EngineDiedError. Each records in $OUT/NAME.result the job's rc, its
+# seconds (and, for the kill, the seconds from the kill to the job's end), the typed error line, the
+# job's SGLang/Megatron processes left (pgrep, waited for up to 60 s before Ray is stopped, and again
+# after) and `lifecycle check` on its logs ($OUT/lifecycle-logs-NAME); `report` prints them. The step
+# fails unless the job failed on the typed error, and nothing of it was left running.
 set -euo pipefail
 
 REPO="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -45,6 +57,10 @@ need_sources() {
 }
 OUT="${OUT:-$REPO/out/slime-e2e}"
 STEPS="${STEPS:-6}"
+FAULT_STEPS="${FAULT_STEPS:-3}"
+FAULT_HOOK="${FAULT_HOOK:-trainer:memory.pause@3}"
+FAULT_KILL_ROLLOUT="${FAULT_KILL_ROLLOUT:-1}"
+FAULT_KILL_ARGS="${FAULT_KILL_ARGS:---rollout-max-response-len 1024}"
 PY="${PY:-python3}"
 RAY="${RAY:-ray}"
 mkdir -p "$OUT"
@@ -99,21 +115,33 @@ ray_down() {
   RAY_PID=""
 }
 
-job() {  # job NAME [wrapped]: one run of slime's train.py; its output in $OUT/NAME.log
-  local name="$1" wrapped="${2:-}"
-  need_sources
-  slime_args "$name"
+runtime_env() {  # runtime_env NAME [LOGS [EXTRA]]: the job's runtime env JSON in RUNTIME; wrapped when
+  # LOGS (its RL_LIFECYCLE_LOG_DIR) is given, EXTRA more env_vars (', "NAME": "VALUE"')
+  local name="$1" logs="${2:-}" extra="${3:-}"
   local env_vars
   env_vars=$(printf '"PYTHONPATH": "%s:%s%s", "CUDA_DEVICE_MAX_CONNECTIONS": "1", "TENSORBOARD_DIR": "%s"' \
     "$MEGATRON_DIR" "$REPO" "${PYTHONPATH:+:$PYTHONPATH}" "$OUT/tb-$name")
-  local runtime
-  if [ -n "$wrapped" ]; then
-    runtime=$(printf '{"worker_process_setup_hook": "actor_integration.frameworks.launch.slime", "env_vars": {%s, "RL_LIFECYCLE_WRAP": "trainer,rollout", "RL_LIFECYCLE_LOG_DIR": "%s"}}' \
-      "$env_vars" "$OUT/lifecycle-logs")
-    rm -rf "$OUT/lifecycle-logs"
+  if [ -n "$logs" ]; then
+    RUNTIME=$(printf '{"worker_process_setup_hook": "actor_integration.frameworks.launch.slime", "env_vars": {%s, "RL_LIFECYCLE_WRAP": "trainer,rollout", "RL_LIFECYCLE_LOG_DIR": "%s"%s}}' \
+      "$env_vars" "$logs" "$extra")
+    rm -rf "$logs"
   else
-    runtime=$(printf '{"env_vars": {%s}}' "$env_vars")
+    RUNTIME=$(printf '{"env_vars": {%s}}' "$env_vars")
   fi
+}
+
+job() {  # job NAME [wrapped]: one run of slime's train.py; its output in $OUT/NAME.log. NAME budget:
+  # wrapped with RL_LIFECYCLE_MEMORY_BUDGET=rollout, its logs in $OUT/lifecycle-logs-budget
+  local name="$1" wrapped="${2:-}"
+  need_sources
+  slime_args "$name"
+  local RUNTIME runtime
+  if [ "$name" = budget ]; then
+    runtime_env "$name" "$OUT/lifecycle-logs-budget" ', "RL_LIFECYCLE_MEMORY_BUDGET": "rollout"'
+  else
+    runtime_env "$name" ${wrapped:+"$OUT/lifecycle-logs"}
+  fi
+  runtime=$RUNTIME
   ray_up "$name"
   trap ray_down EXIT INT TERM
   (cd "$SLIME_DIR" && "$RAY" job submit --address="http://127.0.0.1:8265" --runtime-env-json="$runtime" \
@@ -122,16 +150,128 @@ job() {  # job NAME [wrapped]: one run of slime's train.py; its output in $OUT/N
   trap - EXIT INT TERM
 }
 
-report() {  # slime's own figures per step, plain beside wrapped, and lifecycle check on the wrapped job's logs
+leftovers() {  # leftovers WAIT_S: the job's SGLang and Megatron processes still running, waited for up to WAIT_S
+  local until found
+  until=$(($(date +%s) + $1))
+  while :; do
+    found=$(pgrep -af 'sglang::|ray::.*(MegatronTrainRayActor|RolloutManager|SGLangEngine)' || true)
+    if [ -z "$found" ] || [ "$(date +%s)" -ge "$until" ]; then break; fi
+    sleep 1
+  done
+  printf '%s' "$found"
+}
+
+kill_scheduler_when() {  # kill_scheduler_when LOG: once LOG shows rollout $FAULT_KILL_ROLLOUT starting, SIGKILL
+  # SGLang's scheduler, as a crash would; the time and pids in $OUT/fault-kill.killed
+  local log="$1" pids
+  local marker="slime's rollout $FAULT_KILL_ROLLOUT (generate): watching"
+  for _ in $(seq 9000); do
+    if grep -qF "$marker" "$log" 2>/dev/null; then
+      pids=$(pgrep -f 'sglang::scheduler' || true)
+      if [ -n "$pids" ]; then
+        # shellcheck disable=SC2086  # one pid a word
+        kill -KILL $pids
+        echo "$(date +%s.%N) $pids" >"$OUT/fault-kill.killed"
+        echo "[slime_e2e] rollout $FAULT_KILL_ROLLOUT started: SIGKILL to sglang::scheduler (pid $pids)"
+        return 0
+      fi
+    fi
+    sleep 0.2
+  done
+  echo "[slime_e2e] no sglang::scheduler was killed: rollout $FAULT_KILL_ROLLOUT never showed, or no such process"
+}
+
+seconds() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }  # seconds FROM TO
+
+fault_job() {  # fault_job fault-hook|fault-kill: a wrapped job that must stop on a typed error (see the head)
+  local name="$1" log="$OUT/$1.log" logs="$OUT/lifecycle-logs-$1" rc=0 killer="" extra="" expect t0 t1
+  need_sources
+  local STEPS="$FAULT_STEPS" RUNTIME
+  slime_args "$name"
+  if [ "$name" = fault-hook ]; then
+    extra=$(printf ', "RL_LIFECYCLE_FAULT": "%s"' "$FAULT_HOOK")
+    expect=LifecycleFailedError
+  else
+    # shellcheck disable=SC2206  # extra flags are words on purpose
+    ARGS+=($FAULT_KILL_ARGS)
+    expect=EngineDiedError
+  fi
+  runtime_env "$name" "$logs" "$extra"
+  rm -f "$OUT/fault-kill.killed"
+  : >"$log"
+  ray_up "$name"
+  trap ray_down EXIT INT TERM
+  if [ "$name" = fault-kill ]; then
+    kill_scheduler_when "$log" &
+    killer=$!
+  fi
+  t0=$(date +%s.%N)
+  (cd "$SLIME_DIR" && "$RAY" job submit --address="http://127.0.0.1:8265" --runtime-env-json="$RUNTIME" \
+    -- "$PY" "$SLIME_DIR/train.py" "${ARGS[@]}") 2>&1 | tee "$log" || rc=$?
+  t1=$(date +%s.%N)
+  if [ -n "$killer" ]; then
+    kill "$killer" 2>/dev/null || true
+    wait "$killer" 2>/dev/null || true
+  fi
+  local left after typed killed="" check
+  left=$(leftovers 60)
+  ray_down
+  trap - EXIT INT TERM
+  after=$(leftovers 0)
+  typed=$(grep -m1 -oE "$expect: .*" "$log" | cut -c1-600 || true)
+  check=$("$PY" -m actor_integration.tools.cli check "$logs" 2>&1 | tail -n 4 || true)
+  [ -f "$OUT/fault-kill.killed" ] && killed=$(cat "$OUT/fault-kill.killed")
+  {
+    echo "job: $name (STEPS=$STEPS${extra:+, RL_LIFECYCLE_FAULT=$FAULT_HOOK})"
+    echo "rc: $rc"
+    echo "seconds: $(seconds "$t0" "$t1")"
+    if [ "$name" = fault-kill ]; then
+      if [ -n "$killed" ]; then
+        echo "killed: pid ${killed#* } at +$(seconds "$t0" "${killed%% *}") s; the job ended $(seconds "${killed%% *}" "$t1") s after the kill"
+      else
+        echo "killed: nothing (see $log)"
+      fi
+    fi
+    echo "typed error: ${typed:-NONE ($expect expected)}"
+    echo "left running after the job: ${left:-none}"
+    echo "left running after ray stop: ${after:-none}"
+    echo "lifecycle check:"
+    echo "$check"
+  } | tee "$OUT/$name.result"
+  [ "$rc" -ne 0 ] && [ -n "$typed" ] && [ -z "$left" ] && { [ "$name" = fault-hook ] || [ -n "$killed" ]; }
+}
+
+report() {  # slime's own perf metrics per step, plain beside wrapped, and lifecycle check on the logs;
+  # then the fault jobs' results, where they ran
+  local rc=0
+  if [ -f "$OUT/plain.log" ] && [ -f "$OUT/wrapped.log" ]; then
+    side_by_side || rc=$?
+  fi
+  for name in fault-hook fault-kill; do
+    [ -f "$OUT/$name.result" ] || continue
+    echo "=== $name"
+    cat "$OUT/$name.result"
+  done
+  return "$rc"
+}
+
+side_by_side() {  # slime's own figures per step, plain beside wrapped (scripts/slime_e2e_report.py), and
+  # lifecycle check on the wrapped job's logs
   "$PY" "$REPO/scripts/slime_e2e_report.py" "$OUT"
   "$PY" -m actor_integration.tools.cli check "$OUT/lifecycle-logs"
+  if [ -f "$OUT/budget.log" ]; then  # plain beside the job under the memory budget
+    "$PY" "$REPO/scripts/slime_e2e_report.py" "$OUT" budget
+    "$PY" -m actor_integration.tools.cli check "$OUT/lifecycle-logs-budget"
+  fi
 }
 
 case "${1:-all}" in
   model) model ;;
   plain) job plain ;;
   wrapped) job wrapped yes ;;
+  budget) job budget yes ;;
   report) report ;;
   all) model; job plain; job wrapped yes; report ;;
-  *) echo "usage: $0 [model|plain|wrapped|report|all]" >&2; exit 2 ;;
+  fault-hook | fault-kill) fault_job "$1" ;;
+  *) echo "usage: $0 [model|plain|wrapped|budget|report|all|fault-hook|fault-kill]" >&2; exit 2 ;;
 esac

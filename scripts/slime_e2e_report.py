@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """slime's own job, plain beside wrapped: the per-step table of scripts/slime_e2e.sh's `report` step.
 
-    python3 scripts/slime_e2e_report.py OUT     (OUT: slime_e2e.sh's output directory)
+    python3 scripts/slime_e2e_report.py OUT [JOB]   (OUT: slime_e2e.sh's output directory; JOB the job set
+                                                     beside plain: wrapped, the default, or budget)
 
 Reads what slime itself logs in each job's output (OUT/plain.log, OUT/wrapped.log): its `perf N: {...}`
 lines (train_metric_utils.py), `rollout N: {...}` and `step N: {...}` metrics, and its
@@ -93,17 +94,17 @@ def _pair(plain: float, wrapped: float) -> str:
     return f"{plain:.3f} / {wrapped:.3f}"
 
 
-def report(out: Path) -> str:
-    logs = {name: (out / f"{name}.log") for name in ("plain", "wrapped")}
+def report(out: Path, job: str = "wrapped") -> str:
+    logs = {"plain": out / "plain.log", "wrapped": out / f"{job}.log"}
     missing = [str(path) for path in logs.values() if not path.is_file()]
     if missing:
-        return f"no job log at {', '.join(missing)}: run scripts/slime_e2e.sh plain and wrapped first\n"
+        return f"no job log at {', '.join(missing)}: run scripts/slime_e2e.sh plain and {job} first\n"
     text = {name: path.read_text(errors="replace").splitlines() for name, path in logs.items()}
     got = {name: metrics(lines) for name, lines in text.items()}
     plain, wrapped = got["plain"], got["wrapped"]
     steps = sorted(set(plain["perf"]) | set(wrapped["perf"]))
     rows = [
-        "## slime's own metrics per step, plain / wrapped (seconds; reward and loss as slime logs them)",
+        f"## slime's own metrics per step, plain / {job} (seconds; reward and loss as slime logs them)",
         "",
     ]
     keys = (*PERF_KEYS, *ROLLOUT_KEYS, *TRAIN_KEYS)
@@ -148,9 +149,11 @@ def report(out: Path) -> str:
         rows.append(
             f"- GPU memory used after each trainer sleep (GB), {name}: {memory_after_sleep(text[name])}"
         )
-    actor_log = out / "lifecycle-logs" / "actor-rank0.jsonl"
+    actor_log = (
+        out / ("lifecycle-logs" if job == "wrapped" else f"lifecycle-logs-{job}") / "actor-rank0.jsonl"
+    )
     if actor_log.is_file():
-        rows += ["", "## The wrapped trainer's sleeps, from the lifecycle's log (ms)", ""]
+        rows += ["", f"## The {job} trainer's sleeps, from the lifecycle's log (ms)", ""]
         rows += ["| # | after | total | hooks |", "| --- | --- | --- | --- |"]
         for index, (operation, total, hooks) in enumerate(trainer_sleeps(actor_log)):
             spent = ", ".join(f"{name} {ms:.1f}" for name, ms in hooks)
@@ -159,10 +162,13 @@ def report(out: Path) -> str:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: slime_e2e_report.py OUT (scripts/slime_e2e.sh's output directory)", file=sys.stderr)
+    if len(argv) not in (1, 2):
+        print(
+            "usage: slime_e2e_report.py OUT [JOB] (slime_e2e.sh's output directory; JOB: wrapped or budget)",
+            file=sys.stderr,
+        )
         return 2
-    sys.stdout.write(report(Path(argv[0])))
+    sys.stdout.write(report(Path(argv[0]), *argv[1:]))
     return 0
 
 

@@ -32,6 +32,20 @@ half, the job never runs it silently unwrapped: the framework's own class is gua
 or both (unset: both). Before the rollout manager starts any engine, the job's needs are checked
 against the cluster (`actor_integration.tools.preflight`; `RL_LIFECYCLE_PREFLIGHT=warn` reports
 without refusing, `off` skips it).
+
+Failures inside the job. The job's driver is the framework's: it neither recovers a FAILED actor nor
+reads its state, so a hook that raises fails the call with `LifecycleFailedError` (the hook's error
+its cause) naming the actor's role and rank, the transition and what is resident, and the job
+stops on it. A rollout engine whose server dies (its scheduler killed) ends the rollout with
+`EngineDiedError` within about a second, naming the engine and the process (slime: see
+`frameworks.slime.rollout.watch_rollouts`); what is left of that server is killed.
+
+Testing and staging only: `RL_LIFECYCLE_FAULT=[trainer:|rollout:]HOOK@N` (the grammar of `lifecycle
+demo --inject-fault`, `lifecycle.faults.parse_fault`; role trainer when left out) makes the N-th
+call of HOOK raise `InjectedFault` in every actor of that half, each counting its own calls:
+`trainer:memory.pause@2` fails the sleep that ends each trainer's first train (slime's init sleep
+is the first pause). A value that does not parse, a half the job does not wrap, or a hook that
+half never calls is refused (`LaunchConfigError`) before any actor runs. Never set it in production.
 """
 
 from __future__ import annotations
@@ -49,26 +63,36 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, ClassVar, cast
 
 from actor_integration.errors import LaunchConfigError, UnwrappedClassError
+from lifecycle.faults import Fault, FaultInjector, parse_fault, with_faults
+from lifecycle.table import Hook
 
 __all__ = [
+    "FAULT_VARIABLE",
     "HALVES",
     "MILES",
     "PREFLIGHT_VARIABLE",
+    "SERVER_HOOKS",
     "SLIME",
+    "TRAINER_HOOKS",
     "WRAP_VARIABLE",
     "FrameworkLaunch",
+    "JobLifecycle",
     "Replacement",
     "install",
+    "job_class",
     "miles",
+    "parse_fault_variable",
     "parse_wrap",
     "replaced",
+    "say",
     "slime",
 ]
 
 WRAP_VARIABLE = "RL_LIFECYCLE_WRAP"
+FAULT_VARIABLE = "RL_LIFECYCLE_FAULT"
 PREFLIGHT_VARIABLE = "RL_LIFECYCLE_PREFLIGHT"
 HALVES = ("trainer", "rollout")
 PREFLIGHT_MODES = ("error", "warn", "off")
@@ -82,7 +106,8 @@ class Replacement:
 
     `module`.`name` is where the framework reads the class; `defined_in` where the class itself is
     defined (its original is guarded there); `wrap(original)` builds the lifecycle class; `mixin`
-    (as "module:Class") is what every instance of the half must be; `runs` names the roles it plays.
+    (as "module:Class") is what every instance of the half must be; `runs` names the roles it plays;
+    `hooks` the hooks its machine may call (what `RL_LIFECYCLE_FAULT` may name for the half).
     """
 
     half: str
@@ -92,23 +117,36 @@ class Replacement:
     wrap: str  # "module:function" taking the original class, returning the lifecycle class
     mixin: str
     runs: str
+    hooks: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class FrameworkLaunch:
-    """A framework's classes under the lifecycle, and where its rollout manager starts the engines
-    (`preflight_at`, "module:function", run after the preflight)."""
+    """A framework's classes under the lifecycle, where its rollout manager starts the engines
+    (`preflight_at`, "module:function", run after the preflight), and what watches the engines
+    during a rollout when the rollout half is wrapped (`engine_watch`: (module, "module:function"
+    patching it when it is imported) pairs)."""
 
     framework: str
     commit: str
     replacements: tuple[Replacement, ...]
     preflight_at: str | None = None
+    engine_watch: tuple[tuple[str, str], ...] = ()
     job_needs: str | None = None  # "module:function" (args, framework=) -> JobNeeds, for the preflight
     machine: str = "actor_integration.tools.preflight:describe_ray_cluster"  # "module:function" () -> Machine
 
     def halves(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(r.half for r in self.replacements))
 
+
+# The hooks each half's machine may call: a trainer's (routing replay only with slime's flag), and an
+# engine server's (memory by tag, generation around its sleep).
+TRAINER_HOOKS = tuple(
+    h.value for h in Hook if h not in (Hook.GENERATION_PAUSE, Hook.GENERATION_RESUME, Hook.BUDGET_CHECK)
+)
+SERVER_HOOKS = tuple(
+    h.value for h in (Hook.GENERATION_PAUSE, Hook.MEMORY_PAUSE, Hook.MEMORY_RESUME, Hook.GENERATION_RESUME)
+)
 
 SLIME = FrameworkLaunch(
     framework="slime",
@@ -122,6 +160,7 @@ SLIME = FrameworkLaunch(
             wrap="actor_integration.frameworks.launch:slime_trainer",
             mixin="actor_integration.frameworks.slime:SlimeLifecycleMixin",
             runs="actor and critic",
+            hooks=TRAINER_HOOKS,
         ),
         Replacement(
             half="rollout",
@@ -131,9 +170,14 @@ SLIME = FrameworkLaunch(
             wrap="actor_integration.frameworks.slime.rollout:lifecycle_engine",
             mixin="actor_integration.engines.sglang.actor:SGLangActorLifecycle",
             runs="rollout engines",
+            hooks=SERVER_HOOKS,
         ),
     ),
     preflight_at="slime.ray.rollout:start_rollout_servers",
+    engine_watch=(
+        ("slime.ray.rollout", "actor_integration.frameworks.slime.rollout:record_servers"),
+        ("slime.rollout.base_types", "actor_integration.frameworks.slime.rollout:watch_rollouts"),
+    ),
     job_needs="actor_integration.tools.preflight:slime_job_needs",
 )
 
@@ -149,6 +193,7 @@ MILES = FrameworkLaunch(
             wrap="actor_integration.frameworks.launch:miles_trainer",
             mixin="actor_integration.frameworks.miles:MilesLifecycleMixin",
             runs="actor and critic, train.py and train_async.py",
+            hooks=TRAINER_HOOKS,
         ),
         Replacement(
             half="rollout",
@@ -158,6 +203,7 @@ MILES = FrameworkLaunch(
             wrap="actor_integration.frameworks.miles.rollout:lifecycle_engine",
             mixin="actor_integration.engines.sglang.actor:SGLangActorLifecycle",
             runs="rollout engines",
+            hooks=SERVER_HOOKS,
         ),
     ),
     preflight_at="miles.ray.rollout.rollout_server:start_rollout_servers",
@@ -200,6 +246,41 @@ def parse_wrap(value: str | None, launch: FrameworkLaunch = SLIME) -> tuple[str,
     return tuple(half for half in HALVES if half in asked)
 
 
+def parse_fault_variable(
+    value: str | None, launch: FrameworkLaunch = SLIME, halves: Sequence[str] | None = None
+) -> Fault | None:
+    """The fault `RL_LIFECYCLE_FAULT` arms (unset or empty: none), checked against the halves the
+    job wraps (`halves`; None: all of the framework's) and the hooks each half's machine calls."""
+    if value is None or not value.strip():
+        return None
+    text = value.strip()
+    try:
+        fault = parse_fault(text)
+    except ValueError as exc:
+        raise LaunchConfigError(
+            f"{FAULT_VARIABLE}={exc} (a testing switch: leave it unset in production)",
+            framework=launch.framework,
+            variable=FAULT_VARIABLE,
+        ) from None
+    wrapped = launch.halves() if halves is None else tuple(halves)
+    if fault.role not in wrapped:
+        raise LaunchConfigError(
+            f"{FAULT_VARIABLE}={text!r}: the {fault.role} half is not under the lifecycle in this job "
+            f"({WRAP_VARIABLE}={','.join(wrapped)}); a fault goes to a wrapped half's hooks",
+            framework=launch.framework,
+            variable=FAULT_VARIABLE,
+        )
+    called = next(r.hooks for r in launch.replacements if r.half == fault.role)
+    if fault.hook not in called:
+        raise LaunchConfigError(
+            f"{FAULT_VARIABLE}={text!r}: {launch.framework}'s {fault.role} never calls {fault.hook}; its "
+            f"machine's hooks are {list(called)}",
+            framework=launch.framework,
+            variable=FAULT_VARIABLE,
+        )
+    return fault
+
+
 def install(launch: FrameworkLaunch, environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
     """Put the halves the environment asks for under the lifecycle in this process, as each module
     is imported (or now, if it is already). Idempotent. Returns the halves."""
@@ -212,22 +293,32 @@ def install(launch: FrameworkLaunch, environ: Mapping[str, str] | None = None) -
             framework=launch.framework,
             variable=PREFLIGHT_VARIABLE,
         )
+    fault = parse_fault_variable(env.get(FAULT_VARIABLE), launch, halves)
     chosen = [r for r in launch.replacements if r.half in halves]
     _require_modules(launch, chosen)
     with _LOCK:
-        if (launch.framework, halves) in _INSTALLED:
+        if (launch.framework, halves, fault) in _INSTALLED:
             return halves
-        _INSTALLED.add((launch.framework, halves))
+        _INSTALLED.add((launch.framework, halves, fault))
         for replacement in chosen:
+            armed = fault if fault is not None and fault.role == replacement.half else None
             _FINDER.after_import(replacement.defined_in, functools.partial(_guard, launch, replacement))
-            _FINDER.after_import(replacement.module, functools.partial(_replace, launch, replacement))
+            _FINDER.after_import(replacement.module, functools.partial(_replace, launch, replacement, armed))
         if launch.preflight_at is not None and mode != "off":
             module, _, function = launch.preflight_at.partition(":")
             _FINDER.after_import(module, functools.partial(_preflight_first, launch, function, mode))
-    _say(
+        for module, watch in launch.engine_watch if "rollout" in halves else ():
+            _FINDER.after_import(module, functools.partial(_patch, watch))
+    say(
         f"{launch.framework} job: {WRAP_VARIABLE}={','.join(halves)}: "
         + "; ".join(f"{r.name} ({r.runs}) from {r.module}" for r in chosen)
         + " under the lifecycle"
+        + (
+            f"; {FAULT_VARIABLE}={fault.role}:{fault.hook}@{fault.step}: call {fault.step} of {fault.hook} "
+            f"raises in every {fault.role} actor (testing only)"
+            if fault is not None
+            else ""
+        )
     )
     return halves
 
@@ -266,25 +357,74 @@ def miles_trainer(original: type) -> type:
     return _trainer(MilesLifecycleMixin, original)
 
 
+def _patch(spec: str, module: ModuleType) -> None:
+    _resolve(spec)(module)
+
+
 def _resolve(spec: str) -> Any:
     module, _, name = spec.partition(":")
     return getattr(importlib.import_module(module), name)
 
 
-def _replace(launch: FrameworkLaunch, replacement: Replacement, module: ModuleType) -> None:
+class JobLifecycle:
+    """What the launch switch adds to every class it puts under the lifecycle (first in the bases).
+
+    The job's driver is the framework's: it neither recovers a FAILED actor nor reads its state, so
+    the machine's `typed_failures` is set: a hook that raises fails the call with
+    `LifecycleFailedError` naming the rank, the transition and what is resident. `lifecycle_fault`
+    (from `RL_LIFECYCLE_FAULT`, testing only) is armed on the machine's hooks: the fault's N-th
+    call of its hook raises `InjectedFault` (`lifecycle_faults` is the injector).
+    """
+
+    lifecycle_fault: ClassVar[Fault | None] = None
+
+    def configure_lifecycle(self, policy: Any, hooks: Any, **kwargs: Any) -> Any:
+        fault = self.lifecycle_fault
+        if fault is not None:
+            injector = FaultInjector()
+            injector.arm(fault.hook, at=fault.step)
+            self.lifecycle_faults = injector
+            hooks = with_faults(injector, hooks)
+        lifecycle = cast(Any, super()).configure_lifecycle(policy, hooks, **kwargs)
+        lifecycle.typed_failures = True
+        return lifecycle
+
+
+_JOB_CLASSES: dict[tuple[type, Fault | None], type] = {}
+
+
+def job_class(wrapped: type, fault: Fault | None = None) -> type:
+    """`wrapped` (a lifecycle class) as the job runs it: `JobLifecycle` first, `fault` armed; its
+    name and module are `wrapped`'s. Built once per pair."""
+    built = _JOB_CLASSES.get((wrapped, fault))
+    if built is None:
+        namespace = {
+            "__module__": wrapped.__module__,
+            "__qualname__": wrapped.__qualname__,
+            "lifecycle_fault": fault,
+        }
+        built = type(wrapped.__name__, (JobLifecycle, wrapped), namespace)
+        _JOB_CLASSES[(wrapped, fault)] = built
+    return built
+
+
+def _replace(
+    launch: FrameworkLaunch, replacement: Replacement, fault: Fault | None, module: ModuleType
+) -> None:
     original = _class_in(launch, replacement, module, replacement.module)
     mixin = _resolve(replacement.mixin)
     where = f"{replacement.module}.{replacement.name}"
     if issubclass(original, mixin):
         return  # replaced already (or the user's own lifecycle class): left as it is
-    wrapped = _resolve(replacement.wrap)(original)
+    wrapped = job_class(_resolve(replacement.wrap)(original), fault)
     setattr(module, replacement.name, wrapped)
     _guard(launch, replacement, None, original=original)
     with _LOCK:
         _REPLACED[where] = wrapped.__name__
-    _say(
+    say(
         f"{launch.framework}: {where} ({replacement.runs}) runs as {wrapped.__name__} "
         f"({mixin.__name__}) in this process (pid {os.getpid()})"
+        + (f", {FAULT_VARIABLE} armed: call {fault.step} of {fault.hook} raises" if fault is not None else "")
     )
 
 
@@ -363,6 +503,8 @@ def _require_modules(launch: FrameworkLaunch, chosen: Sequence[Replacement]) -> 
     wanted = {r.module for r in chosen} | {r.defined_in for r in chosen}
     if launch.preflight_at is not None:
         wanted.add(launch.preflight_at.partition(":")[0])
+    if any(r.half == "rollout" for r in chosen):
+        wanted |= {module for module, _ in launch.engine_watch}
     for module in sorted(wanted):
         parts = module.split(".")[1:]
         if not any(_module_file(root, parts) for root in roots):
@@ -396,7 +538,7 @@ def _preflight_first(launch: FrameworkLaunch, function: str, mode: str, module: 
         needs = _resolve(launch.job_needs)(args, framework=launch.framework) if launch.job_needs else None
         if needs is not None:
             report = check_job(_resolve(launch.machine)(), needs, refuse=mode == "error")
-            _say(f"{launch.framework} preflight: {report}")
+            say(f"{launch.framework} preflight: {report}")
         return original(args, *rest, **kwargs)
 
     checked._rl_lifecycle_preflight = True  # type: ignore[attr-defined]
@@ -468,7 +610,7 @@ def _initialising(module: ModuleType) -> bool:
 
 _LOCK = threading.RLock()
 _FINDER = _AfterImport()
-_INSTALLED: set[tuple[str, tuple[str, ...]]] = set()
+_INSTALLED: set[tuple[str, tuple[str, ...], Fault | None]] = set()
 _REPLACED: dict[str, str] = {}
 
 
@@ -484,8 +626,8 @@ class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
         pass
 
 
-def _say(message: str) -> None:
-    """One line on the worker's stderr, which Ray forwards to the job's output."""
+def say(message: str) -> None:
+    """One line on the worker's stderr, which Ray forwards to the job's output ("[rl-lifecycle] ...")."""
     if not _log.handlers:
         handler = _Stderr()
         handler.setFormatter(logging.Formatter("[rl-lifecycle] %(message)s"))

@@ -19,7 +19,11 @@ over the server's client (`rollout.client.ServerClient`); an engine's wrap
 - a health check while the weights cannot be served is a liveness probe (no generation), and a
   FAILED lifecycle is unhealthy;
 - followers (`node_rank != 0`) follow node 0's actor through the `EngineDirectory`; a call only
-  node 0 can make is a `FollowerCallError`.
+  node 0 can make is a `FollowerCallError`;
+- a server whose process (or one of its children: SGLang's scheduler) exited is found before the
+  next call the actor drives, and on the rollout manager's watch (`lifecycle_check_server`,
+  `rollout.server_watch`): `EngineDiedError` naming the process, what is left of it killed, the
+  server out of the router, logged once (`rollout.server_died`).
 
 The wrap's state is one typed object (`ServerState`, `self._lc_state`).
 """
@@ -39,9 +43,10 @@ from actor_integration.rollout.directory import EngineDirectory, engine_director
 from actor_integration.rollout.engine import EngineGeneration, RolloutEngine
 from actor_integration.rollout.machine import rollout_lifecycle
 from actor_integration.rollout.router import RouterWorkers
+from actor_integration.rollout.server_watch import ServerProcesses, died_error
 from lifecycle import Contents, Hooks, Lifecycle, LifecyclePolicy, Residency, State
 from lifecycle.errors import IllegalTransitionError, LifecycleFailedError
-from lifecycle.events import log_path
+from lifecycle.events import flush_logs, log_path
 from lifecycle.logs import Event
 
 __all__ = ["ServerActorLifecycle", "ServerGeneration", "ServerMemory", "ServerState", "as_int"]
@@ -134,6 +139,8 @@ class ServerState:
     sent: list[Any] | None = None  # the lifecycle's sync: [when its first round came, bytes loaded]
     version_asked: Future[str | None] | None = None  # the wake's version check, asked early
     helper: ThreadPoolExecutor | None = None  # the router's requests and the version query run there
+    processes: ServerProcesses | None = None  # the server's processes, once it was up (node 0)
+    died: dict[str, Any] | None = None  # what of them exited, once found
 
 
 def as_int(version: Any, default: int | None = 0) -> int:
@@ -152,13 +159,15 @@ class ServerActorLifecycle:
     `lifecycle_timeout_s`: the deadline of every request the lifecycle itself sends.
     `lifecycle_follow_deadline_s`: how long a follower waits for node 0's actor.
     `lifecycle_log_dir`: where `rollout-rank<rank>.jsonl` goes (see `configure_rank_log`).
-    An engine's wrap sets `lifecycle_server_tags` (its memory tags, in its order) and
-    `lifecycle_engine_label`, and implements `_lc_new_client`.
+    An engine's wrap sets `lifecycle_server_tags` (its memory tags, in its order),
+    `lifecycle_engine_label` and `lifecycle_process_prefix` (how the engine titles its own
+    processes: those are watched beside the server's, none without it), and implements `_lc_new_client`.
     """
 
     lifecycle_framework: ClassVar[str] = "server"
     lifecycle_engine_label: ClassVar[str] = "engine"
     lifecycle_server_tags: ClassVar[tuple[str, ...]] = ()
+    lifecycle_process_prefix: ClassVar[str] = ""
     lifecycle_flush_deadline_s: ClassVar[float] = 60.0
     lifecycle_timeout_s: ClassVar[float] = 60.0
     lifecycle_follow_deadline_s: ClassVar[float] = 600.0
@@ -231,14 +240,12 @@ class ServerActorLifecycle:
             model_tag=None,
             destroy_process_groups=False,
         )
-        lifecycle = rollout_lifecycle(
-            policy,
-            Hooks(memory=memory, generation=generation),
-            rank=self.rank,
-            log_dir=self.lifecycle_log_dir,
-        )
+        lifecycle = self.configure_lifecycle(policy, Hooks(memory=memory, generation=generation))
         lifecycle.bind(engine=url, framework=self.lifecycle_framework)
         state.lifecycle = lifecycle
+        state.processes = ServerProcesses.of(
+            getattr(self, "process", None), own=self.lifecycle_process_prefix
+        )
         state.served = self._lc_reported_version()  # the launch checkpoint ("default")
         router = None
         if self.router_ip and self.router_port and getattr(self, "worker_type", "regular") != "encoder":
@@ -267,6 +274,53 @@ class ServerActorLifecycle:
             )
         state.loading, state.interrupted, state.update_open = None, False, False
         self._lc_publish()
+
+    def configure_lifecycle(self, policy: LifecyclePolicy, hooks: Hooks) -> Lifecycle:
+        """The server's machine over its hooks, built once it is up (node 0); a subclass may wrap
+        the hooks or set the machine's options here (the launch switch's job classes do)."""
+        return rollout_lifecycle(policy, hooks, rank=self.rank, log_dir=self.lifecycle_log_dir)
+
+    def lifecycle_check_server(self) -> dict[str, Any] | None:
+        """None while the server's processes run (a follower, or a server not launched by this
+        actor: None). Else what exited (process, pid, exitcode, rank, url, label); what is left of
+        the server is killed and it leaves the router, once. The rollout manager's watch asks."""
+        if getattr(self, "node_rank", 0) != 0 or self._lc_state.lifecycle is None:
+            return None
+        return self._lc_server_died("the rollout manager's watch")
+
+    def _lc_server_died(self, call: str) -> dict[str, Any] | None:
+        """What of the server exited (None: nothing); found once: logged, the rest killed, out of the router."""
+        state = self._lc_state
+        if state.died is not None or state.processes is None:
+            return state.died
+        dead = state.processes.dead()
+        if dead is None:
+            return None
+        process, pid, exitcode = dead
+        killed = state.processes.kill()
+        state.died = {
+            "process": process,
+            "pid": pid,
+            "exitcode": exitcode,
+            "rank": getattr(self, "rank", None),
+            "url": self._lc_url(),
+            "label": self.lifecycle_engine_label,
+        }
+        self._lc_event(Event.SERVER_DIED, "error", call=call, killed=killed, **state.died)
+        self._lc_leave_if_admitted()
+        flush_logs(timeout=2.0)  # the job may stop on this: the event is on disk first
+        return state.died
+
+    def _lc_require_server(self, call: str) -> None:
+        """Before a call the actor drives: `EngineDiedError` if the server's processes exited."""
+        died = self._lc_server_died(call)
+        if died is not None:
+            raise died_error(
+                died,
+                call=call,
+                waited_s=None,
+                advice="Restart the engine (the framework's engine fault tolerance, or the job).",
+            )
 
     def lifecycle_router_api(self) -> str:
         """Which worker API the router speaks (`router.ROUTER_APIS`); the framework's own choice."""
@@ -496,6 +550,7 @@ class ServerActorLifecycle:
         if self.node_rank != 0:
             self._lc_follow(call, released=tuple(tags) if tags else self.lifecycle_server_tags)
             return
+        self._lc_require_server(call)
         lifecycle = self.lifecycle
         targets = self._lc_targets(tags, call)
         if self._lc_state.loading is not None:
@@ -510,6 +565,7 @@ class ServerActorLifecycle:
         if self.node_rank != 0:
             self._lc_follow(call, resident=tuple(tags) if tags else self.lifecycle_server_tags)
             return
+        self._lc_require_server(call)
         lifecycle = self.lifecycle
         targets = self._lc_targets(tags, call)
         batch = [t for t in targets if lifecycle.residency[t] is Residency.RELEASED]
@@ -545,6 +601,7 @@ class ServerActorLifecycle:
             raise self._lc_follower_error(
                 call, "weights go to the engine's node-0 actor: one coordinator per slot"
             )
+        self._lc_require_server(call)
         lifecycle = self.lifecycle
         label = "unversioned" if version is None else str(version)
         generation = self._lc_generation()
@@ -623,6 +680,7 @@ class ServerActorLifecycle:
         server is awake with it, else at the end of the wake (the call is then absorbed: None)."""
         if self.node_rank != 0:
             raise self._lc_follower_error(call, "generation is node 0's to pause and continue")
+        self._lc_require_server(call)
         self._lc_version_end(call)
         try:
             if not self._lc_servable():
@@ -639,6 +697,7 @@ class ServerActorLifecycle:
         sleep's pause, which are otherwise served after the wake on the new version."""
         if self.node_rank != 0:
             raise self._lc_follower_error(call, "generation is node 0's to pause and continue")
+        self._lc_require_server(call)
         state = self._lc_state
         state.update_open, state.loading, state.interrupted = True, None, False
         generation = self._lc_generation()
@@ -658,6 +717,7 @@ class ServerActorLifecycle:
         """A call that reads the weights on the server (`check_weights`): only while they are resident."""
         if self.node_rank != 0:
             raise self._lc_follower_error(call, "the weights are checked through node 0's server")
+        self._lc_require_server(call)
         lifecycle = self.lifecycle
         if lifecycle.state is State.FAILED or lifecycle.residency.get("weights") is not Residency.RESIDENT:
             message = (
@@ -680,6 +740,7 @@ class ServerActorLifecycle:
             if leader.get("state") == State.FAILED.value:
                 raise self._lc_follower_error("health_generate", "node 0's lifecycle is FAILED")
             return True
+        self._lc_require_server("health_generate")
         lifecycle = self.lifecycle
         if lifecycle.state is State.FAILED:
             self._lc_leave_if_failed()

@@ -42,9 +42,13 @@ def _check(args: argparse.Namespace) -> int:
         args.parser.error(str(exc))
     for finding in findings:
         print(finding)
+    ended_failed = run.ended_failed()
+    for line in ended_failed:
+        print(line)
     verdict = "clean" if not findings else f"{len(findings)} finding(s)"
+    failed = f"; {len(ended_failed)} ended FAILED" if ended_failed else ""
     print(
-        f"lifecycle check: {len(files)} file(s), {run.events} event(s), {run.machines} machine(s): {verdict}",
+        f"lifecycle check: {len(files)} file(s), {run.events} event(s), {run.machines} machine(s): {verdict}{failed}",
         file=sys.stderr,
     )
     return 0 if not findings else 1

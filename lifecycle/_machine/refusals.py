@@ -44,8 +44,10 @@ def failed_error(
     hook = failure.hook if failure else "unknown"
     tag = f"[{failure.tag}]" if failure and failure.tag else ""
     error = failure.error if failure else ""
+    phase = f" ({failure.phase})" if failure and failure.phase != "move" else ""
     what = (
-        f"{who} is FAILED since hook {hook}{tag} raised {error} during {failure.operation} from {failure.state}"
+        f"{who} is FAILED since hook {hook}{tag} raised {error} during {failure.operation}{phase} from "
+        f"{failure.state}"
         if failure
         else f"{who} is FAILED"
     )

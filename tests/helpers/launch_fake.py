@@ -15,7 +15,13 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from actor_integration.frameworks.launch import FrameworkLaunch, Replacement, install
+from actor_integration.frameworks.launch import (
+    SERVER_HOOKS,
+    TRAINER_HOOKS,
+    FrameworkLaunch,
+    Replacement,
+    install,
+)
 from actor_integration.tools.preflight import GIB, GPU, JobNeeds, Machine, Node
 
 FRAMEWORK_ENV = "FAKE_FRAMEWORK"
@@ -129,9 +135,17 @@ def launch_for(name: str, *, machine: str = "tests.helpers.launch_fake:one_small
                 f"{__name__}:wrap",
                 mixin,
                 "actor",
+                TRAINER_HOOKS,
             ),
             Replacement(
-                "rollout", f"{name}.rollout", "Engine", f"{name}.engine", f"{__name__}:wrap", mixin, "engines"
+                "rollout",
+                f"{name}.rollout",
+                "Engine",
+                f"{name}.engine",
+                f"{__name__}:wrap",
+                mixin,
+                "engines",
+                SERVER_HOOKS,
             ),
         ),
         preflight_at=f"{name}.rollout:start_servers",

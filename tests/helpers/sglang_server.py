@@ -45,6 +45,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -223,6 +224,7 @@ class FakeSGLangServer:
         with self.cond:
             return {
                 "alive": self.alive,
+                "pid": os.getpid(),  # the server's process (a spawned fake's: the one a test may kill)
                 "released": sorted(self.released),
                 "paused": self.paused,
                 "labels": dict(self.labels),
@@ -581,6 +583,9 @@ class FakeRouter:
         # "add" / "remove" -> gate: a worker being added or removed waits (at most 10 s) until it is set
         self.stalled: dict[str, threading.Event] = {}
         self.fail_next: dict[str, tuple[int, Any]] = {}  # "add" / "remove" -> (status, body) answered once
+        # called with the server's URL before each request is forwarded to it (a test's hook: e.g.
+        # kill the server mid-rollout, while the rollout's requests are in flight)
+        self.before_forward: Callable[[str], None] | None = None
         self._next_id = 0
         self._turn = 0
         router = self
@@ -719,6 +724,8 @@ class FakeRouter:
                 self._turn += 1
             self.in_flight[url] = self.in_flight.get(url, 0) + 1
         try:
+            if self.before_forward is not None:
+                self.before_forward(url)
             return self._send(url, body, path, method)
         finally:
             with self.lock:

@@ -116,3 +116,13 @@ def test_the_wrapped_trainers_sleeps_come_from_the_lifecycle_log(
 def test_without_the_job_logs_it_says_what_to_run(report_module: ModuleType, tmp_path: Path) -> None:
     assert "run scripts/slime_e2e.sh plain and wrapped first" in report_module.report(tmp_path)
     assert report_module.main([]) == 2
+
+
+def test_the_budget_job_beside_plain(report_module: ModuleType, tmp_path: Path) -> None:
+    (tmp_path / "plain.log").write_text(job_log([1.0], [0.4], [3.0], [200]))
+    (tmp_path / "budget.log").write_text(job_log([0.01], [0.01], [2.0], [200]))
+    text = report_module.report(tmp_path, "budget")
+    assert "plain / budget" in text and "70.0x to 70.0x (target: at least 10x every step: met)" in text
+    assert "run scripts/slime_e2e.sh plain and budget first" in report_module.report(
+        tmp_path / "none", "budget"
+    )

@@ -106,6 +106,7 @@ class SGLangActorLifecycle(ServerActorLifecycle):
     lifecycle_framework: ClassVar[str] = "sglang"
     lifecycle_engine_label: ClassVar[str] = "SGLang"
     lifecycle_server_tags: ClassVar[tuple[str, ...]] = SERVER_TAGS
+    lifecycle_process_prefix: ClassVar[str] = "sglang::"  # SGLang titles its scheduler and detokenizer so
     lifecycle_admission: ClassVar[str | None] = None
     lifecycle_scheduler_receiver: ClassVar[bool] = True
 

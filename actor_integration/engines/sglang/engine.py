@@ -51,6 +51,7 @@ from actor_integration.errors import (
     SGLangServerTimeout,
 )
 from actor_integration.rollout.engine import GENERATION_MODES, NamedTensors
+from actor_integration.rollout.server_watch import pid_alive
 from actor_integration.weight_sync.buckets import BucketManifest, dtype_from_name
 from actor_integration.weight_sync.wire import WeightSyncError
 
@@ -521,7 +522,7 @@ class SGLangEngine(SchedulerReceiverCalls, SGLangWeights):
     def _dead_process(self) -> tuple[str, int, int | None] | None:
         for name, proc in self._watched:
             if isinstance(proc, int):
-                if not _pid_alive(proc):
+                if not pid_alive(proc):
                     return name, proc, None
             elif not proc.is_alive():
                 return name, int(proc.pid), proc.exitcode
@@ -706,15 +707,6 @@ def _on_sigquit(signum: Any = None, frame: Any = None) -> None:
     """SGLang's children SIGQUIT their parent when they fail, and SGLang's own handler then kills
     the whole process tree. This one does nothing: the adapter's guard finds the dead process
     itself (within `poll_s`) and raises `EngineDiedError`, and this process lives on."""
-
-
-def _pid_alive(pid: int) -> bool:
-    import psutil
-
-    try:
-        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
-    except psutil.NoSuchProcess:
-        return False
 
 
 def version_tuple(version: str) -> tuple[int, ...]:

@@ -30,6 +30,7 @@ from collections.abc import Mapping
 
 from actor_integration.errors import LaunchConfigError
 from actor_integration.frameworks.launch import (
+    TRAINER_HOOKS,
     WRAP_VARIABLE,
     FrameworkLaunch,
     Replacement,
@@ -51,6 +52,7 @@ VIME = FrameworkLaunch(
             wrap="actor_integration.frameworks.vime.launch:vime_trainer",
             mixin="actor_integration.frameworks.vime:VimeLifecycleMixin",
             runs="actor and critic",
+            hooks=TRAINER_HOOKS,
         ),
     ),
 )

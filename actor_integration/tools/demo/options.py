@@ -6,11 +6,12 @@ import argparse
 import json
 import math
 import os
-import re
 import sys
 from pathlib import Path
 from typing import NoReturn
 
+from lifecycle import faults
+from lifecycle.faults import Fault
 from lifecycle.policy import LifecyclePolicy
 from lifecycle.table import Hook, hooks_used
 
@@ -43,19 +44,12 @@ def refuse(message: str) -> NoReturn:
     raise SystemExit(2)
 
 
-_FAULT = re.compile(r"^(?:(?P<role>trainer|rollout):)?(?P<hook>[a-z_.]+)@(?P<step>\d+)$")
-
-
-def parse_fault(text: str) -> tuple[str, str, int]:
-    """`[trainer:|rollout:]HOOK@STEP` → (role, hook, step); the hook names are the logs' hook names."""
-    match = _FAULT.match(text)
-    hooks = [h.value for h in Hook]
-    if match is None or match["hook"] not in hooks:
-        raise argparse.ArgumentTypeError(
-            f"--inject-fault {text!r}: expected [trainer:|rollout:]HOOK@STEP with HOOK one of {hooks}, "
-            "e.g. memory.pause@2 or rollout:generation.pause@3"
-        )
-    return match["role"] or "trainer", match["hook"], int(match["step"])
+def parse_fault(text: str) -> Fault:
+    """`[trainer:|rollout:]HOOK@STEP` → (role, hook, step): `lifecycle.faults.parse_fault`, as an option."""
+    try:
+        return faults.parse_fault(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"--inject-fault {exc}") from None
 
 
 def _positive(text: str) -> int:

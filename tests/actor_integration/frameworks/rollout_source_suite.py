@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 import pytest
 
 from actor_integration.engines.sglang.actor import LocalDirectory
-from actor_integration.errors import FollowerCallError, SGLangServerError, StaleWeightsError
+from actor_integration.errors import EngineDiedError, FollowerCallError, SGLangServerError, StaleWeightsError
 from lifecycle import Contents, Residency, State
 from lifecycle.checker import check_files
 from lifecycle.errors import IllegalTransitionError, LifecycleError
@@ -801,7 +801,8 @@ class RolloutSourceSuite:
     def test_the_frameworks_own_launch_spawns_the_server_the_wrap_drives(self, env):
         """`launch="spawn"`: the framework's `launch_server_process` spawns SGLang's `launch_server`
         (the fake's) in a child process and waits for `/health_generate`; one cycle over HTTP to that
-        process, then the process killed: a typed error naming the server, at once."""
+        process, then the process killed: a typed error naming the server process, at once (the wrap
+        watches the process it launched: `EngineDiedError`, also what the rollout manager's watch hears)."""
         if self.source is None:
             pytest.skip("the shaped class has no launch_server_process of its own")
         import os
@@ -837,12 +838,17 @@ class RolloutSourceSuite:
                     world.errors,
                 )
                 assert state["labels"] == dict.fromkeys(state["labels"], "1") and url in env.router.urls()
-                os.kill(engine.process.pid, signal.SIGKILL)
+                pid = engine.process.pid
+                os.kill(pid, signal.SIGKILL)
                 engine.process.join(10)
                 start = time.monotonic()
-                with pytest.raises(SGLangServerError, match=url):
+                with pytest.raises(EngineDiedError, match=url) as died:
                     engine.release_memory_occupation()
                 assert time.monotonic() - start < 5
+                assert (died.value.fields["process"], died.value.fields["pid"]) == ("server", pid)
+                assert died.value.fields["exitcode"] == -signal.SIGKILL
+                assert engine.lifecycle_check_server()["pid"] == pid  # what the rollout manager's watch hears
+                assert url not in env.router.urls()  # taken out of the router
             finally:
                 if engine.process.is_alive():
                     engine.process.kill()

@@ -16,11 +16,17 @@ import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from actor_integration.actors.mixin import LifecycleMixin
 from actor_integration.errors import LaunchConfigError, PreflightError, UnwrappedClassError
 from actor_integration.frameworks import launch
+from lifecycle import Hooks, LifecyclePolicy
+from lifecycle.errors import InjectedFault, LifecycleFailedError
+from lifecycle.faults import Fault
+from lifecycle.testing import FakeMemorySaver
 from tests.helpers import launch_fake
 from tests.helpers.launch_fake import FakeLifecycle, launch_for, write_framework
 
@@ -92,7 +98,9 @@ class TestNeverSilentlyUnwrapped:
     ) -> None:
         launch.install(launch_for(framework), {})
         trainer = __import__(f"{framework}.trainer", fromlist=["TrainActor"])
-        original = trainer.TrainActor.__mro__[2]
+        original = trainer.TrainActor.__mro__[
+            4
+        ]  # after the job class, JobLifecycle and the lifecycle class with its mixin
         assert original.__name__ == "TrainActor" and not issubclass(original, FakeLifecycle)
 
         class OwnActorCls(original):  # a user's actor_cls without the lifecycle
@@ -155,6 +163,115 @@ class TestPreflightBeforeTheEngines:
         launch.install(launch_for(framework), {"RL_LIFECYCLE_PREFLIGHT": "off"})
         rollout = __import__(f"{framework}.rollout", fromlist=["start_servers"])
         assert not hasattr(rollout.start_servers, "__wrapped__")
+
+
+class TestFaultVariable:
+    """`RL_LIFECYCLE_FAULT`: the demo's `--inject-fault` grammar, read by the same parser, checked
+    against the halves the job wraps and the hooks each half's machine calls."""
+
+    def test_unset_or_empty_arms_nothing(self) -> None:
+        assert launch.parse_fault_variable(None) is None and launch.parse_fault_variable("  ") is None
+
+    def test_the_demos_grammar(self) -> None:
+        assert launch.parse_fault_variable("trainer:memory.pause@3") == Fault("trainer", "memory.pause", 3)
+        assert launch.parse_fault_variable(" process_groups.destroy@2 ") == Fault(
+            "trainer", "process_groups.destroy", 2
+        )
+        assert launch.parse_fault_variable("rollout:generation.pause@1") == Fault(
+            "rollout", "generation.pause", 1
+        )
+
+    @pytest.mark.parametrize(
+        ("value", "says"),
+        [
+            ("memory.pause", "RL_LIFECYCLE_FAULT='memory.pause': expected [trainer:|rollout:]HOOK@STEP"),
+            ("critic:memory.pause@1", "expected [trainer:|rollout:]HOOK@STEP"),
+            ("trainer:memory.pause@0", "STEP from 1"),
+            (
+                "trainer:generation.pause@1",
+                "slime's trainer never calls generation.pause; its machine's hooks",
+            ),
+            ("rollout:switch_model@1", "slime's rollout never calls switch_model"),
+            ("rollout:memory.budget_check@1", "slime's rollout never calls memory.budget_check"),
+        ],
+    )
+    def test_a_bad_value_is_refused_in_one_line_naming_the_variable(self, value: str, says: str) -> None:
+        with pytest.raises(LaunchConfigError) as caught:
+            launch.parse_fault_variable(value)
+        message = str(caught.value)
+        assert "\n" not in message and says in message
+        assert caught.value.fields["variable"] == "RL_LIFECYCLE_FAULT"
+
+    def test_a_half_the_job_does_not_wrap_is_refused(self) -> None:
+        with pytest.raises(
+            LaunchConfigError,
+            match=r"the rollout half is not under the lifecycle in this job \(RL_LIFECYCLE_WRAP=trainer\)",
+        ):
+            launch.parse_fault_variable("rollout:memory.pause@1", launch.SLIME, ("trainer",))
+
+    def test_install_refuses_a_bad_value_before_anything_is_replaced(self, framework: str) -> None:
+        with pytest.raises(LaunchConfigError, match=r"RL_LIFECYCLE_FAULT='trainer:memory\.pause'"):
+            launch.install(launch_for(framework), {"RL_LIFECYCLE_FAULT": "trainer:memory.pause"})
+        trainer = __import__(f"{framework}.trainer", fromlist=["TrainActor"])
+        assert not issubclass(trainer.TrainActor, FakeLifecycle)
+
+    def test_install_arms_the_fault_on_the_half_it_names(
+        self, framework: str, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        launch.install(launch_for(framework), {"RL_LIFECYCLE_FAULT": "trainer:memory.pause@2"})
+        trainer = __import__(f"{framework}.trainer", fromlist=["TrainActor"])
+        rollout = __import__(f"{framework}.rollout", fromlist=["Engine"])
+        assert trainer.TrainActor.lifecycle_fault == Fault("trainer", "memory.pause", 2)
+        assert issubclass(rollout.Engine, launch.JobLifecycle) and rollout.Engine.lifecycle_fault is None
+        err = capsys.readouterr().err
+        assert (
+            "RL_LIFECYCLE_FAULT=trainer:memory.pause@2: call 2 of memory.pause raises in every trainer" in err
+        )
+        assert "runs as LifecycleTrainActor (FakeLifecycle) in this process" in err
+        assert "RL_LIFECYCLE_FAULT armed: call 2 of memory.pause raises" in err
+
+
+class _Actor(LifecycleMixin):
+    """A trainer-shaped actor under the lifecycle (its memory `memory`, built on first use)."""
+
+    memory: Any = None
+
+    def lifecycle_config(self) -> dict[str, Any]:
+        memory = self.memory if self.memory is not None else FakeMemorySaver(("model",))
+        return {"policy": LifecyclePolicy(memory_tags=("model",)), "hooks": Hooks(memory=memory), "rank": 1}
+
+
+class TestTheJobsClasses:
+    """What the launch switch builds: a hook failure is `LifecycleFailedError` naming the rank, the
+    transition and what is resident (slime's driver prints it and stops); the fault fires where armed."""
+
+    def test_the_armed_fault_fires_at_its_call_as_the_typed_error(self) -> None:
+        job = launch.job_class(_Actor, Fault("trainer", "memory.pause", 2))
+        assert job is launch.job_class(_Actor, Fault("trainer", "memory.pause", 2))
+        assert (job.__name__, job.__module__) == ("_Actor", _Actor.__module__)
+        actor = job()
+        actor.sleep()  # the first pause
+        actor.wake_up()
+        with pytest.raises(LifecycleFailedError) as failed:
+            actor.sleep()
+        assert str(failed.value).startswith(
+            "lifecycle of _Actor rank 1 is FAILED since hook memory.pause[model] raised InjectedFault("
+        )
+        assert isinstance(failed.value.__cause__, InjectedFault)
+        assert actor.lifecycle_faults.fired == ["memory.pause"]
+
+    def test_a_real_hook_failure_is_the_typed_error_too(self) -> None:
+        class Broken(FakeMemorySaver):
+            def pause(self, tag: str | None = None) -> None:
+                raise RuntimeError("cudaErrorIllegalAddress")
+
+        actor = launch.job_class(_Actor)()
+        actor.memory = Broken(("model",))
+        with pytest.raises(
+            LifecycleFailedError, match=r"raised RuntimeError\('cudaErrorIllegalAddress'\) during sleep"
+        ):
+            actor.sleep()
+        assert actor.lifecycle_state()["state"] == "FAILED"
 
 
 class TestTheFrameworksSpecs:
@@ -228,7 +345,13 @@ def test_in_a_ray_job_each_half_is_replaced_in_the_worker_that_resolves_it(tmp_p
     assert line is not None, output[-4000:]
     result = json.loads(line.removeprefix("RESULT "))
     assert "FakeLifecycle" not in result["driver"]  # the driver never runs the hook
-    assert result["trainer"][:3] == ["TrainActor", "LifecycleTrainActor", "FakeLifecycle"]
+    assert result["trainer"][:5] == [
+        "TrainActor",
+        "LifecycleTrainActor",  # the job's class (`launch.job_class`)
+        "JobLifecycle",
+        "LifecycleTrainActor",
+        "FakeLifecycle",
+    ]
     bases, variable = result["engine"]
     assert "FakeLifecycle" in bases and variable == "trainer,rollout"
     assert "UnwrappedClassError" in result["elsewhere"] and "asks for the rollout" in result["elsewhere"]

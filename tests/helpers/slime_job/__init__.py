@@ -215,7 +215,7 @@ class RayHead:
             self.process.send_signal(signal.SIGTERM)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout=20)
-        for pid in _session(self.process.pid):
+        for pid in session_pids(self.process.pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -223,7 +223,8 @@ class RayHead:
         shutil.rmtree(self.temp, ignore_errors=True)  # Ray's session files and sockets
 
 
-def _session(sid: int) -> list[int]:
+def session_pids(sid: int) -> list[int]:
+    """The processes of session `sid` (a `ray start` started in a session of its own: all it started)."""
     pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -301,7 +302,7 @@ def run(
     try:
         output, _ = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        for pid in _session(proc.pid):
+        for pid in session_pids(proc.pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         output, _ = proc.communicate()

@@ -17,18 +17,27 @@ Needs slime's source as a git checkout or git directory (CI has none: the suite 
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
+import os
+import re
+import signal
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
+from actor_integration.rollout.server_watch import pid_alive
 from tests.helpers import slime_job
 from tests.helpers.cli import lifecycle
 from tests.helpers.framework_source import suite_source
-from tests.helpers.sglang_server import VERSION_ENV, FakeRouter
+from tests.helpers.sglang_server import VERSION_ENV, FakeRouter, fake_state
 from tests.helpers.slime_source import SlimeSource
 
 SOURCE: SlimeSource | None
@@ -135,15 +144,22 @@ def _check(job: slime_job.SlimeJob) -> subprocess.CompletedProcess[str]:
     return lifecycle("check", *map(str, sorted(job.logs.glob("*.jsonl"))), timeout=120)
 
 
-def _run(stage: Any, *extra: str, wrap: str | None = "trainer,rollout") -> tuple[slime_job.JobRun, Any]:
+def _run(
+    stage: Any,
+    *extra: str,
+    wrap: str | None = "trainer,rollout",
+    env: dict[str, str] | None = None,
+    before_forward: Callable[[str], None] | None = None,
+) -> tuple[slime_job.JobRun, Any]:
     job, head, tiny = stage
     for old in job.logs.glob("*.jsonl"):
         old.unlink()
-    env = slime_job.runtime_env(job, wrap=wrap, extra_env={VERSION_ENV: "0.5.17"})
+    runtime = slime_job.runtime_env(job, wrap=wrap, extra_env={VERSION_ENV: "0.5.17", **(env or {})})
     router = FakeRouter()  # one per job: slime's dispose leaves its engines registered
+    router.before_forward = before_forward
     try:
         argv = job_argv(tiny / "model", tiny / "prompts.jsonl", router, *extra)
-        return slime_job.run(job, head, argv, env=env, timeout_s=900), job
+        return slime_job.run(job, head, argv, env=runtime, timeout_s=900), job
     finally:
         router.close()
 
@@ -217,6 +233,15 @@ class TestRefusals:
         assert "RL_LIFECYCLE_WRAP='actor': 'actor' is not a half of the job" in result.output
         assert "LifecycleMegatronTrainRayActor" not in result.output
 
+    def test_a_fault_the_job_cannot_arm_is_refused_before_any_actor_runs(self, stage: Any) -> None:
+        result, _ = _run(stage, env={"RL_LIFECYCLE_FAULT": "trainer:generation.pause@1"})
+        assert result.returncode != 0
+        assert (
+            "LaunchConfigError: RL_LIFECYCLE_FAULT='trainer:generation.pause@1': slime's trainer never calls "
+            "generation.pause" in result.output
+        )
+        assert "LifecycleMegatronTrainRayActor" not in result.output
+
 
 class TestDebugRolloutOnly:
     def test_slimes_debug_rollout_only_runs_under_the_wrap(self, stage: Any) -> None:
@@ -226,3 +251,131 @@ class TestDebugRolloutOnly:
         assert result.returncode == 0, result.output[-8000:]
         assert "AttributeError" not in result.output
         assert sorted(p.stem for p in job.logs.glob("*.jsonl")) == ["rollout-rank0"]
+
+
+# ---------------------------------------------------------------------------------------------- faults
+
+
+class KillServerAt:
+    """The router's hook: SIGKILL the engine's server process as the `at`-th rollout request reaches
+    the router, before it is forwarded (mid-rollout: the rollout's other requests are in flight)."""
+
+    def __init__(self, at: int, head: slime_job.RayHead) -> None:
+        self.at, self.seen, self.head = at, 0, head
+        self.pid: int | None = None
+        self.killed_at: float | None = None
+        self.running: list[str] = []  # the job's actors when the server was killed
+        self.lock = threading.Lock()
+
+    def __call__(self, url: str) -> None:
+        with self.lock:
+            self.seen += 1
+            if self.seen != self.at:
+                return
+            self.pid = int(fake_state(url)["pid"])
+            self.running = _job_actors(self.head)
+            os.kill(self.pid, signal.SIGKILL)
+            self.killed_at = time.monotonic()
+
+
+def _job_actors(head: slime_job.RayHead) -> list[str]:
+    """The job's actors still running under the Ray head (the rollout manager, engines, trainers)."""
+    left = []
+    started = set(slime_job.session_pids(head.process.pid))  # every process `ray start` started
+    with contextlib.suppress(psutil.Error):
+        started |= {p.pid for p in psutil.Process(head.process.pid).children(recursive=True)}
+    for pid in sorted(started):
+        with contextlib.suppress(psutil.Error):
+            title = " ".join(psutil.Process(pid).cmdline())
+            if title.startswith("ray::") and any(
+                name in title for name in ("RolloutManager", "SGLangEngine", "TrainRayActor")
+            ):
+                left.append(f"{pid} {title}")
+    return left
+
+
+def _gone(head: slime_job.RayHead, timeout_s: float = 60.0) -> list[str]:
+    deadline = time.monotonic() + timeout_s
+    while (left := _job_actors(head)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return left
+
+
+class TestFaultsInsideTheJob:
+    """`RL_LIFECYCLE_FAULT` set in the job's runtime env, and the engine's server killed mid-rollout:
+    slime's own driver stops on a typed error, within a deadline, and nothing of the job runs on."""
+
+    @pytest.fixture(scope="class")
+    def hook_fault(self, stage: Any) -> tuple[slime_job.JobRun, dict[str, list[dict[str, Any]]], str]:
+        # The trainers' second pause: the sleep that ends rollout 0's train (the first ends slime's init).
+        result, job = _run(stage, env={"RL_LIFECYCLE_FAULT": "trainer:memory.pause@2"})
+        check = _check(job)
+        return result, _logs(job), check.stdout + check.stderr
+
+    def test_a_hook_failure_stops_the_job_naming_the_rank_the_transition_and_the_residency(
+        self, hook_fault: Any
+    ) -> None:
+        result, _, _ = hook_fault
+        out = result.output
+        assert result.returncode != 0
+        assert "RL_LIFECYCLE_FAULT=trainer:memory.pause@2: call 2 of memory.pause raises" in out
+        typed = re.search(
+            r"LifecycleFailedError: lifecycle of (actor|critic) rank 0 is FAILED since hook memory\.pause\S* raised "
+            r"InjectedFault\('injected fault in memory\.pause \(call 2, before effect\)'\) during train \(exit\) "
+            r"from AWAKE; residency \{[^}]+\}, groups destroyed\.",
+            out,
+        )
+        assert typed is not None, out[-6000:]
+        assert not _perf_reports(out)  # no train step finished: the job stopped at its first
+
+    def test_lifecycle_check_reports_each_failed_trainer_and_finds_the_logs_clean(
+        self, hook_fault: Any
+    ) -> None:
+        """The critic trains first (the actor's train waits for its values), so it fails first and the
+        actor's train may never run: every trainer whose log has the failure is reported, none else."""
+        _, logs, check = hook_fault
+        failed = {role: [e for e in logs[role] if e["event"] == "lifecycle.failed"] for role in logs}
+        trainers = sorted(role for role, events in failed.items() if events)
+        assert trainers and set(trainers) <= {"actor-rank0", "critic-rank0"}, failed
+        for role in trainers:
+            (event,) = failed[role]
+            assert (event["hook"], event["operation"], event["phase"]) == ("memory.pause", "train", "exit")
+            assert f"{role}.jsonl rank 0 {role.split('-')[0]}: ends FAILED (line " in check
+        assert f"3 machine(s): clean; {len(trainers)} ended FAILED" in check, check
+
+    @pytest.fixture(scope="class")
+    def engine_death(
+        self, stage: Any
+    ) -> tuple[slime_job.JobRun, dict[str, list[dict[str, Any]]], KillServerAt, float]:
+        kill = KillServerAt(
+            5, stage[1]
+        )  # the first request of rollout 1 (4 a rollout: 2 prompts x 2 samples)
+        result, job = _run(stage, before_forward=kill)
+        return result, _logs(job), kill, time.monotonic()
+
+    def test_a_server_killed_mid_rollout_ends_the_job_with_engine_died_within_a_deadline(
+        self, engine_death: Any
+    ) -> None:
+        result, _, kill, ended = engine_death
+        out = result.output
+        assert kill.pid is not None and kill.killed_at is not None, out[-4000:]
+        assert result.returncode != 0
+        # slime's own retries of a dead server take a minute (60 tries a second apart, per request)
+        assert ended - kill.killed_at < 30, out[-4000:]
+        assert (
+            f"EngineDiedError: SGLang's server process (pid {kill.pid}, exit code -9) of rollout engine 0 at "
+            in out
+        ), out[-6000:]
+        assert "died; noticed during slime's rollout 1 (generate) after " in out
+
+    def test_nothing_of_the_job_is_left_running(self, engine_death: Any, stage: Any) -> None:
+        _, _, kill, _ = engine_death
+        assert kill.pid is not None and not pid_alive(kill.pid)
+        assert any("RolloutManager" in title for title in kill.running), kill.running  # seen while it ran
+        assert _gone(stage[1]) == []
+
+    def test_the_engine_logged_the_death_and_its_log_checks_clean(self, engine_death: Any) -> None:
+        _, logs, kill, _ = engine_death
+        (died,) = [e for e in logs["rollout-rank0"] if e["event"] == "rollout.server_died"]
+        assert (died["process"], died["pid"], died["exitcode"]) == ("server", kill.pid, -9)
+        assert died["call"] == "the rollout manager's watch"
