@@ -19,7 +19,7 @@ import importlib.util
 import os
 import sys
 import types
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -104,8 +104,12 @@ class SlimeSource(FrameworkSource):
         return exported
 
 
-def slime_args(world_size: int, **overrides: Any) -> argparse.Namespace:
-    """slime's parsed flags for a colocated, offloaded actor (only what the code paths read)."""
+def slime_args(world_size: int, *, absent: Iterable[str] = (), **overrides: Any) -> argparse.Namespace:
+    """slime's parsed flags for a colocated, offloaded actor (only what the code paths read).
+
+    A fork's flags are slime's with its differences: `overrides` its own values and flags, `absent`
+    slime's flags its parser lacks (a fork's code asks `hasattr(args, ...)`: one it lacks must be absent).
+    """
     args = argparse.Namespace(
         debug_rollout_only=False,
         debug_train_only=False,
@@ -154,6 +158,8 @@ def slime_args(world_size: int, **overrides: Any) -> argparse.Namespace:
         use_tensorboard=False,
     )
     vars(args).update(overrides)
+    for name in absent:
+        delattr(args, name)
     return args
 
 

@@ -44,6 +44,7 @@ from tests.helpers.framework_source import (
     ray_stand_in,
     stand_in_module,
 )
+from tests.helpers.slime_source import slime_args
 
 SOURCE_ENV = "RL_LIFECYCLE_VIME_SOURCE"
 HOW_TO_RUN = (
@@ -108,54 +109,36 @@ class VimeSource(FrameworkSource):
         return ", ".join(f"{f.path.rsplit('/', 1)[-1]}@{f.commit[:8]}" for f in vime_manifest.files())
 
 
+# slime's flags vime's parser does not have (vime's actor asks `hasattr(args, "update_weight_start_version")`).
+NOT_VIME_FLAGS = (
+    "release_train",
+    "keep_old_actor",
+    "update_weights_interval",
+    "update_weight_mode",
+    "update_weight_transport",
+    "update_weight_start_version",
+    "ci_test",
+    "wandb_always_use_train_step",
+    "use_wandb",
+    "use_tensorboard",
+)
+
+
 def vime_args(world_size: int, **overrides: Any) -> argparse.Namespace:
-    """vime's parsed flags for a colocated, offloaded actor (only what the code paths read)."""
-    args = argparse.Namespace(
-        debug_rollout_only=False,
-        debug_train_only=False,
-        distributed_backend="gloo",  # plays nccl here (install: vime's _uses_nccl)
-        distributed_timeout_minutes=1,
-        num_gpus_per_node=world_size,
-        actor_num_nodes=1,
-        actor_num_gpus_per_node=world_size,
-        rollout_num_gpus_per_engine=world_size,
-        hf_checkpoint="unused",
-        offload_train=True,
-        colocate=True,
-        use_critic=False,
-        vocab_size=None,
-        model_name=None,
-        start_rollout_id=None,
-        rollout_data_postprocess_path=None,
-        use_routing_replay=False,
-        use_rollout_routing_replay=False,
-        compute_advantages_and_returns=True,
-        loss_type="policy_loss",
-        kl_coef=0.0,
-        use_rollout_logprobs=False,
-        get_mismatch_metrics=False,
-        use_opd=False,
-        advantage_estimator="grpo",
-        save_debug_train_data=None,
-        ref_update_interval=None,
-        async_save=False,
-        save_hf=None,
-        use_fault_tolerance=False,
-        dspark_enabled=False,
-        allgather_cp=False,
-        tensor_model_parallel_size=1,
-        pipeline_model_parallel_size=world_size,
-        virtual_pipeline_model_parallel_size=None,
-        context_parallel_size=1,
-        expert_model_parallel_size=1,
-        expert_tensor_parallel_size=1,
-        seed=1234,
-        train_env_vars={},
-        train_backend="megatron",
-        sender_rule="slot",
-    )
-    vars(args).update(overrides)
-    return args
+    """vime's parsed flags for a colocated, offloaded actor (only what the code paths read): slime's,
+    with vime's differences."""
+    vime = {
+        "distributed_backend": "gloo",  # plays nccl here (install: vime's _uses_nccl)
+        "actor_num_nodes": 1,
+        "actor_num_gpus_per_node": world_size,
+        "rollout_num_gpus_per_engine": world_size,
+        "start_rollout_id": None,
+        "use_routing_replay": False,
+        "dspark_enabled": False,
+        "allgather_cp": False,
+        "sender_rule": "slot",
+    }
+    return slime_args(world_size, absent=NOT_VIME_FLAGS, **{**vime, **overrides})
 
 
 # ---------------------------------------------------------------------------------------------- records

@@ -26,6 +26,7 @@ import pytest
 from tests.helpers.framework_source import error_of, group_counts, suite_source
 from tests.helpers.miles_like import REFUSED, REPRODUCTIONS
 from tests.helpers.miles_source import MilesSource
+from tests.helpers.slime_source import slime_args
 from tests.helpers.spawn import no_crash, run_world
 
 SOURCE: MilesSource | None
@@ -37,63 +38,54 @@ LAYOUTS = ("all memory", "rematerialize", "lora rollout")
 MARGIN = 1 << 30  # --train-memory-margin-bytes: miles' init sets it on torch_memory_saver
 
 
+# slime's flags miles' parser does not have (miles' actor asks `getattr(args, "use_routing_replay", False)`).
+NOT_MILES_FLAGS = (
+    "release_train",
+    "update_weight_mode",
+    "update_weight_transport",
+    "update_weight_start_version",
+    "use_routing_replay",
+    "use_rollout_routing_replay",
+    "loss_type",
+    "kl_coef",
+    "use_opd",
+    "advantage_estimator",
+    "save_debug_train_data",
+    "wandb_always_use_train_step",
+    "use_wandb",
+    "use_tensorboard",
+)
+
+
 def _args(world_size: int, config: str) -> Namespace:
-    """miles' parsed flags for a colocated, offloaded actor (only what the code paths read)."""
+    """miles' parsed flags for a colocated, offloaded actor (only what the code paths read): slime's, with
+    miles' differences, and the tag layout's (`CONFIGS[config]`)."""
     from tests.helpers.miles_like import CONFIGS
 
-    args = Namespace(
-        debug_rollout_only=False,
-        debug_train_only=False,
+    args = slime_args(
+        world_size,
+        absent=NOT_MILES_FLAGS,
+        distributed_backend="gloo",
         debug_skip_weight_update=False,
         debug_deterministic_collective=False,
-        distributed_backend="gloo",
-        distributed_timeout_minutes=1,
-        num_gpus_per_node=world_size,
         env_report=None,
         dumper_enable=False,
         dumper_source_patcher_config_train=None,
         profile_target=[],
         use_pytorch_profiler=False,
-        hf_checkpoint="unused",
         chat_template_path=None,
         indep_dp=False,
-        offload_train=True,
         offload_train_target="cpu",
         train_memory_margin_bytes=MARGIN,
-        colocate=True,
-        use_critic=False,
-        ci_test=False,
         non_persistent_ckpt_type=None,
         rematerialize_param_from_master_weight=False,
         megatron_to_hf_mode="raw",
-        keep_old_actor=False,
-        update_weights_interval=1,
-        vocab_size=None,
         update_weight_transfer_mode="broadcast",
-        model_name=None,
-        rollout_data_postprocess_path=None,
         lora_rank=0,
         skip_actor_forward_only=False,
-        compute_advantages_and_returns=True,
-        use_rollout_logprobs=False,
-        get_mismatch_metrics=False,
-        ref_update_interval=None,
-        async_save=False,
-        save_hf=None,
         custom_megatron_post_save_hook_path=None,
-        use_fault_tolerance=False,
-        train_env_vars={},
-        train_backend="megatron",
-        tensor_model_parallel_size=1,
-        pipeline_model_parallel_size=world_size,
-        virtual_pipeline_model_parallel_size=None,
-        context_parallel_size=1,
-        expert_model_parallel_size=1,
-        expert_tensor_parallel_size=1,
-        seed=1234,
     )
-    for name, value in CONFIGS[config].items():
-        setattr(args, name, value)
+    vars(args).update(CONFIGS[config])
     return args
 
 
