@@ -23,7 +23,8 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.framework_source import error_of, group_counts, suite_source
+from tests.actor_integration.frameworks.trainer_source_suite import lifecycle_trainer, steps_of
+from tests.helpers.framework_source import error_of, group_counts, launcher_env, suite_source
 from tests.helpers.miles_like import REFUSED, REPRODUCTIONS
 from tests.helpers.miles_source import MilesSource
 from tests.helpers.slime_source import slime_args
@@ -96,30 +97,14 @@ def _rollout(step: int) -> Any:
     return Box({"tokens": [torch.arange(8) + step]})
 
 
-def _launcher_env() -> dict[str, str]:
-    """What miles' allocate_gpus_for_actor puts in an offloaded megatron actor's environment."""
-    from actor_integration.backends.tms_env import preload_library
-
-    return {"LD_PRELOAD": preload_library(13), "TMS_INIT_ENABLE": "1", "TMS_INIT_ENABLE_CPU_BACKUP": "1"}
-
-
-def _lifecycle_class(actor_module: Any) -> type:
+def _lifecycle_class(actor_module: Any) -> Any:
     from actor_integration.frameworks.miles import MilesLifecycleMixin, miles_memory_backend
-    from lifecycle.faults import FaultInjector, with_faults
 
-    class LifecycleTrainer(MilesLifecycleMixin, actor_module.MegatronTrainRayActor):
-        """What a miles user writes, plus fault injection and the CUDA major this CPU torch lacks."""
-
-        def lifecycle_memory(self) -> Any:
-            return miles_memory_backend(
-                self.lifecycle_layout(), cuda_major=13
-            )  # os.environ is the launcher's
-
-        def lifecycle_hooks(self) -> Any:
-            self.faults = FaultInjector()
-            return with_faults(self.faults, super().lifecycle_hooks())
-
-    return LifecycleTrainer
+    return lifecycle_trainer(
+        MilesLifecycleMixin,
+        actor_module.MegatronTrainRayActor,
+        memory=lambda self: miles_memory_backend(self.lifecycle_layout(), cuda_major=13),
+    )
 
 
 def _groups() -> dict[str, int]:
@@ -202,7 +187,7 @@ def _worker(
     from tests.helpers.slime_source import checksum
 
     actor_module = install(MilesSource(Path(location), commit))
-    os.environ.update(_launcher_env())
+    os.environ.update(launcher_env())
     if variant == "reproductions":
         return _reproductions(actor_module)
     if variant == "launcher":
@@ -358,7 +343,7 @@ def _launcher_run(actor_module: Any, config: str) -> dict[str, Any]:
 
     from tests.helpers.miles_source import RECORD, RolloutManager, engines_and_lock
 
-    for name in _launcher_env():
+    for name in launcher_env():
         os.environ.pop(name)  # the launcher must put them there itself
     trainer = _lifecycle_class(actor_module)
     actor_module.MegatronTrainRayActor = trainer
@@ -423,10 +408,6 @@ def _cached(variant: str, config: str) -> list[dict[str, Any]]:
     return _RUNS[variant, config]
 
 
-def _steps(result: dict[str, Any]) -> list[tuple[str, str | None, str | None]]:
-    return [(s["step"], s["state"], s["error"] and s["error"].split(":")[0]) for s in result["steps"]]
-
-
 # Per layout, the pauses and resumes each step made under the adapter: one per tag per sleep, one per wake.
 _ALL = ("memory.pause", "memory.resume")
 _TAGS = ("grad_buffer", "default", "param_buffer")
@@ -466,7 +447,7 @@ class TestUnderTheAdapter:
 
     def test_states(self, layout: str) -> None:
         for result in _cached("lifecycle", layout):
-            assert _steps(result) == [
+            assert steps_of(result) == [
                 ("init", "PAUSED", None),
                 ("update_weights", "PAUSED", None),
                 ("train", "AWAKE", None),
