@@ -1,4 +1,4 @@
-"""What the slime and miles source loaders share (tests only): reading a framework's source at a
+"""What the slime, vime and miles source loaders share (tests only): reading a framework's source at a
 pinned commit, putting stand-in modules in place, Ray run in the calling process, free ports.
 
 Nothing of either framework is stored in this repository: `FrameworkSource.read` takes a file from a
@@ -186,6 +186,14 @@ def group_counts(framework: str) -> dict[str, int]:
         "live": len(dist.distributed_c10d._world.pg_map),
         f"{framework}_registry": len(registry.get(os.getpid(), [])),
     }
+
+
+def launcher_env() -> dict[str, str]:
+    """What slime's RayTrainGroup (vime's alike) and miles' allocate_gpus_for_actor put in an offloaded
+    megatron actor's environment (this CPU torch's preload library: CUDA 13's)."""
+    from actor_integration.backends.tms_env import preload_library
+
+    return {"LD_PRELOAD": preload_library(13), "TMS_INIT_ENABLE": "1", "TMS_INIT_ENABLE_CPU_BACKUP": "1"}
 
 
 def error_of(call: Callable[[], Any]) -> str | None:

@@ -19,10 +19,10 @@ import importlib.util
 import os
 import sys
 import types
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -104,8 +104,12 @@ class SlimeSource(FrameworkSource):
         return exported
 
 
-def slime_args(world_size: int, **overrides: Any) -> argparse.Namespace:
-    """slime's parsed flags for a colocated, offloaded actor (only what the code paths read)."""
+def slime_args(world_size: int, *, absent: Iterable[str] = (), **overrides: Any) -> argparse.Namespace:
+    """slime's parsed flags for a colocated, offloaded actor (only what the code paths read).
+
+    A fork's flags are slime's with its differences: `overrides` its own values and flags, `absent`
+    slime's flags its parser lacks (a fork's code asks `hasattr(args, ...)`: one it lacks must be absent).
+    """
     args = argparse.Namespace(
         debug_rollout_only=False,
         debug_train_only=False,
@@ -154,6 +158,8 @@ def slime_args(world_size: int, **overrides: Any) -> argparse.Namespace:
         use_tensorboard=False,
     )
     vars(args).update(overrides)
+    for name in absent:
+        delattr(args, name)
     return args
 
 
@@ -177,7 +183,7 @@ def model_checksum(model: list[torch.nn.Module]) -> float:
     return checksum((f"{i}.{n}", p) for i, chunk in enumerate(model) for n, p in chunk.named_parameters())
 
 
-def _live(group: Any, what: str) -> Any:
+def live(group: Any, what: str) -> Any:
     """A slime-wrapped group's live torch group; a collective on a destroyed one is what the real one fails on."""
     inner = getattr(group, "group", group)
     if inner is None:
@@ -185,10 +191,41 @@ def _live(group: Any, what: str) -> Any:
     return group
 
 
+def rollout_data(step: int) -> dict[str, Any]:
+    """One step's rollout as slime's trainer reads it (`process_rollout_data`'s keys)."""
+    return {
+        "tokens": [torch.arange(8) + step],
+        "loss_masks": [torch.ones(8)],
+        "total_lengths": [8],
+        "response_lengths": [4],
+        "num_microbatches": [1],
+        "global_batch_sizes": [1],
+    }
+
+
+def rollout(step: int) -> Any:
+    """`rollout_data(step)` in slime's own Box (after `install`), as the rollout manager hands it over."""
+    from slime.utils.misc import Box
+
+    return Box(rollout_data(step))
+
+
 # ---------------------------------------------------------------------------------------------- stand-ins
 
 
 _module = stand_in_module
+
+
+def cpu_device() -> dict[str, Any]:
+    """What slime's accelerator module (and a fork's) answers about the device in a CPU process."""
+    return {
+        "current_device": lambda: torch.device("cpu"),
+        "synchronize": lambda *a, **k: None,
+        "empty_cache": lambda: None,
+        "mem_get_info": lambda device=None: (64 << 30, 80 << 30),
+        "memory_allocated": lambda device=None: 0,
+        "memory_reserved": lambda device=None: 0,
+    }
 
 
 def _accelerator() -> dict[str, Any]:
@@ -198,12 +235,7 @@ def _accelerator() -> dict[str, Any]:
         "is_accelerator_backend": lambda backend: str(backend) == "gloo",
         "set_device": lambda index: None,
         "set_allocator_expandable_segments": lambda: False,
-        "current_device": lambda: torch.device("cpu"),
-        "synchronize": lambda *a, **k: None,
-        "empty_cache": lambda: None,
-        "mem_get_info": lambda device=None: (64 << 30, 80 << 30),
-        "memory_allocated": lambda device=None: 0,
-        "memory_reserved": lambda device=None: 0,
+        **cpu_device(),
         "resolve_visible_device_id": lambda index: int(index),
         "device_type": lambda: "cpu",
         "get_device_properties": lambda device=None: types.SimpleNamespace(uuid="cpu"),
@@ -219,27 +251,30 @@ def _memory_utils() -> dict[str, Any]:
     }
 
 
-class _LocalActorClass:
+class LocalActorClass:
     """`ray.remote(**options)(cls)` run in this process: `.options(...).remote(*args)` builds the actor here.
 
-    The runtime_env's env_vars are put into os.environ first, as Ray does for an actor's process.
+    The runtime_env's env_vars are put into os.environ first, as Ray does for an actor's process;
+    each actor built is recorded in `record["ray_actors"]` (a fork's subclass names its own record).
     """
+
+    record: ClassVar[dict[str, list[Any]]] = RECORD
 
     def __init__(self, cls: type, options: dict[str, Any]) -> None:
         self.cls, self.options_given = cls, options
-        RECORD.setdefault("ray_actors", [])
+        self.record.setdefault("ray_actors", [])
 
-    def options(self, **more: Any) -> _LocalActorClass:
-        return _LocalActorClass(self.cls, {**self.options_given, **more})
+    def options(self, **more: Any) -> LocalActorClass:
+        return type(self)(self.cls, {**self.options_given, **more})
 
-    def remote(self, *args: Any, **kwargs: Any) -> _LocalActor:
+    def remote(self, *args: Any, **kwargs: Any) -> LocalActor:
         env = self.options_given.get("runtime_env", {}).get("env_vars", {})
         os.environ.update(env)
-        RECORD["ray_actors"].append({"cls": self.cls.__name__, "args": args, "env_vars": dict(env)})
-        return _LocalActor(self.cls(*args, **kwargs))
+        self.record["ray_actors"].append({"cls": self.cls.__name__, "args": args, "env_vars": dict(env)})
+        return LocalActor(self.cls(*args, **kwargs))
 
 
-class _LocalActor:
+class LocalActor:
     def __init__(self, instance: Any) -> None:
         self.instance = instance
 
@@ -249,13 +284,17 @@ class _LocalActor:
 
 
 def _ray() -> None:
-    ray_stand_in(_LocalActorClass, kill=lambda actor, no_restart=True: None)
+    ray_stand_in(LocalActorClass, kill=lambda actor, no_restart=True: None)
 
 
 class RolloutManager:
-    """The rollout manager's calls slime's update_weights makes, answered in this process."""
+    """The rollout manager's calls slime's update_weights makes, answered in this process: its colocated
+    engines (by default one, "engine0") each over the whole world (a fork's subclass names its record)."""
 
-    def __init__(self) -> None:
+    record: ClassVar[dict[str, list[Any]]] = RECORD
+
+    def __init__(self, engines: list[Any] | None = None) -> None:
+        self.engines = engines if engines is not None else self.colocated_engines()
         self.new_engines = 1
         for name in (
             "get_updatable_engines_and_lock",
@@ -264,14 +303,26 @@ class RolloutManager:
         ):
             setattr(self, name, types.SimpleNamespace(remote=getattr(self, f"_{name}")))
 
+    @staticmethod
+    def colocated_engines() -> list[Any]:
+        return ["engine0"]
+
     def _get_updatable_engines_and_lock(self) -> tuple[Any, ...]:
-        return (["engine0"], "lock", self.new_engines, [dist.get_world_size()], [0], [{}])
+        count = len(self.engines)
+        return (
+            self.engines,
+            "lock",
+            self.new_engines,
+            [dist.get_world_size()] * count,
+            [0] * count,
+            [{}] * count,
+        )
 
     def _clear_updatable_num_new_engines(self) -> None:
         self.new_engines = 0
 
     def _set_train_parallel_config(self, config: dict[str, Any]) -> None:
-        RECORD.setdefault("parallel_config", []).append(config)
+        self.record.setdefault("parallel_config", []).append(config)
 
 
 class UpdateWeightFromTensor:
@@ -291,7 +342,7 @@ class UpdateWeightFromTensor:
         from slime.utils.distributed_utils import get_gloo_group
 
         sums = [None] * dist.get_world_size()
-        dist.all_gather_object(sums, checksum(self.weights_getter()), group=_live(get_gloo_group(), "sync"))
+        dist.all_gather_object(sums, checksum(self.weights_getter()), group=live(get_gloo_group(), "sync"))
         self.weight_version += 1
         RECORD["engine"].append({"version": self.weight_version, "checksum": sums[dist.get_rank()]})
 
@@ -299,10 +350,14 @@ class UpdateWeightFromTensor:
         return {}
 
 
-def _megatron_stand_ins() -> None:
+def megatron_stand_ins(framework: str, saver: FakeMemorySaver, record: dict[str, list[Any]]) -> str:
+    """Megatron's side of slime's trainer under `framework`'s package (slime's, or a fork's that kept
+    slime's megatron_utils): Megatron's groups, a linear model trained and saved with collectives on
+    the framework's wrapped groups (each reading `saver`'s memory, each model in `record`), and the
+    rest of megatron_utils as no-ops. Returns the name of the package of the weight senders."""
     from megatron.core import parallel_state as mpu
 
-    base = "slime.backends.megatron_utils"
+    base = f"{framework}.backends.megatron_utils"
 
     def init(args: Any) -> None:
         initialize_megatron_groups(args)
@@ -318,23 +373,23 @@ def _megatron_stand_ins() -> None:
     def train(
         rollout_id: int, model: Any, optimizer: Any, scheduler: Any, data_iterator: Any, *rest: Any
     ) -> None:
-        SAVER.touch()  # forward and backward read the model's memory
+        saver.touch()  # forward and backward read the model's memory
         batch = data_iterator[0].data["tokens"][0].float().reshape(-1, 4)
         loss = model[0](batch).pow(2).mean()
-        # The pipeline's activations and the gradient reduction: collectives on slime's wrapped groups.
+        # The pipeline's activations and the gradient reduction: collectives on the wrapped groups.
         total = loss.detach().clone()
-        dist.all_reduce(total, group=_live(mpu.get_pipeline_model_parallel_group(), "train"))
+        dist.all_reduce(total, group=live(mpu.get_pipeline_model_parallel_group(), "train"))
         loss.backward()
         for p in model[0].parameters():
-            dist.all_reduce(p.grad, group=_live(mpu.get_data_parallel_group(), "train"))
+            dist.all_reduce(p.grad, group=live(mpu.get_data_parallel_group(), "train"))
         optimizer.step()
         optimizer.zero_grad()
-        RECORD["trained"].append(model_checksum(model))
+        record["trained"].append(model_checksum(model))
 
     def save(rollout_id: int, model: Any, optimizer: Any, scheduler: Any) -> None:
-        SAVER.touch()  # the checkpoint reads the parameters...
-        dist.barrier(group=_live(mpu.get_pipeline_model_parallel_group(), "save"))  # ...and communicates
-        RECORD["saved"].append(model_checksum(model))
+        saver.touch()  # the checkpoint reads the parameters...
+        dist.barrier(group=live(mpu.get_pipeline_model_parallel_group(), "save"))  # ...and communicates
+        record["saved"].append(model_checksum(model))
 
     class DataIterator:
         def __init__(self, data: dict[str, Any]) -> None:
@@ -374,6 +429,11 @@ def _megatron_stand_ins() -> None:
     )
     weights = f"{base}.update_weight"
     _module(f"{weights}.common", named_params_and_buffers=named_params_and_buffers)
+    return weights
+
+
+def _megatron_stand_ins() -> None:
+    weights = megatron_stand_ins("slime", SAVER, RECORD)
     _module(f"{weights}.update_weight_from_tensor", UpdateWeightFromTensor=UpdateWeightFromTensor)
     _module(f"{weights}.update_weight_from_disk", UpdateWeightFromDisk=type("UpdateWeightFromDisk", (), {}))
     _module(
@@ -420,6 +480,29 @@ class NoPinnedTorch:
         return torch.empty_like(tensor, **kwargs)
 
 
+def saver_stand_in(saver: Any, tms_utils: types.ModuleType) -> None:
+    """torch_memory_saver as `saver`, beside its real utils (they locate the preload libraries)."""
+    _module(
+        "torch_memory_saver",
+        torch_memory_saver=saver,
+        utils=tms_utils,
+        # slime's RayTrainGroup finds the preload library next to the installed package.
+        __file__=str(Path(tms_utils.__file__).with_name("__init__.py")),
+    )
+    sys.modules["torch_memory_saver.utils"] = tms_utils
+
+
+def transformers_stand_in() -> None:
+    """transformers' AutoConfig and AutoTokenizer for the tiny model: 32 tokens, no quantization."""
+    config = types.SimpleNamespace(vocab_size=32, quantization_config=None)
+    tokenizer = types.SimpleNamespace(vocab_size=32)
+    _module(
+        "transformers",
+        AutoConfig=types.SimpleNamespace(from_pretrained=lambda *a, **k: config),
+        AutoTokenizer=types.SimpleNamespace(from_pretrained=lambda *a, **k: tokenizer),
+    )
+
+
 def install(source: SlimeSource, *, device: str = "cpu", model_and_optimizer: Any = None) -> types.ModuleType:
     """Make `import slime...` resolve to slime's source (stand-ins for the heavy internals); returns the actor module.
 
@@ -434,21 +517,8 @@ def install(source: SlimeSource, *, device: str = "cpu", model_and_optimizer: An
     for name in PACKAGES:
         _module(name, __path__=[])
     if not cuda:
-        _module(
-            "torch_memory_saver",
-            torch_memory_saver=SAVER,
-            utils=tms_utils,
-            # slime's RayTrainGroup finds the preload library next to the installed package.
-            __file__=str(Path(tms_utils.__file__).with_name("__init__.py")),
-        )
-        sys.modules["torch_memory_saver.utils"] = tms_utils
-    config = types.SimpleNamespace(vocab_size=32, quantization_config=None)
-    tokenizer = types.SimpleNamespace(vocab_size=32)
-    _module(
-        "transformers",
-        AutoConfig=types.SimpleNamespace(from_pretrained=lambda *a, **k: config),
-        AutoTokenizer=types.SimpleNamespace(from_pretrained=lambda *a, **k: tokenizer),
-    )
+        saver_stand_in(SAVER, tms_utils)
+    transformers_stand_in()
     _ray()
     if not cuda:
         _module("slime.utils.accelerator", **_accelerator())

@@ -26,7 +26,6 @@ import importlib.util
 import os
 import sys
 import types
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -39,11 +38,23 @@ from tests.helpers import vime_manifest
 from tests.helpers.framework_source import (
     FrameworkSource,
     SourceUnavailable,
-    initialize_megatron_groups,
     port_free,
     ray_stand_in,
     stand_in_module,
 )
+from tests.helpers.slime_source import (
+    LocalActorClass,
+    NoPinnedTorch,
+    checksum,
+    cpu_device,
+    live,
+    megatron_stand_ins,
+    rollout_data,
+    saver_stand_in,
+    slime_args,
+    transformers_stand_in,
+)
+from tests.helpers.slime_source import RolloutManager as SlimeRolloutManager
 
 SOURCE_ENV = "RL_LIFECYCLE_VIME_SOURCE"
 HOW_TO_RUN = (
@@ -108,54 +119,36 @@ class VimeSource(FrameworkSource):
         return ", ".join(f"{f.path.rsplit('/', 1)[-1]}@{f.commit[:8]}" for f in vime_manifest.files())
 
 
+# slime's flags vime's parser does not have (vime's actor asks `hasattr(args, "update_weight_start_version")`).
+NOT_VIME_FLAGS = (
+    "release_train",
+    "keep_old_actor",
+    "update_weights_interval",
+    "update_weight_mode",
+    "update_weight_transport",
+    "update_weight_start_version",
+    "ci_test",
+    "wandb_always_use_train_step",
+    "use_wandb",
+    "use_tensorboard",
+)
+
+
 def vime_args(world_size: int, **overrides: Any) -> argparse.Namespace:
-    """vime's parsed flags for a colocated, offloaded actor (only what the code paths read)."""
-    args = argparse.Namespace(
-        debug_rollout_only=False,
-        debug_train_only=False,
-        distributed_backend="gloo",  # plays nccl here (install: vime's _uses_nccl)
-        distributed_timeout_minutes=1,
-        num_gpus_per_node=world_size,
-        actor_num_nodes=1,
-        actor_num_gpus_per_node=world_size,
-        rollout_num_gpus_per_engine=world_size,
-        hf_checkpoint="unused",
-        offload_train=True,
-        colocate=True,
-        use_critic=False,
-        vocab_size=None,
-        model_name=None,
-        start_rollout_id=None,
-        rollout_data_postprocess_path=None,
-        use_routing_replay=False,
-        use_rollout_routing_replay=False,
-        compute_advantages_and_returns=True,
-        loss_type="policy_loss",
-        kl_coef=0.0,
-        use_rollout_logprobs=False,
-        get_mismatch_metrics=False,
-        use_opd=False,
-        advantage_estimator="grpo",
-        save_debug_train_data=None,
-        ref_update_interval=None,
-        async_save=False,
-        save_hf=None,
-        use_fault_tolerance=False,
-        dspark_enabled=False,
-        allgather_cp=False,
-        tensor_model_parallel_size=1,
-        pipeline_model_parallel_size=world_size,
-        virtual_pipeline_model_parallel_size=None,
-        context_parallel_size=1,
-        expert_model_parallel_size=1,
-        expert_tensor_parallel_size=1,
-        seed=1234,
-        train_env_vars={},
-        train_backend="megatron",
-        sender_rule="slot",
-    )
-    vars(args).update(overrides)
-    return args
+    """vime's parsed flags for a colocated, offloaded actor (only what the code paths read): slime's,
+    with vime's differences."""
+    vime = {
+        "distributed_backend": "gloo",  # plays nccl here (install: vime's _uses_nccl)
+        "actor_num_nodes": 1,
+        "actor_num_gpus_per_node": world_size,
+        "rollout_num_gpus_per_engine": world_size,
+        "start_rollout_id": None,
+        "use_routing_replay": False,
+        "dspark_enabled": False,
+        "allgather_cp": False,
+        "sender_rule": "slot",
+    }
+    return slime_args(world_size, absent=NOT_VIME_FLAGS, **{**vime, **overrides})
 
 
 # ---------------------------------------------------------------------------------------------- records
@@ -168,26 +161,6 @@ RECORD: dict[str, list[Any]] = {
     "stack_resets": [],
 }
 SAVER = FakeMemorySaver(init_enable=True)  # vime's RayTrainGroup: preload + TMS_INIT_ENABLE=1
-
-
-def checksum(tensors: Any) -> float:
-    """A float that changes with every weight: sum of value x position over all tensors, in name order."""
-    total = 0.0
-    for _, t in sorted(dict(tensors).items()):
-        flat = t.detach().float().flatten()
-        total += float((flat * torch.arange(1, flat.numel() + 1)).sum())
-    return round(total, 6)
-
-
-def model_checksum(model: list[torch.nn.Module]) -> float:
-    return checksum((f"{i}.{n}", p) for i, chunk in enumerate(model) for n, p in chunk.named_parameters())
-
-
-def _live(group: Any, what: str) -> Any:
-    """A vime-wrapped group's live torch group; a collective on a destroyed one is what the real one fails on."""
-    if getattr(group, "group", group) is None:
-        raise ProtocolViolation(f"{what}: collective on a destroyed process group")
-    return group
 
 
 # ---------------------------------------------------------------------------------------------- stand-ins
@@ -206,32 +179,13 @@ class _CpuC:
         return getattr(torch._C, name)
 
 
-class CpuTorch:
+class CpuTorch(NoPinnedTorch):
     """torch for vime's modules on CPU: no pinned host memory, no CUDA device to select or host cache to empty."""
 
     cuda = types.SimpleNamespace(
         set_device=lambda device: None, is_initialized=lambda: False, synchronize=lambda: None
     )
     _C = _CpuC()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(torch, name)
-
-    @staticmethod
-    def empty_like(tensor: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        kwargs.pop("pin_memory", None)
-        return torch.empty_like(tensor, **kwargs)
-
-
-def _accelerator() -> dict[str, Any]:
-    return {
-        "current_device": lambda: torch.device("cpu"),
-        "synchronize": lambda *a, **k: None,
-        "empty_cache": lambda: None,
-        "mem_get_info": lambda device=None: (64 << 30, 80 << 30),
-        "memory_allocated": lambda device=None: 0,
-        "memory_reserved": lambda device=None: 0,
-    }
 
 
 class SingletonMeta(type):
@@ -267,59 +221,20 @@ class RayActor:
         return self.master_addr, self.master_port  # type: ignore[attr-defined]
 
 
-class _LocalActorClass:
-    """`ray.remote(**options)(cls)` run in this process; the runtime_env's env_vars go into os.environ."""
+class _LocalActorClass(LocalActorClass):
+    """slime's local Ray actors, recorded in vime's RECORD."""
 
-    def __init__(self, cls: type, options: dict[str, Any]) -> None:
-        self.cls, self.options_given = cls, options
-
-    def options(self, **more: Any) -> _LocalActorClass:
-        return _LocalActorClass(self.cls, {**self.options_given, **more})
-
-    def remote(self, *args: Any, **kwargs: Any) -> _LocalActor:
-        env = self.options_given.get("runtime_env", {}).get("env_vars", {})
-        os.environ.update(env)
-        RECORD.setdefault("ray_actors", []).append({"cls": self.cls.__name__, "env_vars": dict(env)})
-        return _LocalActor(self.cls(*args, **kwargs))
+    record = RECORD
 
 
-class _LocalActor:
-    def __init__(self, instance: Any) -> None:
-        self.instance = instance
-
-    def __getattr__(self, name: str) -> Any:
-        return types.SimpleNamespace(remote=getattr(self.instance, name))
-
-
-class RolloutManager:
+class RolloutManager(SlimeRolloutManager):
     """The rollout manager's calls vime's update_weights makes: one colocated engine over the whole world."""
 
-    def __init__(self, engines: list[Any] | None = None) -> None:
-        self.engines = engines if engines is not None else [FakeVLLMEngine()]
-        self.new_engines = 1
-        for name in (
-            "get_updatable_engines_and_lock",
-            "clear_updatable_num_new_engines",
-            "set_train_parallel_config",
-        ):
-            setattr(self, name, types.SimpleNamespace(remote=getattr(self, f"_{name}")))
+    record = RECORD
 
-    def _get_updatable_engines_and_lock(self) -> tuple[Any, ...]:
-        counts = [dist.get_world_size()] * len(self.engines)
-        return (
-            self.engines,
-            "lock",
-            self.new_engines,
-            counts,
-            [0] * len(self.engines),
-            [{}] * len(self.engines),
-        )
-
-    def _clear_updatable_num_new_engines(self) -> None:
-        self.new_engines = 0
-
-    def _set_train_parallel_config(self, config: dict[str, Any]) -> None:
-        RECORD.setdefault("parallel_config", []).append(config)
+    @staticmethod
+    def colocated_engines() -> list[Any]:
+        return [FakeVLLMEngine()]
 
 
 class FakeVLLMEngine:
@@ -375,7 +290,7 @@ class UpdateWeightFromTensor:
             raise ProtocolViolation("update_weights ran with the memory saver active: CUDA IPC export fails")
         from vime.utils.distributed_utils import get_gloo_group
 
-        gloo = _live(get_gloo_group(), "sync")
+        gloo = live(get_gloo_group(), "sync")
         self.weight_version += 1
         if self._ipc_engine_coordinator:
             ray.get(self._ipc_engine.start_weight_update.remote(is_checkpoint_format=True))
@@ -403,82 +318,12 @@ class UpdateWeightFromTensor:
 
 
 def _megatron_stand_ins() -> None:
-    from megatron.core import parallel_state as mpu
-
-    base = "vime.backends.megatron_utils"
-
-    def is_megatron_main_rank() -> bool:
-        return mpu.get_pipeline_model_parallel_rank() == mpu.get_pipeline_model_parallel_world_size() - 1
-
-    def initialize_model_and_optimizer(args: Any, role: str) -> tuple[Any, ...]:
-        model = [torch.nn.Linear(4, 4)]
-        optimizer = torch.optim.SGD(model[0].parameters(), lr=0.1)
-        return model, optimizer, types.SimpleNamespace(), -1
-
-    def train(
-        rollout_id: int, model: Any, optimizer: Any, scheduler: Any, data_iterator: Any, *rest: Any
-    ) -> None:
-        SAVER.touch()  # forward and backward read the model's memory
-        batch = data_iterator[0].data["tokens"][0].float().reshape(-1, 4)
-        loss = model[0](batch).pow(2).mean()
-        total = loss.detach().clone()
-        dist.all_reduce(total, group=_live(mpu.get_pipeline_model_parallel_group(), "train"))
-        loss.backward()
-        for p in model[0].parameters():
-            dist.all_reduce(p.grad, group=_live(mpu.get_data_parallel_group(), "train"))
-        optimizer.step()
-        optimizer.zero_grad()
-        RECORD["trained"].append(model_checksum(model))
-
-    def save(rollout_id: int, model: Any, optimizer: Any, scheduler: Any) -> None:
-        SAVER.touch()
-        dist.barrier(group=_live(mpu.get_pipeline_model_parallel_group(), "save"))
-        RECORD["saved"].append(model_checksum(model))
-
-    class DataIterator:
-        def __init__(self, data: dict[str, Any]) -> None:
-            self.data = data
-
-        def reset(self) -> None:
-            pass
-
-    def named_params_and_buffers(args: Any, model: Any, convert_to_global_name: bool = True) -> Iterator[Any]:
-        for index, chunk in enumerate(model):
-            for name, tensor in chunk.named_parameters():
-                yield f"{index}.{name}", tensor
-
     def create_weight_updater(args: Any, model: Any, **kwargs: Any) -> UpdateWeightFromTensor:
         return UpdateWeightFromTensor(args, model, **kwargs)
 
-    _module(
-        f"{base}.initialize", init=initialize_megatron_groups, is_megatron_main_rank=is_megatron_main_rank
-    )
-    _module(
-        f"{base}.model",
-        initialize_model_and_optimizer=initialize_model_and_optimizer,
-        train=train,
-        save=save,
-        forward_only=lambda *a, **k: {},
-    )
-    _module(f"{base}.checkpoint", load_checkpoint=lambda *a, **k: (0, 0))
-    _module(
-        f"{base}.cp_utils",
-        prepare_routed_experts_for_routing_replay=lambda experts, *a, **k: experts,
-        slice_log_prob_with_cp=lambda log_prob, *a, **k: log_prob,
-    )
-    _module(f"{base}.data", DataIterator=DataIterator, get_data_iterator=lambda data: [DataIterator(data)])
-    _module(f"{base}.hf_checkpoint_saver", save_hf_model_to_path=lambda *a, **k: None)
-    _module(
-        f"{base}.loss",
-        compute_advantages_and_returns=lambda args, data: None,
-        drain_captured_log_probs=lambda: {},
-        enable_log_prob_capture=lambda: None,
-        get_log_probs_and_entropy=lambda *a, **k: {},
-        get_values=lambda *a, **k: {},
-    )
-    weights = f"{base}.update_weight"
+    weights = "vime.backends.megatron_utils.update_weight"
     _module(weights, __path__=[], create_weight_updater=create_weight_updater)
-    _module(f"{weights}.common", named_params_and_buffers=named_params_and_buffers)
+    megatron_stand_ins("vime", SAVER, RECORD)
 
 
 def _vime_stand_ins() -> None:
@@ -491,7 +336,7 @@ def _vime_stand_ins() -> None:
 
     marker = type("Ref", (), {})
     _module("vime.data.tensor", TensorRef=marker, DiskTensorRef=type("DiskRef", (), {}))
-    _module("vime.utils.accelerator", **_accelerator())
+    _module("vime.utils.accelerator", **cpu_device())
     _module("vime.utils.misc", Box=Box, SingletonMeta=SingletonMeta, load_function=lambda path: None)
     _module("vime.utils.eval_config", EvalDatasetConfig=type("EvalDatasetConfig", (), {}))
     _module("vime.utils.logging_utils", configure_logger=lambda *a, **k: None)
@@ -545,21 +390,8 @@ def install(source: VimeSource) -> types.ModuleType:
     tms_utils = importlib.import_module("torch_memory_saver.utils")  # the real one: it locates the .so files
     for name in PACKAGES:
         _module(name, __path__=[])
-    _module(
-        "torch_memory_saver",
-        torch_memory_saver=SAVER,
-        utils=tms_utils,
-        __file__=str(Path(tms_utils.__file__).with_name("__init__.py")),
-    )
-    sys.modules["torch_memory_saver.utils"] = tms_utils
-    config = types.SimpleNamespace(vocab_size=32, quantization_config=None)
-    _module(
-        "transformers",
-        AutoConfig=types.SimpleNamespace(from_pretrained=lambda *a, **k: config),
-        AutoTokenizer=types.SimpleNamespace(
-            from_pretrained=lambda *a, **k: types.SimpleNamespace(vocab_size=32)
-        ),
-    )
+    saver_stand_in(SAVER, tms_utils)
+    transformers_stand_in()
     ray_stand_in(_LocalActorClass, kill=lambda actor, no_restart=True: None, is_initialized=lambda: False)
     _vime_stand_ins()
     _megatron_stand_ins()
@@ -608,24 +440,7 @@ def fresh_process_state() -> None:
 
 
 def rollout(step: int) -> Box:
-    tokens = torch.arange(8) + step
-    return Box(
-        {
-            "tokens": [tokens],
-            "loss_masks": [torch.ones(8)],
-            "total_lengths": [8],
-            "response_lengths": [4],
-            "num_microbatches": [1],
-            "global_batch_sizes": [1],
-        }
-    )
-
-
-def launcher_env() -> dict[str, str]:
-    """What vime's RayTrainGroup puts in an offloaded megatron actor's environment."""
-    from actor_integration.backends.tms_env import preload_library
-
-    return {"LD_PRELOAD": preload_library(13), "TMS_INIT_ENABLE": "1", "TMS_INIT_ENABLE_CPU_BACKUP": "1"}
+    return Box(rollout_data(step))
 
 
 def group_counts() -> dict[str, int]:

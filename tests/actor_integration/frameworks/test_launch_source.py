@@ -21,7 +21,7 @@ import pytest
 from actor_integration.frameworks import launch
 from tests.helpers.framework_source import FrameworkSource, error_of
 from tests.helpers.miles_source import MilesSource
-from tests.helpers.slime_source import SlimeSource, slime_args
+from tests.helpers.slime_source import SlimeSource, rollout, slime_args
 from tests.helpers.spawn import no_crash, run_world
 
 
@@ -203,28 +203,12 @@ def _slime_critic(rank: int, world_size: int, store: Any, location: str, commit:
     out["mro"] = [c.__name__ for c in type(actor).__mro__][:4]
     out["snapshot"] = {k: actor.lifecycle_state()[k] for k in ("state", "role")}
     out["hook_mode"] = actor.lifecycle.hooks.memory.hook_mode
-    out["train"] = error_of(lambda: critic.async_train(0, _rollout()))
+    out["train"] = error_of(lambda: critic.async_train(0, rollout(0)))
     out["save"] = error_of(lambda: critic.save_model(0))
     out["after"] = actor.lifecycle_state()["state"]
     out["trained"] = len(RECORD["trained"])
     out["unwrapped"] = error_of(lambda: original(1, 0, "127.0.0.1", 12345))
     return out
-
-
-def _rollout() -> Any:
-    import torch
-    from slime.utils.misc import Box
-
-    return Box(
-        {
-            "tokens": [torch.arange(8)],
-            "loss_masks": [torch.ones(8)],
-            "total_lengths": [8],
-            "response_lengths": [4],
-            "num_microbatches": [1],
-            "global_batch_sizes": [1],
-        }
-    )
 
 
 def test_slimes_critic_built_without_actor_cls_runs_under_the_lifecycle(slime: SlimeSource) -> None:

@@ -20,12 +20,8 @@ Needs miles' source as a git checkout or git directory (CI has none: the suite s
 
 from __future__ import annotations
 
-import ast
 import dataclasses
-import json
 import re
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
@@ -33,8 +29,9 @@ from typing import Any
 
 import pytest
 
+from tests.actor_integration.frameworks import job_source_suite as suite
+from tests.actor_integration.frameworks.job_source_suite import LaunchSwitchJobSuite, RefusalsSuite
 from tests.helpers import miles_job
-from tests.helpers.cli import lifecycle
 from tests.helpers.framework_source import suite_source
 from tests.helpers.miles_job import stand_ins
 from tests.helpers.miles_source import MilesSource
@@ -44,7 +41,6 @@ SOURCE: MilesSource | None
 SOURCE, pytestmark, _source_readable = suite_source(MilesSource, "miles'")
 pytestmark = [pytestmark, pytest.mark.ray]
 
-ROOT = Path(__file__).resolve().parents[4]
 TRAINER = (
     "miles: miles.backends.megatron_utils.actor.MegatronTrainRayActor (actor and critic, train.py and "
     "train_async.py) runs as LifecycleMegatronTrainRayActor (MilesLifecycleMixin) in this process (pid {pid})"
@@ -55,47 +51,16 @@ ENGINE = (
 )
 
 
-TINY = ("--hidden", "64", "--layers", "1", "--vocab", "300", "--prompts", "8")
-
-
-def _tiny_model(out: Path) -> Path:
-    subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "make_tiny_qwen2.py"), str(out), *TINY],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    return out / "model"
-
-
 def job_argv(model: Path, prompts: Path, router: FakeRouter, *extra: str) -> list[str]:
-    """miles' command line for a GRPO job (actor, one engine) on the tiny model: miles' own parser reads
-    it (Megatron-LM's flags from the stand-in parser), miles' own validation passes."""
-    return [
-        *("--actor-num-nodes", "1", "--actor-num-gpus-per-node", "1"),
-        *("--rollout-num-gpus", "1", "--rollout-num-gpus-per-engine", "1"),
-        *("--hf-checkpoint", str(model), "--advantage-estimator", "grpo"),
-        *("--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--global-batch-size", "4"),
-        *("--rollout-max-response-len", "8", "--save-interval", "1", "--save", str(model.parent / "ckpt")),
-        *("--prompt-data", str(prompts), "--input-key", "prompt", "--label-key", "label"),
-        *("--apply-chat-template", "--rm-type", "random", "--distributed-backend", "gloo"),
-        *(
-            "--num-layers",
-            "1",
-            "--hidden-size",
-            "64",
-            "--ffn-hidden-size",
-            "192",
-            "--num-attention-heads",
-            "2",
-        ),
-        *("--group-query-attention", "--num-query-groups", "1", "--norm-epsilon", "1e-6"),
-        *("--rotary-base", "10000", "--swiglu", "--disable-bias-linear", "--add-qkv-bias"),
-        *("--normalization", "RMSNorm", "--position-embedding-type", "rope"),
-        *("--sglang-mem-fraction-static", "0.5"),
-        *("--sglang-router-ip", router.host, "--sglang-router-port", str(router.port)),
-        *extra,
-    ]
+    """miles' command line for a GRPO job (actor, one engine) on the tiny model (job_source_suite's, miles'
+    own parser reading it; miles' own validation passes)."""
+    return suite.job_argv(
+        model,
+        prompts,
+        router,
+        *("--advantage-estimator", "grpo", "--save", str(model.parent / "ckpt")),
+        *("--distributed-backend", "gloo", *extra),
+    )
 
 
 COLOCATED = (
@@ -114,33 +79,8 @@ ASYNC = ("--num-gpus-per-node", "2", "--num-rollout", "3")  # train_async.py: no
 def stage(tmp_path_factory: pytest.TempPathFactory) -> Any:
     assert SOURCE is not None
     root = tmp_path_factory.mktemp("miles-job")
-    try:
-        job = miles_job.build(SOURCE, root)
-    except subprocess.CalledProcessError as exc:
-        pytest.skip(f"{SOURCE.location} is not a git checkout holding {SOURCE.commit}: {exc.stderr!r}")
-    _tiny_model(root / "tiny")
-    with miles_job.ray_head(root, cpus=8, gpus=3) as head:  # room for both drivers' jobs at once
-        yield job, head, root / "tiny"
-
-
-def _logs(job: miles_job.SlimeJob) -> dict[str, list[dict[str, Any]]]:
-    return {
-        path.stem: [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        for path in sorted(job.logs.glob("*.jsonl"))
-    }
-
-
-def _transitions(events: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
-    return [(e["operation"], e["plan"], e["dst"]) for e in events if e["event"] == "lifecycle.transition"]
-
-
-def _perf_reports(output: str) -> list[dict[str, Any]]:
-    """What miles' log_perf_data_raw sent to its tracking, from its own log line (`perf N: {...}`)."""
-    return [
-        ast.literal_eval(line.split(" - perf ", 1)[1].split(": ", 1)[1])
-        for line in output.splitlines()
-        if "train_metric_utils.py" in line and " - perf " in line
-    ]
+    # Room for both drivers' jobs at once.
+    yield from suite.staged(miles_job.build, SOURCE, root, cpus=8, gpus=3)
 
 
 def _pid_of(output: str, actor: str) -> str:
@@ -176,11 +116,6 @@ def _overlapped(output: str) -> list[bool]:
     return [any(a < end and start < b for a, b in generates) for start, end in _train_intervals(output)]
 
 
-def _check(job: miles_job.SlimeJob) -> str:
-    done = lifecycle("check", *map(str, sorted(job.logs.glob("*.jsonl"))), timeout=120)
-    return done.stdout + done.stderr
-
-
 def _run(
     stage: Any,
     script: str,
@@ -212,63 +147,56 @@ def jobs(stage: Any) -> dict[str, tuple[miles_job.JobRun, dict[str, list[dict[st
         colocated = pool.submit(_run, stage, "train.py", *COLOCATED, logs="train-logs")
         overlapped = pool.submit(_run, stage, "train_async.py", *ASYNC, env=times, logs="async-logs")
         done = {"train.py": colocated.result(), "train_async.py": overlapped.result()}
-    return {script: (result, _logs(job), _check(job)) for script, (result, job) in done.items()}
+    return {script: (result, suite.logs(job), suite.check(job)) for script, (result, job) in done.items()}
 
 
-class TestMilesTrainPyUnderTheLaunchSwitch:
+class TestMilesTrainPyUnderTheLaunchSwitch(LaunchSwitchJobSuite):
     """Two GRPO steps of miles' own train.py, colocated on one GPU with both offloads: actor and engine
     under the lifecycle."""
+
+    roles = ("actor-rank0", "rollout-rank0")
 
     @pytest.fixture(scope="class")
     def ran(self, jobs: Any) -> tuple[miles_job.JobRun, dict[str, list[dict[str, Any]]], str]:
         return jobs["train.py"]  # type: ignore[no-any-return]
 
     def test_miles_driver_runs_to_its_end(self, ran: Any) -> None:
-        result, _, _ = ran
-        assert result.returncode == 0, result.output[-8000:]
+        self.check_runs_to_its_end(ran)
 
     def test_each_class_is_replaced_in_the_worker_that_resolves_it_and_says_so(self, ran: Any) -> None:
         out = ran[0].output
-        assert (
+        trainer, manager = _pid_of(out, "MegatronTrainRayActor"), _pid_of(out, "RolloutManager")
+        self.check_says(
+            out,
             "miles job: RL_LIFECYCLE_WRAP=trainer,rollout: MegatronTrainRayActor (actor and critic, train.py "
             "and train_async.py) from miles.backends.megatron_utils.actor; SGLangEngine (rollout engines) "
-            "from miles.ray.rollout.server_group under the lifecycle" in out
+            "from miles.ray.rollout.server_group under the lifecycle",
+            TRAINER.format(pid=trainer),  # unpickling miles' class in the trainer's worker
+            ENGINE.format(pid=manager),  # server_group's binding in the rollout manager's worker
+            "mark_allocated end new=actor_handle=Actor(LifecycleSGLangEngine",  # miles' own log line
+            "miles preflight: fits: 1 GPU(s) of 3",
         )
-        trainer, manager = _pid_of(out, "MegatronTrainRayActor"), _pid_of(out, "RolloutManager")
-        assert TRAINER.format(pid=trainer) in out  # unpickling miles' class in the trainer's worker
-        assert ENGINE.format(pid=manager) in out  # server_group's binding in the rollout manager's worker
-        assert "mark_allocated end new=actor_handle=Actor(LifecycleSGLangEngine" in out  # miles' own log line
-        assert "miles preflight: fits: 1 GPU(s) of 3" in out
 
     def test_actor_and_engine_ran_under_the_lifecycle_and_their_logs_check_clean(self, ran: Any) -> None:
-        _, logs, check = ran
-        assert sorted(logs) == ["actor-rank0", "rollout-rank0"]
-        assert "2 machine(s): clean" in check, check
-        actor = _transitions(logs["actor-rank0"])
+        found = self.check_logs(ran)
+        actor, engine = found["actor-rank0"], found["rollout-rank0"]
+        self.check_two_steps(actor, engine)  # miles' offload at start and after each rollout
         assert actor[0] == ("sleep", "sleep", "PAUSED")  # the sleep that ends miles' init
         assert actor.count(("wake_up", "wake", "AWAKE")) == 2  # miles' train wakes it through wake_up()
         assert actor.count(("sleep", "sleep", "PAUSED")) == 3  # init's, then miles' offload() after each step
-        assert actor.count(("sync", "groups_up", "SYNCING")) == 3  # the first push, then one per step
         assert actor.count(("save", None, "SAVING")) == 2
         assert actor[-1] == ("sync", "groups_down", "PAUSED")
-        engine = _transitions(logs["rollout-rank0"])
-        assert (
-            engine.count(("sleep", "sleep", "PAUSED")) == 3
-        )  # miles' offload at start and after each rollout
         assert (
             engine.count(("wake_up", "wake", "AWAKE")) == 3
         )  # onload_weights, then onload_kv: the last tags
 
     def test_miles_own_perf_metrics_keep_its_timers_and_gain_the_lifecycles(self, ran: Any) -> None:
-        reports = _perf_reports(ran[0].output)
-        assert len(reports) == 2, ran[0].output[-4000:]  # one per step, from the actor's train
+        reports = self.check_perf(ran[0].output)
         for report in reports:
             for own in ("sleep", "wake_up", "update_weights", "train", "actor_train", "data_preprocess"):
                 assert report[f"perf/{own}_time"] > 0, own
             assert report["perf/lifecycle_sleep_time"] > 0
             assert report["perf/lifecycle_wake_time"] > 0
-            assert "perf/lifecycle_sleep_process_groups_destroy_time" in report
-            assert "perf/lifecycle_wake_memory_resume_time" in report
         assert "perf/save_model_time" in reports[1]
 
     def test_train_py_never_generates_while_it_trains(self, ran: Any) -> None:
@@ -276,22 +204,21 @@ class TestMilesTrainPyUnderTheLaunchSwitch:
         assert _overlapped(ran[0].output) == [False, False]
 
 
-class TestMilesTrainAsyncPyUnderTheLaunchSwitch:
+class TestMilesTrainAsyncPyUnderTheLaunchSwitch(LaunchSwitchJobSuite):
     """Three steps of miles' own train_async.py (actor and engine on GPUs of their own, as miles allows it)."""
+
+    roles = ("actor-rank0", "rollout-rank0")
 
     @pytest.fixture(scope="class")
     def ran(self, jobs: Any) -> tuple[miles_job.JobRun, dict[str, list[dict[str, Any]]], str]:
         return jobs["train_async.py"]  # type: ignore[no-any-return]
 
     def test_miles_async_driver_runs_to_its_end_with_both_classes_replaced(self, ran: Any) -> None:
-        result, logs, check = ran
-        assert result.returncode == 0, result.output[-8000:]
-        out = result.output
-        assert TRAINER.format(pid=_pid_of(out, "MegatronTrainRayActor")) in out
-        assert ENGINE.format(pid=_pid_of(out, "RolloutManager")) in out
-        assert sorted(logs) == ["actor-rank0", "rollout-rank0"]
-        assert "2 machine(s): clean" in check, check
-        actor = _transitions(logs["actor-rank0"])  # no --offload-train: awake throughout, a sync per push
+        self.check_runs_to_its_end(ran)
+        out = ran[0].output
+        trainer, manager = _pid_of(out, "MegatronTrainRayActor"), _pid_of(out, "RolloutManager")
+        self.check_says(out, TRAINER.format(pid=trainer), ENGINE.format(pid=manager))
+        actor = self.check_logs(ran)["actor-rank0"]  # no --offload-train: awake throughout, a sync per push
         assert actor.count(("sync", None, "SYNCING")) == 4  # the first push, then one per step
         assert {dst for _, _, dst in actor} == {"SYNCING", "SAVING", "AWAKE"}
 
@@ -305,11 +232,11 @@ class TestMilesTrainAsyncPyUnderTheLaunchSwitch:
         )
 
 
-class TestRefusals:
-    def test_an_unknown_half_is_refused_before_any_actor_runs(self, stage: Any) -> None:
-        result, job = _run(stage, "train.py", *COLOCATED, wrap="actor")
-        assert result.returncode != 0
-        assert "RL_LIFECYCLE_WRAP='actor': 'actor' is not a half of the job" in result.output
+class TestRefusals(RefusalsSuite):
+    def refused(self, stage: Any) -> tuple[miles_job.JobRun, miles_job.SlimeJob]:
+        return _run(stage, "train.py", *COLOCATED, wrap="actor")
+
+    def check_nothing_ran(self, result: miles_job.JobRun, job: miles_job.SlimeJob) -> None:
         assert (
             "RolloutManager pid=" not in result.output and "MegatronTrainRayActor pid=" not in result.output
         )

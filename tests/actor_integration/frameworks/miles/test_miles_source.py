@@ -23,9 +23,11 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.framework_source import error_of, group_counts, suite_source
+from tests.actor_integration.frameworks.trainer_source_suite import lifecycle_trainer, steps_of
+from tests.helpers.framework_source import error_of, group_counts, launcher_env, suite_source
 from tests.helpers.miles_like import REFUSED, REPRODUCTIONS
 from tests.helpers.miles_source import MilesSource
+from tests.helpers.slime_source import slime_args
 from tests.helpers.spawn import no_crash, run_world
 
 SOURCE: MilesSource | None
@@ -37,63 +39,54 @@ LAYOUTS = ("all memory", "rematerialize", "lora rollout")
 MARGIN = 1 << 30  # --train-memory-margin-bytes: miles' init sets it on torch_memory_saver
 
 
+# slime's flags miles' parser does not have (miles' actor asks `getattr(args, "use_routing_replay", False)`).
+NOT_MILES_FLAGS = (
+    "release_train",
+    "update_weight_mode",
+    "update_weight_transport",
+    "update_weight_start_version",
+    "use_routing_replay",
+    "use_rollout_routing_replay",
+    "loss_type",
+    "kl_coef",
+    "use_opd",
+    "advantage_estimator",
+    "save_debug_train_data",
+    "wandb_always_use_train_step",
+    "use_wandb",
+    "use_tensorboard",
+)
+
+
 def _args(world_size: int, config: str) -> Namespace:
-    """miles' parsed flags for a colocated, offloaded actor (only what the code paths read)."""
+    """miles' parsed flags for a colocated, offloaded actor (only what the code paths read): slime's, with
+    miles' differences, and the tag layout's (`CONFIGS[config]`)."""
     from tests.helpers.miles_like import CONFIGS
 
-    args = Namespace(
-        debug_rollout_only=False,
-        debug_train_only=False,
+    args = slime_args(
+        world_size,
+        absent=NOT_MILES_FLAGS,
+        distributed_backend="gloo",
         debug_skip_weight_update=False,
         debug_deterministic_collective=False,
-        distributed_backend="gloo",
-        distributed_timeout_minutes=1,
-        num_gpus_per_node=world_size,
         env_report=None,
         dumper_enable=False,
         dumper_source_patcher_config_train=None,
         profile_target=[],
         use_pytorch_profiler=False,
-        hf_checkpoint="unused",
         chat_template_path=None,
         indep_dp=False,
-        offload_train=True,
         offload_train_target="cpu",
         train_memory_margin_bytes=MARGIN,
-        colocate=True,
-        use_critic=False,
-        ci_test=False,
         non_persistent_ckpt_type=None,
         rematerialize_param_from_master_weight=False,
         megatron_to_hf_mode="raw",
-        keep_old_actor=False,
-        update_weights_interval=1,
-        vocab_size=None,
         update_weight_transfer_mode="broadcast",
-        model_name=None,
-        rollout_data_postprocess_path=None,
         lora_rank=0,
         skip_actor_forward_only=False,
-        compute_advantages_and_returns=True,
-        use_rollout_logprobs=False,
-        get_mismatch_metrics=False,
-        ref_update_interval=None,
-        async_save=False,
-        save_hf=None,
         custom_megatron_post_save_hook_path=None,
-        use_fault_tolerance=False,
-        train_env_vars={},
-        train_backend="megatron",
-        tensor_model_parallel_size=1,
-        pipeline_model_parallel_size=world_size,
-        virtual_pipeline_model_parallel_size=None,
-        context_parallel_size=1,
-        expert_model_parallel_size=1,
-        expert_tensor_parallel_size=1,
-        seed=1234,
     )
-    for name, value in CONFIGS[config].items():
-        setattr(args, name, value)
+    vars(args).update(CONFIGS[config])
     return args
 
 
@@ -104,30 +97,14 @@ def _rollout(step: int) -> Any:
     return Box({"tokens": [torch.arange(8) + step]})
 
 
-def _launcher_env() -> dict[str, str]:
-    """What miles' allocate_gpus_for_actor puts in an offloaded megatron actor's environment."""
-    from actor_integration.backends.tms_env import preload_library
-
-    return {"LD_PRELOAD": preload_library(13), "TMS_INIT_ENABLE": "1", "TMS_INIT_ENABLE_CPU_BACKUP": "1"}
-
-
-def _lifecycle_class(actor_module: Any) -> type:
+def _lifecycle_class(actor_module: Any) -> Any:
     from actor_integration.frameworks.miles import MilesLifecycleMixin, miles_memory_backend
-    from lifecycle.faults import FaultInjector, with_faults
 
-    class LifecycleTrainer(MilesLifecycleMixin, actor_module.MegatronTrainRayActor):
-        """What a miles user writes, plus fault injection and the CUDA major this CPU torch lacks."""
-
-        def lifecycle_memory(self) -> Any:
-            return miles_memory_backend(
-                self.lifecycle_layout(), cuda_major=13
-            )  # os.environ is the launcher's
-
-        def lifecycle_hooks(self) -> Any:
-            self.faults = FaultInjector()
-            return with_faults(self.faults, super().lifecycle_hooks())
-
-    return LifecycleTrainer
+    return lifecycle_trainer(
+        MilesLifecycleMixin,
+        actor_module.MegatronTrainRayActor,
+        memory=lambda self: miles_memory_backend(self.lifecycle_layout(), cuda_major=13),
+    )
 
 
 def _groups() -> dict[str, int]:
@@ -210,7 +187,7 @@ def _worker(
     from tests.helpers.slime_source import checksum
 
     actor_module = install(MilesSource(Path(location), commit))
-    os.environ.update(_launcher_env())
+    os.environ.update(launcher_env())
     if variant == "reproductions":
         return _reproductions(actor_module)
     if variant == "launcher":
@@ -366,7 +343,7 @@ def _launcher_run(actor_module: Any, config: str) -> dict[str, Any]:
 
     from tests.helpers.miles_source import RECORD, RolloutManager, engines_and_lock
 
-    for name in _launcher_env():
+    for name in launcher_env():
         os.environ.pop(name)  # the launcher must put them there itself
     trainer = _lifecycle_class(actor_module)
     actor_module.MegatronTrainRayActor = trainer
@@ -431,10 +408,6 @@ def _cached(variant: str, config: str) -> list[dict[str, Any]]:
     return _RUNS[variant, config]
 
 
-def _steps(result: dict[str, Any]) -> list[tuple[str, str | None, str | None]]:
-    return [(s["step"], s["state"], s["error"] and s["error"].split(":")[0]) for s in result["steps"]]
-
-
 # Per layout, the pauses and resumes each step made under the adapter: one per tag per sleep, one per wake.
 _ALL = ("memory.pause", "memory.resume")
 _TAGS = ("grad_buffer", "default", "param_buffer")
@@ -474,7 +447,7 @@ class TestUnderTheAdapter:
 
     def test_states(self, layout: str) -> None:
         for result in _cached("lifecycle", layout):
-            assert _steps(result) == [
+            assert steps_of(result) == [
                 ("init", "PAUSED", None),
                 ("update_weights", "PAUSED", None),
                 ("train", "AWAKE", None),

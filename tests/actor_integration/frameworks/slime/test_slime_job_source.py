@@ -16,14 +16,10 @@ Needs slime's source as a git checkout or git directory (CI has none: the suite 
 
 from __future__ import annotations
 
-import ast
 import contextlib
-import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -34,8 +30,9 @@ import psutil
 import pytest
 
 from actor_integration.rollout.server_watch import pid_alive
+from tests.actor_integration.frameworks import job_source_suite as suite
+from tests.actor_integration.frameworks.job_source_suite import LaunchSwitchJobSuite, RefusalsSuite
 from tests.helpers import slime_job
-from tests.helpers.cli import lifecycle
 from tests.helpers.framework_source import suite_source
 from tests.helpers.sglang_server import VERSION_ENV, FakeRouter, fake_state
 from tests.helpers.slime_source import SlimeSource
@@ -44,104 +41,23 @@ SOURCE: SlimeSource | None
 SOURCE, pytestmark, _source_readable = suite_source(SlimeSource, "slime's")
 pytestmark = [pytestmark, pytest.mark.ray]
 
-ROOT = Path(__file__).resolve().parents[4]
-
-
-def _tiny_model(out: Path) -> Path:
-    subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "scripts" / "make_tiny_qwen2.py"),
-            str(out),
-            "--hidden",
-            "64",
-            "--layers",
-            "1",
-            "--vocab",
-            "300",
-            "--prompts",
-            "8",
-        ],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    return out / "model"
-
 
 def job_argv(model: Path, prompts: Path, router: FakeRouter, *extra: str) -> list[str]:
-    """slime's command line for a colocated one-GPU PPO job (actor, critic, one engine) on the tiny model:
-    slime's own parser reads it (Megatron-LM's flags from the stand-in parser), and slime's check of the
-    HF config against the Megatron flags passes for the model make_tiny_qwen2.py writes."""
-    return [
-        *("--actor-num-nodes", "1", "--actor-num-gpus-per-node", "1", "--num-gpus-per-node", "1"),
-        *("--rollout-num-gpus", "1", "--rollout-num-gpus-per-engine", "1", "--colocate"),
-        *("--hf-checkpoint", str(model), "--advantage-estimator", "ppo"),
-        *("--num-rollout", "2", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2"),
-        *("--global-batch-size", "4", "--rollout-max-response-len", "8", "--save-interval", "1"),
-        *("--prompt-data", str(prompts), "--input-key", "prompt", "--label-key", "label"),
-        *("--apply-chat-template", "--rm-type", "random", "--save", str(model.parent / "checkpoints")),
-        *(
-            "--num-layers",
-            "1",
-            "--hidden-size",
-            "64",
-            "--ffn-hidden-size",
-            "192",
-            "--num-attention-heads",
-            "2",
-        ),
-        *(
-            "--group-query-attention",
-            "--num-query-groups",
-            "1",
-            "--norm-epsilon",
-            "1e-6",
-            "--rotary-base",
-            "10000",
-        ),
-        *("--swiglu", "--disable-bias-linear", "--add-qkv-bias", "--normalization", "RMSNorm"),
-        *("--position-embedding-type", "rope", "--sglang-mem-fraction-static", "0.5"),
-        *("--sglang-router-ip", router.host, "--sglang-router-port", str(router.port)),
-        *extra,
-    ]
+    """slime's command line for a colocated one-GPU PPO job (actor, critic, one engine) on the tiny model
+    (job_source_suite's, slime's own parser reading it)."""
+    return suite.job_argv(
+        model,
+        prompts,
+        router,
+        *("--num-gpus-per-node", "1", "--colocate", "--advantage-estimator", "ppo", "--num-rollout", "2"),
+        *("--save", str(model.parent / "checkpoints"), *extra),
+    )
 
 
 @pytest.fixture(scope="module")
 def stage(tmp_path_factory: pytest.TempPathFactory) -> Any:
     assert SOURCE is not None
-    root = tmp_path_factory.mktemp("slime-job")
-    try:
-        job = slime_job.build(SOURCE, root)
-    except subprocess.CalledProcessError as exc:
-        pytest.skip(f"{SOURCE.location} is not a git checkout holding {SOURCE.commit}: {exc.stderr!r}")
-    _tiny_model(root / "tiny")
-    with slime_job.ray_head(root, cpus=6) as head:
-        yield job, head, root / "tiny"
-
-
-def _logs(job: slime_job.SlimeJob) -> dict[str, list[dict[str, Any]]]:
-    return {
-        path.stem: [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        for path in sorted(job.logs.glob("*.jsonl"))
-    }
-
-
-def _transitions(events: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
-    return [(e["operation"], e["plan"], e["dst"]) for e in events if e["event"] == "lifecycle.transition"]
-
-
-def _perf_reports(output: str) -> list[dict[str, Any]]:
-    """What slime's log_perf_data sent to its tracking, from its own log line (`perf N: {...}`)."""
-    return [
-        ast.literal_eval(line.split(" - perf ", 1)[1].split(": ", 1)[1])
-        for line in output.splitlines()
-        if "train_metric_utils.py" in line and " - perf " in line
-    ]
-
-
-def _check(job: slime_job.SlimeJob) -> subprocess.CompletedProcess[str]:
-    return lifecycle("check", *map(str, sorted(job.logs.glob("*.jsonl"))), timeout=120)
+    yield from suite.staged(slime_job.build, SOURCE, tmp_path_factory.mktemp("slime-job"), cpus=6)
 
 
 def _run(
@@ -164,57 +80,43 @@ def _run(
         router.close()
 
 
-class TestSlimesOwnJobUnderTheLaunchSwitch:
+class TestSlimesOwnJobUnderTheLaunchSwitch(LaunchSwitchJobSuite):
     """Two PPO steps of slime's own driver: actor, critic and engine under the lifecycle."""
+
+    roles = ("actor-rank0", "critic-rank0", "rollout-rank0")
 
     @pytest.fixture(scope="class")
     def ran(self, stage: Any) -> tuple[slime_job.JobRun, dict[str, list[dict[str, Any]]], str]:
         result, job = _run(stage)
-        check = _check(job)
-        return result, _logs(job), check.stdout + check.stderr
+        return result, suite.logs(job), suite.check(job)
 
     def test_slimes_driver_runs_to_its_end(self, ran: Any) -> None:
-        result, _, _ = ran
-        assert result.returncode == 0, result.output[-8000:]
+        self.check_runs_to_its_end(ran)
 
     def test_the_job_says_which_classes_are_wrapped_where(self, ran: Any) -> None:
-        result, _, _ = ran
-        out = result.output
-        assert "slime job: RL_LIFECYCLE_WRAP=trainer,rollout: MegatronTrainRayActor (actor and critic)" in out
-        assert (
+        self.check_says(
+            ran[0].output,
+            "slime job: RL_LIFECYCLE_WRAP=trainer,rollout: MegatronTrainRayActor (actor and critic)",
             "slime: slime.backends.megatron_utils.actor.MegatronTrainRayActor (actor and critic) runs as "
-            "LifecycleMegatronTrainRayActor (SlimeLifecycleMixin)" in out
+            "LifecycleMegatronTrainRayActor (SlimeLifecycleMixin)",
+            "slime: slime.ray.rollout.SGLangEngine (rollout engines) runs as LifecycleSGLangEngine",
+            "slime preflight: fits: 1 GPU(s) of 1, 3 CPU(s) of 6",
         )
-        assert "slime: slime.ray.rollout.SGLangEngine (rollout engines) runs as LifecycleSGLangEngine" in out
-        assert "slime preflight: fits: 1 GPU(s) of 1, 3 CPU(s) of 6" in out
 
     def test_actor_critic_and_engine_each_ran_under_the_lifecycle_and_their_logs_check_clean(
         self, ran: Any
     ) -> None:
-        _, logs, check = ran
-        assert sorted(logs) == ["actor-rank0", "critic-rank0", "rollout-rank0"]
-        assert "3 machine(s): clean" in check, check
-        critic = _transitions(logs["critic-rank0"])
+        found = self.check_logs(ran)
+        critic, actor, engine = (found[f"{role}-rank0"] for role in ("critic", "actor", "rollout"))
         assert critic[0] == ("sleep", "sleep", "PAUSED")  # the sleep that ends slime's init
         assert ("train", "wake", "AWAKE") in critic and ("save", "sleep", "PAUSED") in critic
-        actor = _transitions(logs["actor-rank0"])
-        assert actor.count(("sync", "groups_up", "SYNCING")) == 3  # the first push, then one per step
+        self.check_two_steps(actor, engine)  # slime's offload at start and after each rollout
         assert actor[-1][2] == "PAUSED" and critic[-1][2] == "PAUSED"
-        engine = _transitions(logs["rollout-rank0"])
-        assert (
-            engine.count(("sleep", "sleep", "PAUSED")) == 3
-        )  # slime's offload at start and after each rollout
         assert ("wake_up", "wake", "AWAKE") in engine
 
     def test_slimes_own_perf_metrics_keep_sleep_and_wake_and_gain_the_lifecycles(self, ran: Any) -> None:
-        result, _, _ = ran
-        reports = _perf_reports(result.output)
-        assert len(reports) == 2, result.output[-4000:]  # one per step, from the actor's train
-        for report in reports:
-            assert report["perf/sleep_time"] > 0 and report["perf/wake_up_time"] > 0
+        for report in self.check_perf(ran[0].output):
             assert report["perf/lifecycle_sleep_time"] == pytest.approx(report["perf/sleep_time"])
-            assert "perf/lifecycle_sleep_process_groups_destroy_time" in report
-            assert "perf/lifecycle_wake_memory_resume_time" in report
 
     def test_the_missing_retained_backup_of_slimes_fork_is_a_logged_decision(self, ran: Any) -> None:
         _, logs, _ = ran
@@ -226,11 +128,11 @@ class TestSlimesOwnJobUnderTheLaunchSwitch:
             )
 
 
-class TestRefusals:
-    def test_an_unknown_half_is_refused_before_any_actor_runs(self, stage: Any) -> None:
-        result, _ = _run(stage, wrap="actor")
-        assert result.returncode != 0
-        assert "RL_LIFECYCLE_WRAP='actor': 'actor' is not a half of the job" in result.output
+class TestRefusals(RefusalsSuite):
+    def refused(self, stage: Any) -> tuple[slime_job.JobRun, Any]:
+        return _run(stage, wrap="actor")
+
+    def check_nothing_ran(self, result: slime_job.JobRun, job: Any) -> None:
         assert "LifecycleMegatronTrainRayActor" not in result.output
 
     def test_a_fault_the_job_cannot_arm_is_refused_before_any_actor_runs(self, stage: Any) -> None:
@@ -309,8 +211,7 @@ class TestFaultsInsideTheJob:
     def hook_fault(self, stage: Any) -> tuple[slime_job.JobRun, dict[str, list[dict[str, Any]]], str]:
         # The trainers' second pause: the sleep that ends rollout 0's train (the first ends slime's init).
         result, job = _run(stage, env={"RL_LIFECYCLE_FAULT": "trainer:memory.pause@2"})
-        check = _check(job)
-        return result, _logs(job), check.stdout + check.stderr
+        return result, suite.logs(job), suite.check(job)
 
     def test_a_hook_failure_stops_the_job_naming_the_rank_the_transition_and_the_residency(
         self, hook_fault: Any
@@ -326,7 +227,7 @@ class TestFaultsInsideTheJob:
             out,
         )
         assert typed is not None, out[-6000:]
-        assert not _perf_reports(out)  # no train step finished: the job stopped at its first
+        assert not suite.perf_reports(out)  # no train step finished: the job stopped at its first
 
     def test_lifecycle_check_reports_each_failed_trainer_and_finds_the_logs_clean(
         self, hook_fault: Any
@@ -351,7 +252,7 @@ class TestFaultsInsideTheJob:
             5, stage[1]
         )  # the first request of rollout 1 (4 a rollout: 2 prompts x 2 samples)
         result, job = _run(stage, before_forward=kill)
-        return result, _logs(job), kill, time.monotonic()
+        return result, suite.logs(job), kill, time.monotonic()
 
     def test_a_server_killed_mid_rollout_ends_the_job_with_engine_died_within_a_deadline(
         self, engine_death: Any

@@ -19,9 +19,10 @@ from typing import Any
 
 import pytest
 
+from tests.actor_integration.frameworks import trainer_source_suite as suite
 from tests.helpers.cli import lifecycle
-from tests.helpers.framework_source import error_of, group_counts, suite_source
-from tests.helpers.slime_source import SlimeSource, slime_args
+from tests.helpers.framework_source import error_of, group_counts, launcher_env, suite_source
+from tests.helpers.slime_source import SlimeSource, rollout, slime_args
 from tests.helpers.spawn import no_crash, run_world
 
 SOURCE: SlimeSource | None
@@ -31,43 +32,10 @@ SOURCE, pytestmark, _source_readable = suite_source(SlimeSource, "slime's")
 DEADLINE_S = 240.0
 
 
-def _rollout(step: int) -> Any:
-    import torch
-    from slime.utils.misc import Box
-
-    tokens = torch.arange(8) + step
-    return Box(
-        {
-            "tokens": [tokens],
-            "loss_masks": [torch.ones(8)],
-            "total_lengths": [8],
-            "response_lengths": [4],
-            "num_microbatches": [1],
-            "global_batch_sizes": [1],
-        }
-    )
-
-
-def _launcher_env() -> dict[str, str]:
-    """What slime's RayTrainGroup puts in an offloaded megatron actor's environment."""
-    from actor_integration.backends.tms_env import preload_library
-
-    return {"LD_PRELOAD": preload_library(13), "TMS_INIT_ENABLE": "1", "TMS_INIT_ENABLE_CPU_BACKUP": "1"}
-
-
 def _classes(actor_module: Any) -> dict[str, type]:
-    from actor_integration.frameworks.slime import SlimeLifecycleMixin, slime_memory_backend
-    from lifecycle.faults import FaultInjector, with_faults
+    from actor_integration.frameworks.slime import SlimeLifecycleMixin
 
-    class LifecycleTrainer(SlimeLifecycleMixin, actor_module.MegatronTrainRayActor):
-        """What a slime user writes, plus fault injection and the CUDA major this CPU torch lacks."""
-
-        def lifecycle_memory(self) -> Any:
-            return slime_memory_backend(cuda_major=13)  # os.environ is the launcher's
-
-        def lifecycle_hooks(self) -> Any:
-            self.faults = FaultInjector()
-            return with_faults(self.faults, super().lifecycle_hooks())
+    LifecycleTrainer = suite.lifecycle_trainer(SlimeLifecycleMixin, actor_module.MegatronTrainRayActor)
 
     class GenericMixinTrainer(LifecycleTrainer):
         """The generic mixin's behaviour: slime's bodies keep their own resource calls."""
@@ -92,10 +60,10 @@ _error = error_of
 def _worker(
     rank: int, world_size: int, store: Any, location: str, commit: str, port: int, variant: str
 ) -> dict[str, Any]:
-    from tests.helpers.slime_source import RECORD, SAVER, RolloutManager, install, model_checksum
+    from tests.helpers.slime_source import RECORD, SAVER, RolloutManager, install
 
     actor_module = install(SlimeSource(Path(location), commit))
-    os.environ.update(_launcher_env())
+    os.environ.update(launcher_env())
     if variant.startswith("logs:"):  # as a user's job: logging left to the wrapped actor
         from lifecycle.events import LOG_DIR_ENV, reset_logging
 
@@ -114,51 +82,26 @@ def _worker(
     if variant == "pp4":
         return _pp4_run(_classes(actor_module)["lifecycle"](world_size, rank, "127.0.0.1", port), serial)
     actor = _classes(actor_module)[variant](world_size, rank, "127.0.0.1", port)
-    out: dict[str, Any] = {"steps": [], "serial_teardowns": serial}
-
-    def step(name: str, call: Any = None) -> None:
-        error = _error(call) if call is not None else None
-        machine = getattr(actor, "_lifecycle", None)
-        state = machine.state.value if machine is not None else None
-        out["steps"].append({"step": name, "state": state, "error": error, "pauses": SAVER.pause_count})
-
-    step("init", lambda: actor.init(slime_args(world_size), "actor"))
-    actor.set_rollout_manager(RolloutManager())
-    out["groups_init"] = _groups()
-    out["weights_init"] = model_checksum(actor.model)
-    step("train", lambda: actor.train(0, _rollout(0)))
-    step("save", lambda: actor.save_model(0))
-    step("update_weights", actor.update_weights)
+    run = suite.TrainerRun(actor, "slime", SAVER, rollout, out={"serial_teardowns": serial})
+    run.to_the_first_sync(lambda: actor.init(slime_args(world_size), "actor"), RolloutManager())
     if variant == "slime":
-        step("sleep", actor.sleep)  # slime #1895: the second pause of the same memory
-        step("wake_up", actor.wake_up)
-        out["groups_awake"] = _groups()
-        step("sleep", actor.sleep)
-        step("train", lambda: actor.train(1, _rollout(1)))
+        run.step("sleep", actor.sleep)  # slime #1895: the second pause of the same memory
+        run.step("wake_up", actor.wake_up)
+        run.out["groups_awake"] = run.groups()
+        run.step("sleep", actor.sleep)
+        run.step("train", run.train(1))
     elif variant == "lifecycle":
-        step("sleep", actor.sleep)
-        step("sleep", actor.sleep)
-        step("wake_up", actor.wake_up)
-        step("wake_up", actor.wake_up)
-        out["weights_after_wake"] = model_checksum(actor.model)
-        out["groups_awake"] = _groups()
-        out["pp_size"] = sys.modules["megatron.core.parallel_state"].get_pipeline_model_parallel_world_size()
-        actor.faults.arm("process_groups.destroy")  # the sleep that ends the next train fails on every rank
-        step("train", lambda: actor.train(1, _rollout(1)))
-        out["failure"] = actor.lifecycle_state()["failure"]
-        step("recover", lambda: actor.lifecycle_recover("PAUSED"))
-        step("train", lambda: actor.train(2, _rollout(2)))
-        step("save", lambda: actor.save_model(2))
-        out["groups_end"] = _groups()
-        step("wake_up", actor.wake_up)
-        out["groups_awake_end"] = _groups()
-        out["stand_in_calls"] = actor.lifecycle_stand_in_calls()
-        out["memory"] = actor.lifecycle.hooks.memory.describe()
-        out["memory_notes"] = actor.lifecycle.hooks.memory.notes
-    out.setdefault("groups_end", _groups())
-    out["record"] = {k: v for k, v in RECORD.items() if k in ("trained", "saved", "engine")}
-    out["pauses"], out["resumes"] = SAVER.pause_count, SAVER.resume_count
-    return out
+        mpu = sys.modules["megatron.core.parallel_state"]
+
+        def memory() -> dict[str, Any]:
+            backend = actor.lifecycle.hooks.memory
+            return {"memory": backend.describe(), "memory_notes": backend.notes}
+
+        run.under_the_adapter(
+            awake=lambda: {"pp_size": mpu.get_pipeline_model_parallel_world_size()}, end=memory
+        )
+    run.out.setdefault("groups_end", run.groups())
+    return run.finish(RECORD, ("trained", "saved", "engine"))
 
 
 def _perf_run(actor: Any) -> dict[str, Any]:
@@ -168,7 +111,7 @@ def _perf_run(actor: Any) -> dict[str, Any]:
     actor.init(slime_args(2), "actor")
     actor.set_rollout_manager(RolloutManager())
     for step in range(3):
-        actor.train(step, _rollout(step))
+        actor.train(step, rollout(step))
     tracked = [{k: v for k, v in m.items() if k.startswith("perf/")} for m in RECORD.get("tracked", [])]
     return {"perf": [m for m in tracked if m]}
 
@@ -185,7 +128,7 @@ def _debug_run(actor: Any, flag: str) -> dict[str, Any]:
         actor.lifecycle.observe(lambda event, fields: operations.append(str(fields.get("operation"))))
     out["update_weights"] = _error(actor.update_weights)
     out["operations_in_update_weights"] = sorted(set(operations))
-    out["train"] = _error(lambda: actor.train(0, _rollout(0)))
+    out["train"] = _error(lambda: actor.train(0, rollout(0)))
     out["save_model"] = _error(lambda: actor.save_model(0))
     out["update_weights_again"] = _error(actor.update_weights)
     out["pauses_after_init"] = SAVER.pause_count - pauses
@@ -236,7 +179,7 @@ def _pp4_run(actor: Any, serial: list[int]) -> dict[str, Any]:
                 if in_embedding
                 else None,
             }
-        actor.train(cycle, _rollout(cycle))  # collectives on every group, then the sleep
+        actor.train(cycle, rollout(cycle))  # collectives on every group, then the sleep
         out["states"].append(actor.lifecycle_state()["state"])
     out["groups_end"] = _groups()
     out["serial_teardowns"] = serial[0]
@@ -249,26 +192,14 @@ def _ray_group_run(actor_module: Any, trainer: type) -> dict[str, Any]:
 
     from tests.helpers.slime_source import RECORD, RolloutManager
 
-    for name in ("LD_PRELOAD", "TMS_INIT_ENABLE", "TMS_INIT_ENABLE_CPU_BACKUP"):
+    for name in launcher_env():
         os.environ.pop(name)  # RayTrainGroup must put them there itself
     placement = sys.modules["ray.util.placement_group"].PlacementGroup()
     group = RayTrainGroup(slime_args(1), 1, 1, pg=(placement, [0], [0]), actor_cls=trainer)
     out: dict[str, Any] = {"create": group.create(rollout_manager=RolloutManager())}
     actor = group._actor_handlers[0].instance
     out["env_vars"] = RECORD["ray_actors"][0]["env_vars"]
-    out["hook_mode"] = actor.lifecycle.hooks.memory.hook_mode
-    out["states"] = [actor.lifecycle_state()["state"]]
-    group.async_train(0, _rollout(0))
-    group.save_model(0)
-    group.update_weights()
-    group.offload()
-    group.offload()
-    out["states"].append(actor.lifecycle_state()["state"])
-    group.onload()
-    group.onload()
-    out["states"].append(actor.lifecycle_state()["state"])
-    out["record"] = {k: RECORD[k] for k in ("trained", "saved", "engine")}
-    return out
+    return {**out, **suite.drive_the_group(group, actor, rollout, RECORD)}
 
 
 def _run(variant: str, world_size: int = 2) -> list[dict[str, Any]]:
@@ -292,50 +223,12 @@ def slime_run() -> list[dict[str, Any]]:
     return _run("slime")
 
 
-def _steps(result: dict[str, Any]) -> list[tuple[str, str | None, str | None]]:
-    return [(s["step"], s["state"], s["error"] and s["error"].split(":")[0]) for s in result["steps"]]
-
-
-class TestUnderTheAdapter:
+class TestUnderTheAdapter(suite.UnderTheAdapterSuite):
     """init → train → save → update_weights → sleep x2 → wake x2 → injected failure → recover → train."""
 
-    def test_states(self, lifecycle_run: list[dict[str, Any]]) -> None:
-        for result in lifecycle_run:
-            assert _steps(result) == [
-                ("init", "PAUSED", None),
-                ("train", "PAUSED", None),
-                ("save", "PAUSED", None),
-                ("update_weights", "PAUSED", None),
-                ("sleep", "PAUSED", None),
-                ("sleep", "PAUSED", None),
-                ("wake_up", "AWAKE", None),
-                ("wake_up", "AWAKE", None),
-                ("train", "FAILED", "InjectedFault"),
-                ("recover", "PAUSED", None),
-                ("train", "PAUSED", None),
-                ("save", "PAUSED", None),
-                ("wake_up", "AWAKE", None),
-            ]
-            assert result["failure"]["hook"] == "process_groups.destroy"
-
-    def test_save_sync_and_wake_see_the_trained_weights(self, lifecycle_run: list[dict[str, Any]]) -> None:
-        for result in lifecycle_run:
-            trained, saved, engine = (result["record"][k] for k in ("trained", "saved", "engine"))
-            assert trained[0] != result["weights_init"]
-            assert saved == [trained[0], trained[2]]  # each save after the train before it, never older
-            assert [e["checksum"] for e in engine] == [trained[0]]  # the sync read slime's refreshed backup
-            assert result["weights_after_wake"] == trained[0]  # the wake restored the trained weights
-
     def test_the_plans_own_the_resources(self, lifecycle_run: list[dict[str, Any]]) -> None:
+        super().test_the_plans_own_the_resources(lifecycle_run)
         for result in lifecycle_run:
-            assert result["stand_in_calls"] == [
-                ["sync", "reload_process_groups"],
-                ["sync", "torch_memory_saver.disable"],
-                ["sync", "destroy_process_groups"],
-            ]
-            # Paused by init, train, save, recover (the failed sleep), train, save; resumed by train,
-            # save, wake, train, save, wake: one call per transition, none by the bodies.
-            assert (result["pauses"], result["resumes"]) == (6, 6)
             assert "hook_mode=preload, all memory as one unit" in result["memory"]
             # megatron.core's import set hook_mode="torch"; the preloaded process needs preload.
             assert any("megatron-core does this" in note for note in result["memory_notes"])
@@ -408,9 +301,7 @@ class TestConcurrentTeardown:
 class TestWithoutTheAdapter:
     def test_plain_slime_double_pauses(self, slime_run: list[dict[str, Any]]) -> None:
         """slime #1895 on slime's own class: sleep after update_weights pauses paused memory (TMS exits)."""
-        for result in slime_run:
-            steps = [(s["step"], s["error"] and s["error"].split(":")[0]) for s in result["steps"]]
-            assert steps[4] == ("sleep", "ProtocolViolation")
+        suite.check_the_plain_sleep_after_a_sync_double_pauses(slime_run)
 
     def test_the_generic_mixin_crashes_in_update_weights(self) -> None:
         """The issue's first failure: slime's body nests torch_memory_saver.disable() in the plan's."""
@@ -428,17 +319,8 @@ class TestRayTrainGroup:
         preload environment, which the adapter's memory backend follows."""
         (result,) = _run("ray_group", world_size=1)
         assert result["create"] == [0]
-        assert (
-            result["env_vars"]["TMS_INIT_ENABLE"] == "1"
-            and "torch_memory_saver" in result["env_vars"]["LD_PRELOAD"]
-        )
-        assert result["hook_mode"] == "preload"
-        assert result["states"] == ["PAUSED", "PAUSED", "AWAKE"]
-        record = result["record"]
-        assert (
-            record["saved"] == record["trained"]
-            and [e["checksum"] for e in record["engine"]] == record["trained"]
-        )
+        assert "torch_memory_saver" in result["env_vars"]["LD_PRELOAD"]
+        suite.check_driven_through_the_group(result)
 
 
 class TestSlimesInstrumentation:

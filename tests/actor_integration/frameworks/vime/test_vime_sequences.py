@@ -34,13 +34,12 @@ def _search(rank: int, world_size: int, store: Any, location: str, depth: int = 
     from actor_integration.frameworks.slime import slime_memory_backend
     from actor_integration.frameworks.vime import VimeLifecycleMixin
     from lifecycle.errors import LifecycleError, ProtocolViolation
-    from tests.helpers.framework_source import free_port
+    from tests.helpers.framework_source import free_port, launcher_env
     from tests.helpers.method_sequences import explore, render
     from tests.helpers.vime_source import (
         RolloutManager,
         fresh_process_state,
         install,
-        launcher_env,
         rollout,
         vime_args,
     )

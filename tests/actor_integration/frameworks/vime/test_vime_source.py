@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.framework_source import error_of, free_port, suite_source
+from tests.actor_integration.frameworks import trainer_source_suite as suite
+from tests.helpers.framework_source import error_of, free_port, launcher_env, suite_source
 from tests.helpers.spawn import no_crash, run_world
 from tests.helpers.vime_source import VimeSource, vime_args
 
@@ -28,34 +29,16 @@ DEADLINE_S = 240.0
 
 
 def _classes(actor_module: Any) -> dict[str, type]:
-    from actor_integration.frameworks.slime import slime_memory_backend
     from actor_integration.frameworks.vime import VimeLifecycleMixin
-    from lifecycle.faults import FaultInjector, with_faults
 
-    class LifecycleTrainer(VimeLifecycleMixin, actor_module.MegatronTrainRayActor):
-        """What a vime user writes, plus fault injection and the CUDA major this CPU torch lacks."""
-
-        def lifecycle_memory(self) -> Any:
-            return slime_memory_backend(cuda_major=13)  # os.environ is the launcher's
-
-        def lifecycle_hooks(self) -> Any:
-            self.faults = FaultInjector()
-            return with_faults(self.faults, super().lifecycle_hooks())
-
-    return {"vime": actor_module.MegatronTrainRayActor, "lifecycle": LifecycleTrainer}
+    return {
+        "vime": actor_module.MegatronTrainRayActor,
+        "lifecycle": suite.lifecycle_trainer(VimeLifecycleMixin, actor_module.MegatronTrainRayActor),
+    }
 
 
 def _worker(rank: int, world_size: int, store: Any, location: str, port: int, variant: str) -> dict[str, Any]:
-    from tests.helpers.vime_source import (
-        RECORD,
-        SAVER,
-        RolloutManager,
-        group_counts,
-        install,
-        launcher_env,
-        model_checksum,
-        rollout,
-    )
+    from tests.helpers.vime_source import RECORD, SAVER, RolloutManager, install, rollout
 
     actor_module = install(VimeSource(Path(location), "manifest"))
     os.environ.update(launcher_env())
@@ -65,50 +48,33 @@ def _worker(rank: int, world_size: int, store: Any, location: str, port: int, va
     if variant.startswith("rule:"):  # "rule:<sender rule>:<class>": init and one sync
         _, rule, variant = variant.split(":")
     actor = _classes(actor_module)[variant](world_size, rank, "127.0.0.1", port)
-    out: dict[str, Any] = {"steps": []}
+    run = suite.TrainerRun(actor, "vime", SAVER, rollout)
 
-    def step(name: str, call: Any) -> None:
-        error = error_of(call)
-        machine = getattr(actor, "_lifecycle", None)
-        state = machine.state.value if machine is not None else None
-        out["steps"].append({"step": name, "state": state, "error": error, "pauses": SAVER.pause_count})
+    def init() -> Any:
+        return actor.init(vime_args(world_size, sender_rule=rule), "actor")
 
-    step("init", lambda: actor.init(vime_args(world_size, sender_rule=rule), "actor"))
-    actor.set_rollout_manager(RolloutManager())
     if rule != "slot":
-        step("update_weights", actor.update_weights)
-        out["engine_calls"] = RECORD["engine_calls"]
-        return out
-    out["groups_init"] = group_counts()
-    out["weights_init"] = model_checksum(actor.model)
-    step("train", lambda: actor.train(0, rollout(0)))
-    step("save", lambda: actor.save_model(0))
-    step("update_weights", actor.update_weights)
+        run.step("init", init)
+        actor.set_rollout_manager(RolloutManager())
+        run.step("update_weights", actor.update_weights)
+        run.out["engine_calls"] = RECORD["engine_calls"]
+        return run.out
+    run.to_the_first_sync(init, RolloutManager())
     if variant == "vime":
-        step("sleep", actor.sleep)  # the second pause of the same memory (slime #1895's shape)
+        run.step("sleep", actor.sleep)  # the second pause of the same memory (slime #1895's shape)
     else:
-        step("sleep", actor.sleep)
-        step("sleep", actor.sleep)
-        step("wake_up", actor.wake_up)
-        step("wake_up", actor.wake_up)
-        out["weights_after_wake"] = model_checksum(actor.model)
-        out["groups_awake"] = group_counts()
-        world = sys.modules["vime.utils.reloadable_process_group"].default_process_group_states[os.getpid()]
-        out["world_after_wake"] = {"destroyed": world.nccl_world_destroyed, "generation": world.generation}
-        actor.faults.arm("process_groups.destroy")  # the sleep that ends the next train fails on every rank
-        step("train", lambda: actor.train(1, rollout(1)))
-        out["failure"] = actor.lifecycle_state()["failure"]
-        step("recover", lambda: actor.lifecycle_recover("PAUSED"))
-        step("train", lambda: actor.train(2, rollout(2)))
-        step("save", lambda: actor.save_model(2))
-        out["groups_end"] = group_counts()
-        step("wake_up", actor.wake_up)
-        out["groups_awake_end"] = group_counts()
-        out["stand_in_calls"] = actor.lifecycle_stand_in_calls()
-        out["stack_reset_observer"] = actor._lifecycle_stack_reset.count
-    out["record"] = {k: RECORD[k] for k in ("trained", "saved", "engine", "stack_resets", "engine_calls")}
-    out["pauses"], out["resumes"] = SAVER.pause_count, SAVER.resume_count
-    return out
+
+        def world() -> dict[str, Any]:
+            groups = sys.modules["vime.utils.reloadable_process_group"]
+            state = groups.default_process_group_states[os.getpid()]
+            return {
+                "world_after_wake": {"destroyed": state.nccl_world_destroyed, "generation": state.generation}
+            }
+
+        run.under_the_adapter(
+            awake=world, end=lambda: {"stack_reset_observer": actor._lifecycle_stack_reset.count}
+        )
+    return run.finish(RECORD, ("trained", "saved", "engine", "stack_resets", "engine_calls"))
 
 
 def _ray_group_run(actor_module: Any, cuda: str) -> dict[str, Any]:
@@ -122,7 +88,7 @@ def _ray_group_run(actor_module: Any, cuda: str) -> dict[str, Any]:
     from actor_integration.frameworks.vime.launch import install_vime
     from tests.helpers.vime_source import RECORD, RolloutManager, rollout
 
-    for name in ("LD_PRELOAD", "TMS_INIT_ENABLE", "TMS_INIT_ENABLE_CPU_BACKUP"):
+    for name in launcher_env():
         os.environ.pop(name)  # RayTrainGroup must put them there itself
     if cuda == "12":
         VimeLifecycleMixin.lifecycle_memory = lambda self: slime_memory_backend(cuda_major=12)  # type: ignore[method-assign]
@@ -140,19 +106,7 @@ def _ray_group_run(actor_module: Any, cuda: str) -> dict[str, Any]:
     if out["init"] is not None:
         return out
     group.set_rollout_manager(RolloutManager())
-    out["hook_mode"] = actor.lifecycle.hooks.memory.hook_mode
-    out["states"] = [actor.lifecycle_state()["state"]]
-    group.async_train(0, rollout(0))
-    group.save_model(0)
-    group.update_weights()
-    group.offload()
-    group.offload()
-    out["states"].append(actor.lifecycle_state()["state"])
-    group.onload()
-    group.onload()
-    out["states"].append(actor.lifecycle_state()["state"])
-    out["record"] = {k: RECORD[k] for k in ("trained", "saved", "engine")}
-    return out
+    return {**out, **suite.drive_the_group(group, actor, rollout, RECORD)}
 
 
 def _run(variant: str, world_size: int = 2) -> list[dict[str, Any]]:
@@ -174,50 +128,8 @@ def vime_run() -> list[dict[str, Any]]:
     return _run("vime")
 
 
-def _steps(result: dict[str, Any]) -> list[tuple[str, str | None, str | None]]:
-    return [(s["step"], s["state"], s["error"] and s["error"].split(":")[0]) for s in result["steps"]]
-
-
-class TestUnderTheAdapter:
+class TestUnderTheAdapter(suite.UnderTheAdapterSuite):
     """init → train → save → update_weights → sleep x2 → wake x2 → injected failure → recover → train → save."""
-
-    def test_states(self, lifecycle_run: list[dict[str, Any]]) -> None:
-        for result in lifecycle_run:
-            assert _steps(result) == [
-                ("init", "PAUSED", None),
-                ("train", "PAUSED", None),
-                ("save", "PAUSED", None),
-                ("update_weights", "PAUSED", None),
-                ("sleep", "PAUSED", None),
-                ("sleep", "PAUSED", None),
-                ("wake_up", "AWAKE", None),
-                ("wake_up", "AWAKE", None),
-                ("train", "FAILED", "InjectedFault"),
-                ("recover", "PAUSED", None),
-                ("train", "PAUSED", None),
-                ("save", "PAUSED", None),
-                ("wake_up", "AWAKE", None),
-            ]
-            assert result["failure"]["hook"] == "process_groups.destroy"
-
-    def test_save_sync_and_wake_see_the_trained_weights(self, lifecycle_run: list[dict[str, Any]]) -> None:
-        for result in lifecycle_run:
-            trained, saved, engine = (result["record"][k] for k in ("trained", "saved", "engine"))
-            assert trained[0] != result["weights_init"]
-            assert saved == [trained[0], trained[2]]
-            assert [e["checksum"] for e in engine] == [trained[0]]  # the sync read vime's refreshed backup
-            assert result["weights_after_wake"] == trained[0]
-
-    def test_the_plans_own_the_resources(self, lifecycle_run: list[dict[str, Any]]) -> None:
-        for result in lifecycle_run:
-            assert result["stand_in_calls"] == [
-                ["sync", "reload_process_groups"],
-                ["sync", "torch_memory_saver.disable"],
-                ["sync", "destroy_process_groups"],
-            ]
-            # Paused by init, train, save, recover's sleep, train, save; resumed by train, save, wake, train,
-            # save, wake: one call per transition, none by vime's bodies.
-            assert (result["pauses"], result["resumes"]) == (6, 6)
 
     def test_vimes_stack_reset_follows_every_pause(self, lifecycle_run: list[dict[str, Any]]) -> None:
         """vime's sleep calls reset_cuda_stack_size() after the pause: under the wrap, after every sleep plan."""
@@ -254,10 +166,7 @@ class TestUnderTheAdapter:
 class TestWithoutTheAdapter:
     def test_plain_vime_double_pauses(self, vime_run: list[dict[str, Any]]) -> None:
         """vime's own class: the driver's sleep after update_weights pauses paused memory (TMS exits)."""
-        for result in vime_run:
-            steps = [(s["step"], s["error"] and s["error"].split(":")[0]) for s in result["steps"]]
-            assert steps[:4] == [("init", None), ("train", None), ("save", None), ("update_weights", None)]
-            assert steps[4] == ("sleep", "ProtocolViolation")
+        suite.check_the_plain_sleep_after_a_sync_double_pauses(vime_run)
 
 
 class TestRayTrainGroupUnderTheLaunchSwitch:
@@ -273,12 +182,9 @@ class TestRayTrainGroupUnderTheLaunchSwitch:
             "SlimeLifecycleMixin",
         ]
         assert result["unwrapped"].startswith("UnwrappedClassError")
-        env = result["env_vars"]
-        assert env["TMS_INIT_ENABLE"] == "1" and env["LD_PRELOAD"].endswith("preload_cu12.abi3.so")
-        assert result["init"] is None and result["hook_mode"] == "preload"
-        assert result["states"] == ["PAUSED", "PAUSED", "AWAKE"]
-        record = result["record"]
-        assert record["saved"] == record["trained"] == [e["checksum"] for e in record["engine"]]
+        assert result["env_vars"]["LD_PRELOAD"].endswith("preload_cu12.abi3.so")
+        assert result["init"] is None
+        suite.check_driven_through_the_group(result)
 
     def test_vimes_cu12_preload_on_a_cuda13_torch_is_refused_before_the_first_pause(self) -> None:
         """vime's RayTrainGroup takes torch_memory_saver's cu12 preload library whenever it is installed; a
