@@ -51,6 +51,7 @@ from lifecycle.logs import Event
 __all__ = ["UPDATE_LABEL", "VLLMActorState", "VLLMServerActorLifecycle"]
 
 UPDATE_LABEL = "(update)"  # what a version being loaded is called until its finish names it
+ADMISSIONS = ("after_sync", "at_init")
 
 
 @dataclass
@@ -100,14 +101,13 @@ class VLLMServerActorLifecycle(ServerActorLifecycle):
         return self._lc_state.served
 
     def _lc_admission(self) -> str:
-        if self.lifecycle_admission is not None:
-            if self.lifecycle_admission not in ("after_sync", "at_init"):
-                raise ValueError(
-                    f"{type(self).__name__}.lifecycle_admission must be 'after_sync', 'at_init' or None, "
-                    f"got {self.lifecycle_admission!r}"
-                )
-            return self.lifecycle_admission
-        return "after_sync" if self.lifecycle_server_args().get("enable_sleep_mode") else "at_init"
+        sleeps = self.lifecycle_server_args().get("enable_sleep_mode")
+        chosen = self.lifecycle_admission or ("after_sync" if sleeps else "at_init")
+        if chosen in ADMISSIONS:
+            return chosen
+        raise ValueError(
+            f"{type(self).__name__}.lifecycle_admission: one of {ADMISSIONS} or None, not {chosen!r}"
+        )
 
     def _lc_vllm_start(self, dist_init_addr: str, *, bootstrap_port: Any = None) -> None:
         """The lifecycle, once the server is up: every sleep counts the weights discarded (a level-1

@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from actor_integration.frameworks.launch import FrameworkLaunch, Replacement, install
+from actor_integration.frameworks.launch import FrameworkLaunch, Replacement, install, lifecycle_class
 
 __all__ = ["VIME", "install_vime", "vime", "vime_trainer"]
 
@@ -56,20 +56,12 @@ VIME = FrameworkLaunch(
     ),
 )
 
-_TRAINERS: dict[type, type] = {}
-
 
 def vime_trainer(original: type) -> type:
     """`class LifecycleMegatronTrainRayActor(VimeLifecycleMixin, MegatronTrainRayActor)`, once."""
     from actor_integration.frameworks.vime import VimeLifecycleMixin
 
-    built = _TRAINERS.get(original)
-    if built is None:
-        built = type(
-            f"Lifecycle{original.__name__}", (VimeLifecycleMixin, original), {"__module__": __name__}
-        )
-        _TRAINERS[original] = built
-    return built
+    return lifecycle_class(VimeLifecycleMixin, original, __name__)
 
 
 def install_vime(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:

@@ -47,6 +47,7 @@ from typing import Any, ClassVar
 
 from actor_integration.engines.vllm.guards import VLLM_TAGS
 from actor_integration.engines.vllm.server_actor import VLLMServerActorLifecycle
+from actor_integration.frameworks.launch import lifecycle_class
 
 __all__ = [
     "ROLLOUT_MODULE",
@@ -77,27 +78,12 @@ class VimeRolloutMixin(VLLMServerActorLifecycle):
         """vime's own method `name`: the engine class after the lifecycle's in the bases."""
         return getattr(super(), name)
 
-    def init(
-        self,
-        dist_init_addr: str,
-        port: int,
-        nccl_port: int,
-        host: str | None = None,
-        disaggregation_bootstrap_port: int | None = None,
-        router_ip: str | None = None,
-        router_port: int | None = None,
-    ) -> Any:
-        result = self._own("init")(
-            dist_init_addr,
-            port,
-            nccl_port,
-            host=host,
-            disaggregation_bootstrap_port=disaggregation_bootstrap_port,
-            router_ip=router_ip,
-            router_port=router_port,
-        )
+    def init(self, dist_init_addr: str, *args: Any, **kwargs: Any) -> Any:
+        """vime's init (the server launched, registered unless held back), then the lifecycle."""
+        result = self._own("init")(dist_init_addr, *args, **kwargs)
+        bootstrap = kwargs.get("disaggregation_bootstrap_port", args[3] if len(args) > 3 else None)
         prefill = getattr(self, "worker_type", "regular") == "prefill"
-        self._lc_vllm_start(dist_init_addr, bootstrap_port=disaggregation_bootstrap_port if prefill else None)
+        self._lc_vllm_start(dist_init_addr, bootstrap_port=bootstrap if prefill else None)
         return result
 
     def _register_to_router(self, server_args_dict: dict[str, Any]) -> Any:
@@ -175,18 +161,9 @@ class VimeRolloutMixin(VLLMServerActorLifecycle):
             self._lc_close()
 
 
-_BUILT: dict[type, type] = {}
-
-
 def lifecycle_engine(engine_class: type) -> type:
     """`class LifecycleVLLMEngine(VimeRolloutMixin, engine_class)`, built once per class (Ray pickles it by value)."""
-    built = _BUILT.get(engine_class)
-    if built is None:
-        built = type(
-            f"Lifecycle{engine_class.__name__}", (VimeRolloutMixin, engine_class), {"__module__": __name__}
-        )
-        _BUILT[engine_class] = built
-    return built
+    return lifecycle_class(VimeRolloutMixin, engine_class, __name__)
 
 
 def install() -> type:
