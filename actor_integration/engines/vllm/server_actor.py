@@ -45,7 +45,7 @@ from actor_integration.errors import (
     WeightUpdateNotStartedError,
 )
 from actor_integration.rollout.server_actor import ServerActorLifecycle, as_int
-from lifecycle import Contents, Residency
+from lifecycle import Contents, Residency, State
 from lifecycle.logs import Event
 
 __all__ = ["UPDATE_LABEL", "VLLMActorState", "VLLMServerActorLifecycle"]
@@ -140,6 +140,9 @@ class VLLMServerActorLifecycle(ServerActorLifecycle):
                 "a sleep now would release the weights it is writing. finish_weight_update first.",
                 tags=list(VLLM_TAGS),
             )
+        if lifecycle.state is State.FAILED:
+            self._lc_sleep(None, call)  # refused by the machine, typed (recover first)
+            return
         released = [t for t, r in lifecycle.residency.items() if r is Residency.RELEASED]
         if released and len(released) < len(VLLM_TAGS):
             self._lc_refuse(

@@ -447,6 +447,8 @@ def test_a_killed_server_is_a_typed_error_naming_it_and_the_engine_reports_unhea
     assert world.engine.lifecycle.state is State.FAILED and world.router.urls() == []
     with pytest.raises(LifecycleError):  # vime's health monitor is told: unhealthy, restart it
         world.engine.health_generate(timeout=1.0)
+    with pytest.raises(LifecycleError):  # a FAILED engine sleeps no more until recovered
+        world.engine.release_memory_occupation(level=2)
 
 
 def test_the_lifecycles_requests_are_vllm_0_26_routes_and_vimes_own_missing_route_is_named(world):
