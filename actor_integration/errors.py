@@ -252,12 +252,14 @@ class WeightUpdateBusyError(WeightSyncError):
 
 class DuplicateWeightUpdateStartError(WeightUpdateBusyError):
     """A second `start_weight_update` on one engine before its `finish_weight_update`, from a second
-    would-be coordinator of the slot (vime #57), refused on the trainer's side. Fields: rank, slot."""
+    would-be coordinator of the slot (vime #57), refused on the trainer's side (fields: rank, slot)
+    or at the engine's actor (vime's `VLLMEngine` wrapped; fields: engine, call, open: the call
+    that opened the update in progress)."""
 
 
 class WeightUpdateNotStartedError(WeightSyncError):
-    """Weights sent to, or a finish asked of, an engine that no `start_weight_update` opened.
-    Fields: rank, slot."""
+    """Weights sent to, or a finish asked of, an engine that no `start_weight_update` opened; refused
+    on the trainer's side (fields: rank, slot) or at the engine's actor (fields: engine, call)."""
 
 
 class IncompleteSlotHandlesError(WeightSyncError, ValueError):

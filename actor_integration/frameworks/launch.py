@@ -83,6 +83,7 @@ __all__ = [
     "Replacement",
     "install",
     "job_class",
+    "lifecycle_class",
     "miles",
     "parse_fault_variable",
     "parse_wrap",
@@ -332,14 +333,16 @@ def replaced() -> dict[str, str]:
 # ---------------------------------------------------------------------------------------------- classes
 
 
-_TRAINERS: dict[tuple[type, type], type] = {}
+_BUILT: dict[tuple[type, type], type] = {}
 
 
-def _trainer(mixin: type, original: type) -> type:
-    built = _TRAINERS.get((mixin, original))
+def lifecycle_class(mixin: type, original: type, module: str = __name__) -> type:
+    """`class Lifecycle<Name>(mixin, original)`, built once per pair (Ray pickles it by value);
+    `module` is where it says it comes from."""
+    built = _BUILT.get((mixin, original))
     if built is None:
-        built = type(f"Lifecycle{original.__name__}", (mixin, original), {"__module__": __name__})
-        _TRAINERS[(mixin, original)] = built
+        built = type(f"Lifecycle{original.__name__}", (mixin, original), {"__module__": module})
+        _BUILT[(mixin, original)] = built
     return built
 
 
@@ -347,14 +350,14 @@ def slime_trainer(original: type) -> type:
     """`class LifecycleMegatronTrainRayActor(SlimeLifecycleMixin, MegatronTrainRayActor)`, once."""
     from actor_integration.frameworks.slime import SlimeLifecycleMixin
 
-    return _trainer(SlimeLifecycleMixin, original)
+    return lifecycle_class(SlimeLifecycleMixin, original)
 
 
 def miles_trainer(original: type) -> type:
     """`class LifecycleMegatronTrainRayActor(MilesLifecycleMixin, MegatronTrainRayActor)`, once."""
     from actor_integration.frameworks.miles import MilesLifecycleMixin
 
-    return _trainer(MilesLifecycleMixin, original)
+    return lifecycle_class(MilesLifecycleMixin, original)
 
 
 def _patch(spec: str, module: ModuleType) -> None:

@@ -561,7 +561,8 @@ def fake_set(url: str, **values: Any) -> None:
 
 class FakeRouter:
     """sglang_router's worker API (`/workers`, and the legacy `/add_worker` / `/remove_worker`) and
-    its `/generate`, forwarded round robin to the registered servers (503 with none).
+    its `/generate`, forwarded round robin to the registered servers (503 with none); vllm-router's
+    API is the same, with `/v1/completions` forwarded to vLLM servers.
 
     `kind="miles"` answers as miles' own router (`--use-miles-router`, `miles/router/router.py` at
     31f1ca96) does instead: `POST /add_worker` (the URL in the query or the body; a second add is
@@ -679,6 +680,8 @@ class FakeRouter:
             return 200, {"status": "removed"}
         if path == "/generate" and method == "POST":
             return self._forward(body)
+        if path == "/v1/completions" and method == "POST":  # vllm-router's, to vLLM servers
+            return self._forward(body, path=path)
         return 404, {"error": "Not Found"}
 
     def _handle_as_miles(

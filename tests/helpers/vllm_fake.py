@@ -106,6 +106,7 @@ class FakeVLLM:
         self.calls: list[str] = []
         self.sleeps: list[int] = []  # the level of every sleep call (0: a pause)
         self.update_active = False
+        self.transfer_init: dict[str, Any] | None = None  # /init_weight_transfer_engine's init_info
         self.ipc: dict[int, torch.Tensor] = {}  # what the test's IPC sender "exported", by handle
         self.update_fields = field_names(tree, IPC_UPDATE_INFO)
         self.pause_modes = literal_choices(tree, "vllm.v1.engine.PauseMode")

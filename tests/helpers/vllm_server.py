@@ -4,7 +4,9 @@ Every request is checked against vLLM 0.26.0's routes first (`route_problem`: th
 the query parameters its handler reads) and its JSON body against the request model vLLM parses
 (`CompletionRequest`'s fields, `update_info`'s); a request vLLM would not serve as meant is
 recorded in `problems` and answered 404/400 as FastAPI would. A dead engine leaves the server up
-and answers 500, as vLLM's server does after its EngineCore dies (vllm #57853).
+and answers 500, as vLLM's server does after its EngineCore dies (vllm #57853); with
+`hangs_on_death`, the request whose call killed the engine gets no answer until `close()` (the
+real server's, whose EngineCore segfaulted, leaves its caller waiting out its timeout).
 """
 
 from __future__ import annotations
@@ -23,11 +25,22 @@ from tests.helpers.vllm_source import COMPLETION_REQUEST, field_names, route_pro
 
 
 class FakeVLLMServer:
-    def __init__(self, fake: FakeVLLM, model: str = "tiny") -> None:
+    def __init__(
+        self,
+        fake: FakeVLLM,
+        model: str = "tiny",
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        hangs_on_death: bool = False,
+    ) -> None:
         self.fake = fake
         self.model = model
         self.problems: list[str] = []
         self.requests: list[str] = []
+        self.hangs_on_death = hangs_on_death
+        self.hung: list[str] = []  # requests held unanswered since they killed the engine
+        self.released = threading.Event()  # set by close(): the held requests answer
         self.completion_fields = field_names(fake.tree, COMPLETION_REQUEST)
         server = self
 
@@ -41,12 +54,17 @@ class FakeVLLMServer:
             def do_POST(self) -> None:
                 server._serve(self, "POST")
 
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.httpd = http.server.ThreadingHTTPServer((host, port), Handler)
+        self.httpd.daemon_threads = True
+        self.port = int(self.httpd.server_address[1])
+        self.url = f"http://{host}:{self.port}"
+        self.alive = True
+        self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True)
         self.thread.start()
 
     def close(self) -> None:
+        self.alive = False
+        self.released.set()
         self.httpd.shutdown()
         self.httpd.server_close()
 
@@ -61,12 +79,16 @@ class FakeVLLMServer:
         split = urllib.parse.urlsplit(handler.path)
         query = urllib.parse.parse_qs(split.query)
         body = json.loads(raw) if raw else None
+        alive = self.fake.dead is None
         try:
             status, answer = self._route(split.path, query, body)
         except ValueError as exc:
             status, answer = 400, {"error": str(exc)}
         except Exception as exc:  # the engine's failure, as vLLM's handler reports it
             status, answer = 500, {"error": f"{type(exc).__name__}: {exc}"}
+        if alive and self.fake.dead is not None and self.hangs_on_death:
+            self.hung.append(f"{method} {handler.path}")
+            self.released.wait()
         with contextlib.suppress(
             BrokenPipeError, ConnectionResetError
         ):  # the client gave up (a timeout test)
@@ -111,6 +133,11 @@ class FakeVLLMServer:
                 for i, t in enumerate(tokens)
             ]
             return 200, {"choices": choices}
+        if path == "/init_weight_transfer_engine":
+            if not isinstance(body, dict) or body.get("init_info") is None:
+                return 400, {"detail": "Missing 'init_info' in request body"}
+            fake.transfer_init = dict(body["init_info"])
+            return 200, {"message": "Weight transfer initialized"}
         if path == "/collective_rpc":
             if not all(isinstance(a, str) for a in body.get("args", [])):
                 self.problems.append("collective_rpc passes string arguments only")

@@ -147,6 +147,11 @@ class VLLMAdapter:
 
     # ------------------------------------------------------------------ memory
 
+    def set_sleep_level(self, level: int) -> None:
+        """The level of the next sleep: 1 keeps the weights in host RAM, 2 discards them (see guards.py)."""
+        self.guard.set_level(level)
+        self.sleep_level = level
+
     def release_memory_occupation(self, tags: Sequence[str] | None = None) -> None:
         """Sleep: both tags at the configured level; any other set is refused before vLLM is called."""
         level = self.guard.check_release(tags)

@@ -73,19 +73,35 @@ class SleepGuard:
     `update_owner`: who holds the weight update in progress (one coordinator per slot)."""
 
     def __init__(self, engine: str, level: int) -> None:
-        if level not in SLEEP_LEVELS:
-            raise ValueError(
-                f"{engine}: sleep_level must be 1 (weights to host RAM, KV cache discarded) or 2 (both "
-                f"discarded, a weight load must follow), got {level!r}"
-            )
         self.engine = engine
-        self.level = level
+        self.level = self.checked_level(level)
         self.resident = dict.fromkeys(VLLM_TAGS, True)
         self.weights_discarded = False
         self.weights_mixed: int | None = None  # a version partly loaded (a later round failed)
         self.in_flight = 0
         self.update_owner: str | None = None
         self._lock = threading.Lock()
+
+    def checked_level(self, level: int) -> int:
+        """`level` if vLLM can sleep at it, else the ValueError naming the levels."""
+        if level not in SLEEP_LEVELS:
+            raise ValueError(
+                f"{self.engine}: sleep_level must be 1 (weights to host RAM, KV cache discarded) or 2 (both "
+                f"discarded, a weight load must follow), got {level!r}"
+            )
+        return level
+
+    def set_level(self, level: int) -> None:
+        """The level of the next sleep (a caller that picks it per sleep, as vime's rollout manager does);
+        refused while a tag sleeps: the sleep in force keeps the level it was taken at."""
+        level = self.checked_level(level)
+        asleep = [t for t in VLLM_TAGS if not self.resident[t]]
+        if asleep and level != self.level:
+            raise MemoryStateError(
+                f"{self.engine}: {asleep} asleep at level {self.level}; the level of a sleep is chosen before it",
+                tags=asleep,
+            )
+        self.level = level
 
     # ------------------------------------------------------------------ memory
 

@@ -79,6 +79,10 @@ VIME_FILES: dict[str, str] = {
     "vime/ray/actor_group.py": "20ad96300494c73c321f6e5a055de340fff2554d",
     "vime/utils/tensor_backper.py": "887ea48cd6d45f68e95461606c2011768bb765cc",
     "vime/observability/timer.py": "887ea48cd6d45f68e95461606c2011768bb765cc",
+    # the rollout half (`rollout.py`): vime's vLLM engine actor, its groups' offload levels, its router client
+    "vime/backends/vllm_utils/vllm_engine.py": "8c1c944bc44d99004f17d787a514826e1490b14a",
+    "vime/backends/vllm_utils/engine_group.py": "8c1c944bc44d99004f17d787a514826e1490b14a",
+    "vime/backends/vllm_utils/server_control.py": "8c1c944bc44d99004f17d787a514826e1490b14a",
 }
 VIME_ACTOR_COMMIT = VIME_FILES["vime/backends/megatron_utils/actor.py"][:8]
 VIME_GROUPS_COMMIT = VIME_FILES["vime/utils/reloadable_process_group.py"][:8]

@@ -1,4 +1,5 @@
-"""vime's adapter without vime's source: the #57 slot guard, vime's WORLD names, the launch switch's halves.
+"""vime's adapter without vime's source: the #57 slot guard, vime's WORLD names, the launch switch's halves,
+the rollout class.
 
 vime #57's failure is an 8-GPU vLLM engine fed by eight trainer ranks of Megatron TP=4: the start
 was gated on `tp_rank == 0` (ranks 0 and 4 both pass), and IPC handles were gathered over the TP
@@ -16,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from actor_integration.engines.vllm.server_actor import VLLMServerActorLifecycle
 from actor_integration.errors import LaunchConfigError
 from actor_integration.frameworks.vime import (
     ACCELERATOR_NAMES,
@@ -31,6 +33,7 @@ from actor_integration.frameworks.vime.coordinator import (
     guard_weight_updater,
 )
 from actor_integration.frameworks.vime.launch import VIME, install_vime
+from actor_integration.frameworks.vime.rollout import VimeRolloutMixin, lifecycle_engine, vllm_wake_tags
 from actor_integration.weight_sync.topology import SlotTopology
 from lifecycle.logs import Event
 
@@ -241,18 +244,26 @@ def test_the_stack_reset_follows_sleep_plans_only() -> None:
 
 
 class TestLaunchSwitch:
-    def test_only_the_trainer_is_replaced(self) -> None:
-        assert VIME.halves() == ("trainer",)
-        (replacement,) = VIME.replacements
-        assert (replacement.module, replacement.name) == (
-            "vime.backends.megatron_utils.actor",
-            "MegatronTrainRayActor",
-        )
+    def test_both_halves_are_replaced_where_vime_reads_them(self) -> None:
+        assert VIME.halves() == ("trainer", "rollout")
+        assert [(r.module, r.name) for r in VIME.replacements] == [
+            ("vime.backends.megatron_utils.actor", "MegatronTrainRayActor"),
+            ("vime.backends.vllm_utils.vllm_engine", "VLLMEngine"),
+        ]
 
-    @pytest.mark.parametrize("asked", ["rollout", "trainer,rollout"])
-    def test_asking_for_the_rollout_is_refused(self, asked: str) -> None:
-        with pytest.raises(LaunchConfigError, match="VLLMEngine actor is not covered yet"):
-            install_vime({"RL_LIFECYCLE_WRAP": asked})
+    def test_a_value_that_is_not_a_half_is_refused(self) -> None:
+        with pytest.raises(LaunchConfigError, match="is not a half of the job"):
+            install_vime({"RL_LIFECYCLE_WRAP": "engine"})
+
+    def test_the_rollout_class_is_built_once_with_the_mixin_first(self) -> None:
+        class VLLMEngine:
+            pass
+
+        built = lifecycle_engine(VLLMEngine)
+        assert built is lifecycle_engine(VLLMEngine) and built.__name__ == "LifecycleVLLMEngine"
+        assert built.__mro__[1:3] == (VimeRolloutMixin, VLLMServerActorLifecycle)
+        assert vllm_wake_tags(["kv_cache", "cuda_graph"]) == ["kv_cache"]
+        assert vllm_wake_tags(["cuda_graph"]) is None and vllm_wake_tags(None) is None
 
     def test_a_job_without_vime_is_refused(self, monkeypatch: pytest.MonkeyPatch) -> None:
         # pytest puts tests/actor_integration/frameworks on sys.path, where this suite's folder is named vime.
