@@ -55,7 +55,6 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
-import logging
 import os
 import sys
 import threading
@@ -66,6 +65,7 @@ from types import ModuleType
 from typing import Any, ClassVar, cast
 
 from actor_integration.errors import LaunchConfigError, UnwrappedClassError
+from actor_integration.frameworks.job_output import say
 from lifecycle.faults import Fault, FaultInjector, parse_fault, with_faults
 from lifecycle.table import Hook
 
@@ -97,8 +97,6 @@ FAULT_VARIABLE = "RL_LIFECYCLE_FAULT"
 PREFLIGHT_VARIABLE = "RL_LIFECYCLE_PREFLIGHT"
 HALVES = ("trainer", "rollout")
 PREFLIGHT_MODES = ("error", "warn", "off")
-
-_log = logging.getLogger("rl_lifecycle.launch")
 
 
 @dataclass(frozen=True)
@@ -615,26 +613,3 @@ _LOCK = threading.RLock()
 _FINDER = _AfterImport()
 _INSTALLED: set[tuple[str, tuple[str, ...], Fault | None]] = set()
 _REPLACED: dict[str, str] = {}
-
-
-class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
-    """The process's stderr at each line (a test's capture, a Ray worker's log), not the one at creation."""
-
-    @property
-    def stream(self) -> Any:
-        return sys.stderr
-
-    @stream.setter
-    def stream(self, value: Any) -> None:
-        pass
-
-
-def say(message: str) -> None:
-    """One line on the worker's stderr, which Ray forwards to the job's output ("[rl-lifecycle] ...")."""
-    if not _log.handlers:
-        handler = _Stderr()
-        handler.setFormatter(logging.Formatter("[rl-lifecycle] %(message)s"))
-        _log.addHandler(handler)
-        _log.setLevel(logging.INFO)
-        _log.propagate = False
-    _log.info("%s", message)

@@ -52,7 +52,7 @@ from typing import Any, ClassVar
 
 from actor_integration.engines.sglang.actor import SGLangActorLifecycle, install_into, wrapped_engine
 from actor_integration.errors import LaunchConfigError
-from actor_integration.frameworks.launch import say
+from actor_integration.frameworks.job_output import say
 from actor_integration.rollout.server_watch import ENGINE_POLL_S, watch_engines
 
 __all__ = [
