@@ -32,9 +32,10 @@ from tests.helpers import vime_rollout as calls
 from tests.helpers.framework_source import suite_source
 from tests.helpers.method_sequences import explore, render
 from tests.helpers.sglang_server import FakeRouter
+from tests.helpers.slime_source import LocalActor
 from tests.helpers.spawn import no_crash, run_world
 from tests.helpers.vime_rollout import GARBAGE, KILLERS, METHODS, STALE, check, installed
-from tests.helpers.vime_source import VimeSource, _LocalActor
+from tests.helpers.vime_source import VimeSource
 
 SOURCE: VimeSource | None
 SOURCE, pytestmark, _source_readable = suite_source(VimeSource, "vime's")
@@ -148,7 +149,7 @@ def _rollout_server(env: Env, world: calls.World, *, update_weights: bool) -> An
     group = env.group.ServerGroup(
         args=world.args,
         pg=None,
-        all_engines=[_LocalActor(world.engine)],
+        all_engines=[LocalActor(world.engine)],
         num_gpus_per_engine=1,
         num_new_engines=0,
         needs_offload=True,
