@@ -512,7 +512,7 @@ def _launched_job(location: str, tree: Any, wrap: str) -> dict[str, Any]:
         )
         server_group.start_engines()  # the engines' init ran here (Ray in this process)
         engine = server_group.all_engines[0].instance
-        out["class"] = [c.__name__ for c in type(engine).__mro__[:3]]
+        out["class"] = [c.__name__ for c in type(engine).__mro__[:5]]
         out["listed_at_init"] = router.urls()
         server = group.RolloutServer(server_groups=[server_group], update_weights=True)
         world = calls.World(type(engine), launched, router, args, engine=engine)
@@ -538,7 +538,14 @@ def test_the_launch_switch_puts_the_engines_vimes_group_creates_under_the_lifecy
     no_crash([result])
     rollout, trainer = result["rollout"], result["trainer"]
     assert rollout["halves"] == ["rollout"]
-    assert rollout["class"] == ["LifecycleVLLMEngine", "VimeRolloutMixin", "VLLMServerActorLifecycle"]
+    # the job's class (JobLifecycle first: typed failures, RL_LIFECYCLE_FAULT) over the lifecycle class
+    assert rollout["class"] == [
+        "LifecycleVLLMEngine",
+        "JobLifecycle",
+        "LifecycleVLLMEngine",
+        "VimeRolloutMixin",
+        "VLLMServerActorLifecycle",
+    ]
     assert rollout["listed_at_init"] == [] and rollout["listed"] and rollout["state"] == "AWAKE"
     assert rollout["unwrapped"] == "UnwrappedClassError"
     assert trainer["halves"] == ["trainer"] and trainer["class"][0] == "VLLMEngine"
