@@ -22,10 +22,13 @@ from actor_integration.rollout.server_watch import ServerProcesses, died_error, 
 
 
 def _server(ready: Any) -> None:
-    """A server process with a child of its own, as SGLang's launch_server starts its scheduler."""
+    """A server process with a child of its own, as SGLang's launch_server starts its scheduler.
+    It outlives its child (reaped, as a server's loop would), so that only the watch's kill ends it:
+    exiting on the child's death would race the test's look at the exit code."""
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     ready.put(child.pid)
     child.wait()
+    time.sleep(120)
 
 
 @pytest.fixture
