@@ -12,6 +12,7 @@ did not recur here in 131 runs. What is under test is the worker's result, not t
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -32,6 +33,8 @@ import torch.multiprocessing as mp
 import lifecycle
 
 Worker = Callable[..., dict[str, Any]]
+_RETURNED = "rl-lifecycle/spawn/returned"
+_ALL_RETURNED = "rl-lifecycle/spawn/all-returned"
 
 
 def run_world(worker: Worker, world_size: int, *args: Any, deadline_s: float = 60.0) -> list[dict[str, Any]]:
@@ -80,9 +83,26 @@ def _entry(rank: int, worker: Worker, world_size: int, port: int, out: str, args
     except BaseException as exc:
         result = {"crash": f"{exc!r}\n{traceback.format_exc()}"}
     finally:
+        _leave_together(store, world_size)
         if dist.is_initialized():
             dist.destroy_process_group()
     (Path(out) / f"rank{rank}.json").write_text(json.dumps(result))
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)  # no interpreter finalization: see the module's docstring
+
+
+def _leave_together(store: dist.TCPStore, world_size: int) -> None:
+    """Wait (the launcher's store's 30 s at most) until every rank's worker has returned.
+
+    Rank 0's process hosts the default group's store, which its `destroy_process_group()` and its exit
+    take down, while a peer may not yet have seen the end of its last meeting on that store (the
+    lifecycle's rendezvous): that peer then "lost the rendezvous store". slime's generic-mixin run
+    (its update_weights fails on both ranks) lost a rank so about one run in eight once a garbage
+    collection on the peer fell in that window; none with collection off or with the ranks leaving
+    together. A rank that never returns is the deadline's to end.
+    """
+    if store.add(_RETURNED, 1) == world_size:
+        store.set(_ALL_RETURNED, "1")
+    with contextlib.suppress(dist.DistError):
+        store.wait([_ALL_RETURNED])
