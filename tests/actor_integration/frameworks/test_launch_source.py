@@ -200,7 +200,7 @@ def _slime_critic(rank: int, world_size: int, store: Any, location: str, commit:
     )
     out["create"] = critic.create(rollout_manager=RolloutManager())
     actor = critic._actor_handlers[0].instance
-    out["mro"] = [c.__name__ for c in type(actor).__mro__][:4]
+    out["mro"] = [c.__name__ for c in type(actor).__mro__][:6]
     out["snapshot"] = {k: actor.lifecycle_state()[k] for k in ("state", "role")}
     out["hook_mode"] = actor.lifecycle.hooks.memory.hook_mode
     out["train"] = error_of(lambda: critic.async_train(0, rollout(0)))
@@ -220,6 +220,8 @@ def test_slimes_critic_built_without_actor_cls_runs_under_the_lifecycle(slime: S
     assert result["halves"] == ["trainer"]
     # Ray is played in this process: the class RayTrainGroup gets from slime's module is created as is.
     assert result["mro"] == [
+        "LifecycleMegatronTrainRayActor",  # the job's class (`launch.job_class`)
+        "JobLifecycle",
         "LifecycleMegatronTrainRayActor",
         "SlimeLifecycleMixin",
         "LifecycleMixin",
@@ -240,7 +242,7 @@ def _miles_actor(rank: int, world_size: int, store: Any, location: str, commit: 
     actor_module = install(MilesSource(Path(location), commit))
     out: dict[str, Any] = {"halves": launch.install(launch.MILES, {"RL_LIFECYCLE_WRAP": "trainer"})}
     cls = actor_module.MegatronTrainRayActor
-    out["mro"] = [c.__name__ for c in cls.__mro__][:3]
+    out["mro"] = [c.__name__ for c in cls.__mro__][:5]
     factory = sys.modules["miles.ray.train.actor_factory"]
     out["factory_resolves"] = (
         factory.__dict__.get("MegatronTrainRayActor") is None
@@ -251,5 +253,11 @@ def _miles_actor(rank: int, world_size: int, store: Any, location: str, commit: 
 def test_miles_trainer_is_replaced_in_its_actor_module(miles: MilesSource) -> None:
     (result,) = run_world(_miles_actor, 1, str(miles.location), miles.commit, deadline_s=240.0)
     no_crash([result])
-    assert result["mro"] == ["LifecycleMegatronTrainRayActor", "MilesLifecycleMixin", "LifecycleMixin"]
+    assert result["mro"] == [
+        "LifecycleMegatronTrainRayActor",  # the job's class (`launch.job_class`)
+        "JobLifecycle",
+        "LifecycleMegatronTrainRayActor",
+        "MilesLifecycleMixin",
+        "LifecycleMixin",
+    ]
     assert result["factory_resolves"] is True

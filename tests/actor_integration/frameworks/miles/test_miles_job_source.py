@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
@@ -145,6 +146,13 @@ def jobs(stage: Any) -> dict[str, tuple[miles_job.JobRun, dict[str, list[dict[st
     times = {stand_ins.GENERATE_SECONDS_ENV: "0.5", stand_ins.TRAIN_SECONDS_ENV: "0.3"}
     with ThreadPoolExecutor(2) as pool:
         colocated = pool.submit(_run, stage, "train.py", *COLOCATED, logs="train-logs")
+        # miles picks each engine's port from 15000 in each job: two jobs picking before either server
+        # binds would launch two servers on one port, and the loser's engine would drive the winner's
+        # (its own server dead: EngineDiedError). The second starts once the first's server is up.
+        started = stage[0].logs.parent / "train-logs" / "rollout-rank0.jsonl"  # written when it is
+        deadline = time.monotonic() + 300
+        while not started.exists() and not colocated.done() and time.monotonic() < deadline:
+            time.sleep(0.2)
         overlapped = pool.submit(_run, stage, "train_async.py", *ASYNC, env=times, logs="async-logs")
         done = {"train.py": colocated.result(), "train_async.py": overlapped.result()}
     return {script: (result, suite.logs(job), suite.check(job)) for script, (result, job) in done.items()}
