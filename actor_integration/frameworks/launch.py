@@ -70,6 +70,7 @@ from lifecycle.faults import Fault, FaultInjector, parse_fault, with_faults
 from lifecycle.table import Hook
 
 __all__ = [
+    "BUDGET_VARIABLE",
     "FAULT_VARIABLE",
     "HALVES",
     "MILES",
@@ -95,6 +96,7 @@ __all__ = [
 WRAP_VARIABLE = "RL_LIFECYCLE_WRAP"
 FAULT_VARIABLE = "RL_LIFECYCLE_FAULT"
 PREFLIGHT_VARIABLE = "RL_LIFECYCLE_PREFLIGHT"
+BUDGET_VARIABLE = "RL_LIFECYCLE_MEMORY_BUDGET"  # read by the framework's trainer adapter (`memory_budget`)
 HALVES = ("trainer", "rollout")
 PREFLIGHT_MODES = ("error", "warn", "off")
 
@@ -132,6 +134,9 @@ class FrameworkLaunch:
     preflight_at: str | None = None
     engine_watch: tuple[tuple[str, str], ...] = ()
     job_needs: str | None = None  # "module:function" (args, framework=) -> JobNeeds, for the preflight
+    # "module:function" (environ, args=None) -> str | None: the trainer's RL_LIFECYCLE_MEMORY_BUDGET checked at
+    # install (its value) and where the preflight runs (the job's flags); None: the framework's trainer has none
+    memory_budget: str | None = None
     machine: str = "actor_integration.tools.preflight:describe_ray_cluster"  # "module:function" () -> Machine
 
     def halves(self) -> tuple[str, ...]:
@@ -178,6 +183,7 @@ SLIME = FrameworkLaunch(
         ("slime.rollout.base_types", "actor_integration.frameworks.slime.rollout:watch_rollouts"),
     ),
     job_needs="actor_integration.tools.preflight:slime_job_needs",
+    memory_budget="actor_integration.frameworks.slime.budget:check_budget",
 )
 
 MILES = FrameworkLaunch(
@@ -293,6 +299,7 @@ def install(launch: FrameworkLaunch, environ: Mapping[str, str] | None = None) -
             variable=PREFLIGHT_VARIABLE,
         )
     fault = parse_fault_variable(env.get(FAULT_VARIABLE), launch, halves)
+    budget = _check_budget_variable(launch, halves, env)
     chosen = [r for r in launch.replacements if r.half in halves]
     _require_modules(launch, chosen)
     with _LOCK:
@@ -303,15 +310,16 @@ def install(launch: FrameworkLaunch, environ: Mapping[str, str] | None = None) -
             armed = fault if fault is not None and fault.role == replacement.half else None
             _FINDER.after_import(replacement.defined_in, functools.partial(_guard, launch, replacement))
             _FINDER.after_import(replacement.module, functools.partial(_replace, launch, replacement, armed))
-        if launch.preflight_at is not None and mode != "off":
+        if launch.preflight_at is not None and (mode != "off" or budget is not None):
             module, _, function = launch.preflight_at.partition(":")
-            _FINDER.after_import(module, functools.partial(_preflight_first, launch, function, mode))
+            _FINDER.after_import(module, functools.partial(_preflight_first, launch, function, mode, env))
         for module, watch in launch.engine_watch if "rollout" in halves else ():
             _FINDER.after_import(module, functools.partial(_patch, watch))
     say(
         f"{launch.framework} job: {WRAP_VARIABLE}={','.join(halves)}: "
         + "; ".join(f"{r.name} ({r.runs}) from {r.module}" for r in chosen)
         + " under the lifecycle"
+        + (f"; {budget}" if budget is not None else "")
         + (
             f"; {FAULT_VARIABLE}={fault.role}:{fault.hook}@{fault.step}: call {fault.step} of {fault.hook} "
             f"raises in every {fault.role} actor (testing only)"
@@ -526,8 +534,35 @@ def _module_file(root: Path, parts: list[str]) -> bool:
 # ---------------------------------------------------------------------------------------------- preflight
 
 
-def _preflight_first(launch: FrameworkLaunch, function: str, mode: str, module: ModuleType) -> None:
-    """`module.function(args, ...)` (where the rollout manager starts the engines) runs the preflight first."""
+def _check_budget_variable(
+    launch: FrameworkLaunch, halves: tuple[str, ...], env: Mapping[str, str]
+) -> str | None:
+    """`RL_LIFECYCLE_MEMORY_BUDGET`'s value, refused where nothing would read it (never ignored in silence)."""
+    value = (env.get(BUDGET_VARIABLE) or "").strip()
+    if not value or value.lower() == "off":
+        return None
+    if launch.memory_budget is None:
+        raise LaunchConfigError(
+            f"{BUDGET_VARIABLE}={value!r}: {launch.framework}'s trainer adapter has no memory budget (slime's has); "
+            f"its every sleep releases everything. Unset {BUDGET_VARIABLE}",
+            framework=launch.framework,
+            variable=BUDGET_VARIABLE,
+        )
+    if "trainer" not in halves:
+        raise LaunchConfigError(
+            f"{BUDGET_VARIABLE}={value!r} plans the wrapped trainer's sleep, and {WRAP_VARIABLE}={','.join(halves)} "
+            f"leaves the trainer {launch.framework}'s own: add 'trainer' to {WRAP_VARIABLE} or unset {BUDGET_VARIABLE}",
+            framework=launch.framework,
+            variable=BUDGET_VARIABLE,
+        )
+    return cast("str | None", _resolve(launch.memory_budget)(env))
+
+
+def _preflight_first(
+    launch: FrameworkLaunch, function: str, mode: str, env: Mapping[str, str], module: ModuleType
+) -> None:
+    """`module.function(args, ...)` (where the rollout manager starts the engines, before the trainers are
+    created) runs the preflight first (unless `mode` is off), and the memory budget's check of the flags."""
     original = getattr(module, function, None)
     if not callable(original) or getattr(original, "_rl_lifecycle_preflight", False):
         return
@@ -536,7 +571,15 @@ def _preflight_first(launch: FrameworkLaunch, function: str, mode: str, module: 
     def checked(args: Any, *rest: Any, **kwargs: Any) -> Any:
         from actor_integration.tools.preflight import check_job
 
-        needs = _resolve(launch.job_needs)(args, framework=launch.framework) if launch.job_needs else None
+        if launch.memory_budget is not None:
+            line = _resolve(launch.memory_budget)(env, args)
+            if line is not None:
+                say(f"{launch.framework} memory budget: {line}")
+        needs = (
+            _resolve(launch.job_needs)(args, framework=launch.framework)
+            if launch.job_needs and mode != "off"
+            else None
+        )
         if needs is not None:
             report = check_job(_resolve(launch.machine)(), needs, refuse=mode == "error")
             say(f"{launch.framework} preflight: {report}")

@@ -17,6 +17,9 @@ logs its plan (`lifecycle.budget`). The ranks agree on one plan over the default
 Unset (or `off`): slime's full sleep, as without this module. Refused (`LaunchConfigError`): any
 other value; `rollout` without `--colocate` (the engines have GPUs of their own: nothing to free for
 them) or without `--sglang-mem-fraction-static` (SGLang's automatic fraction is not known here).
+Under the launch switch these are refused before any GPU work (`check_budget`): the value when the
+switch installs in each worker, the flags where the rollout manager is about to start the engines
+(before the trainers are created).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from typing import Any
 
 from actor_integration.errors import LaunchConfigError
 
-__all__ = ["BUDGET_MODES", "BUDGET_VARIABLE", "budget_mode", "rollout_need_bytes"]
+__all__ = ["BUDGET_MODES", "BUDGET_VARIABLE", "budget_mode", "check_budget", "rollout_need_bytes"]
 
 BUDGET_VARIABLE = "RL_LIFECYCLE_MEMORY_BUDGET"
 BUDGET_MODES = ("off", "rollout")
@@ -69,3 +72,18 @@ def rollout_need_bytes(args: Any, device_total_bytes: int) -> int:
             variable=BUDGET_VARIABLE,
         )
     return int(float(fraction) * device_total_bytes)
+
+
+def check_budget(environ: Mapping[str, str], args: Any = None) -> str | None:
+    """The job's budget setting, checked before any GPU work: its value (always) and, given the job's
+    parsed flags, what `rollout` needs of them. Returns a line for the job's output, or None when off."""
+    if budget_mode(environ) == "off":
+        return None
+    if args is None:
+        return f"{BUDGET_VARIABLE}=rollout"
+    rollout_need_bytes(args, 1)  # the flags only: the device's size is the trainer's to read
+    fraction = float(args.sglang_mem_fraction_static)
+    return (
+        f"{BUDGET_VARIABLE}=rollout: each trainer sleep frees only what leaves {fraction:g} of its GPU free "
+        "(--sglang-mem-fraction-static) for the colocated engines"
+    )

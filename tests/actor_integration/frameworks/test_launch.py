@@ -8,6 +8,7 @@ Ray cluster, test_slime_job_source.py.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import os
@@ -163,6 +164,81 @@ class TestPreflightBeforeTheEngines:
         launch.install(launch_for(framework), {"RL_LIFECYCLE_PREFLIGHT": "off"})
         rollout = __import__(f"{framework}.rollout", fromlist=["start_servers"])
         assert not hasattr(rollout.start_servers, "__wrapped__")
+
+
+class _Args(dict):  # type: ignore[type-arg]
+    """The fake framework's flags (read by key) as slime's argparse namespace too (read by attribute)."""
+
+    def __getattr__(self, name: str) -> Any:
+        return self.get(name)
+
+
+class TestMemoryBudgetVariable:
+    """`RL_LIFECYCLE_MEMORY_BUDGET`: checked before any GPU work, never ignored in silence."""
+
+    SLIME_CHECK = "actor_integration.frameworks.slime.budget:check_budget"
+
+    def test_the_launch_reads_slimes_variable(self) -> None:
+        from actor_integration.frameworks.slime.budget import BUDGET_VARIABLE
+
+        assert launch.BUDGET_VARIABLE == BUDGET_VARIABLE
+        assert launch.SLIME.memory_budget == self.SLIME_CHECK and launch.MILES.memory_budget is None
+
+    @pytest.mark.parametrize("value", ["rollout", "on"])
+    def test_a_framework_whose_trainer_has_none_refuses_it(self, value: str) -> None:
+        with pytest.raises(LaunchConfigError, match=r"miles's trainer adapter has no memory budget .*Unset"):
+            launch.install(launch.MILES, {"RL_LIFECYCLE_MEMORY_BUDGET": value})
+
+    @pytest.mark.parametrize("value", ["", " ", "off", "OFF"])
+    def test_off_or_unset_is_nothing_anywhere(self, framework: str, value: str) -> None:
+        launch.install(launch_for(framework), {"RL_LIFECYCLE_MEMORY_BUDGET": value})
+        rollout = __import__(f"{framework}.rollout", fromlist=["start_servers"])
+        assert isinstance(rollout.start_servers({"gpus": 1}), FakeLifecycle)
+
+    def test_a_bad_value_is_refused_at_install(self, framework: str) -> None:
+        fw = dataclasses.replace(launch_for(framework), memory_budget=self.SLIME_CHECK)
+        with pytest.raises(LaunchConfigError, match=r"RL_LIFECYCLE_MEMORY_BUDGET='half': use 'rollout'"):
+            launch.install(fw, {"RL_LIFECYCLE_MEMORY_BUDGET": "half"})
+        assert not [name for name in launch.replaced() if name.startswith(f"{framework}.")]
+
+    def test_without_the_trainer_wrapped_it_is_refused(self, framework: str) -> None:
+        fw = dataclasses.replace(launch_for(framework), memory_budget=self.SLIME_CHECK)
+        with pytest.raises(
+            LaunchConfigError, match=r"RL_LIFECYCLE_WRAP=rollout leaves the trainer .* add 'trainer'"
+        ):
+            launch.install(fw, {"RL_LIFECYCLE_MEMORY_BUDGET": "rollout", "RL_LIFECYCLE_WRAP": "rollout"})
+
+    @pytest.mark.parametrize("preflight", ["error", "off"])
+    @pytest.mark.parametrize(
+        ("flags", "says"),
+        [
+            ({}, "no --colocate"),
+            ({"colocate": True}, "pass --sglang-mem-fraction-static"),
+            ({"colocate": True, "sglang_mem_fraction_static": 1.5}, "it must be in"),
+        ],
+    )
+    def test_the_jobs_flags_are_refused_before_an_engine_starts(
+        self, framework: str, preflight: str, flags: dict[str, Any], says: str
+    ) -> None:
+        fw = dataclasses.replace(launch_for(framework), memory_budget=self.SLIME_CHECK)
+        launch.install(fw, {"RL_LIFECYCLE_MEMORY_BUDGET": "rollout", "RL_LIFECYCLE_PREFLIGHT": preflight})
+        rollout = __import__(f"{framework}.rollout", fromlist=["start_servers"])
+        with pytest.raises(LaunchConfigError, match=says):  # not an engine: start_servers never ran
+            rollout.start_servers(_Args(gpus=1, **flags))
+
+    def test_the_job_says_what_each_sleep_leaves_free(
+        self, framework: str, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        fw = dataclasses.replace(launch_for(framework), memory_budget=self.SLIME_CHECK)
+        launch.install(fw, {"RL_LIFECYCLE_MEMORY_BUDGET": "rollout"})
+        assert "; RL_LIFECYCLE_MEMORY_BUDGET=rollout" in capsys.readouterr().err
+        rollout = __import__(f"{framework}.rollout", fromlist=["start_servers"])
+        engine = rollout.start_servers(_Args(gpus=1, colocate=True, sglang_mem_fraction_static=0.5))
+        assert isinstance(engine, FakeLifecycle)
+        assert (
+            f"[rl-lifecycle] {framework} memory budget: RL_LIFECYCLE_MEMORY_BUDGET=rollout: each trainer sleep "
+            "frees only what leaves 0.5 of its GPU free" in capsys.readouterr().err
+        )
 
 
 class TestFaultVariable:

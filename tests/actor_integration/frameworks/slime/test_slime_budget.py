@@ -14,7 +14,12 @@ from typing import Any
 import pytest
 
 from actor_integration.errors import LaunchConfigError
-from actor_integration.frameworks.slime.budget import BUDGET_VARIABLE, budget_mode, rollout_need_bytes
+from actor_integration.frameworks.slime.budget import (
+    BUDGET_VARIABLE,
+    budget_mode,
+    check_budget,
+    rollout_need_bytes,
+)
 from tests.helpers.spawn import no_crash, run_world
 
 GIB = 1 << 30
@@ -35,6 +40,26 @@ class TestTheVariable:
         ) as caught:
             budget_mode({BUDGET_VARIABLE: "on"})
         assert caught.value.fields == {"variable": BUDGET_VARIABLE}
+
+
+class TestTheLaunchCheck:
+    """What the launch switch runs before any GPU work (`FrameworkLaunch.memory_budget`)."""
+
+    def test_off_says_nothing(self) -> None:
+        assert (
+            check_budget({}) is None and check_budget({BUDGET_VARIABLE: "off"}, argparse.Namespace()) is None
+        )
+
+    def test_the_value_alone_at_install(self) -> None:
+        assert check_budget({BUDGET_VARIABLE: "rollout"}) == f"{BUDGET_VARIABLE}=rollout"
+        with pytest.raises(LaunchConfigError, match="use 'rollout'"):
+            check_budget({BUDGET_VARIABLE: "yes"})
+
+    def test_the_flags_before_the_engines(self) -> None:
+        args = argparse.Namespace(colocate=True, sglang_mem_fraction_static=0.4)
+        assert "leaves 0.4 of its GPU free" in (check_budget({BUDGET_VARIABLE: "rollout"}, args) or "")
+        with pytest.raises(LaunchConfigError, match="no --colocate"):
+            check_budget({BUDGET_VARIABLE: "rollout"}, argparse.Namespace(sglang_mem_fraction_static=0.4))
 
 
 class TestTheNeed:
