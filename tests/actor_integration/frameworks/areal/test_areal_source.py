@@ -127,7 +127,8 @@ class TestAReaLsRecover:
     generation stayed paused hung admission)."""
 
     def _recover(self, server, *, wrapped, checkpoint):
-        return _one(recover_rank, server.url, wrapped, checkpoint, tempfile.mkdtemp(prefix="areal-recover-"))
+        with tempfile.TemporaryDirectory(prefix="areal-recover-") as root:
+            return _one(recover_rank, server.url, wrapped, checkpoint, root)
 
     def test_plain_a_missing_checkpoint_is_swallowed_and_the_rollout_left_paused_and_released(self, server):
         assert self._recover(server, wrapped=False, checkpoint=False) == {"returned": None}
