@@ -2,6 +2,7 @@
 
 import io
 import os
+import shutil
 import tempfile
 
 import pytest
@@ -9,8 +10,20 @@ import pytest
 import lifecycle
 
 lifecycle.configure_logging(stream=io.StringIO(), level="warning")
-# Actors the tests start (Ray workers inherit this) write their per-rank logs here, not into the checkout.
-os.environ.setdefault("RL_LIFECYCLE_LOG_DIR", tempfile.mkdtemp(prefix="rl-lifecycle-test-logs-"))
+# Actors the tests start (Ray workers inherit this) write their per-rank logs here, not into the checkout;
+# removed after a session that passed, kept (and named) after one that failed.
+_LOG_DIR = None
+if "RL_LIFECYCLE_LOG_DIR" not in os.environ:
+    _LOG_DIR = os.environ["RL_LIFECYCLE_LOG_DIR"] = tempfile.mkdtemp(prefix="rl-lifecycle-test-logs-")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _LOG_DIR is None:
+        return
+    if exitstatus == 0:
+        shutil.rmtree(_LOG_DIR, ignore_errors=True)
+    else:
+        print(f"\nthe test actors' lifecycle logs are kept in {_LOG_DIR}")
 
 
 def start_local_ray(ray):
