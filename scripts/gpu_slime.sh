@@ -82,7 +82,7 @@ finish() { # the table, and what comes back
         cp "$WORK/gpu-slime.md" "$OUT/"
         cp "$WORK/imports.log" "$OUT/" 2>/dev/null
         cp "$E2E/report.txt" "$OUT/" 2>/dev/null
-        tar -czf "$OUT/gpu-slime-logs.tgz" --exclude='ckpt-*' --exclude=tiny --exclude='session_*/sockets' \
+        tar -czf "$OUT/gpu-slime-logs.tgz" --exclude='ckpt-*' --exclude=tiny --exclude='cache-*' --exclude='session_*/sockets' \
             -C "$WORK" . 2>/dev/null
         [[ -d $SLW/tvmffi ]] && tar -czf "$OUT/tvmffi.tgz" -C "$SLW/tvmffi" . 2>/dev/null
     fi

@@ -119,8 +119,12 @@ runtime_env() {  # runtime_env NAME [LOGS [EXTRA]]: the job's runtime env JSON i
   # LOGS (its RL_LIFECYCLE_LOG_DIR) is given, EXTRA more env_vars (', "NAME": "VALUE"')
   local name="$1" logs="${2:-}" extra="${3:-}"
   local env_vars
-  env_vars=$(printf '"PYTHONPATH": "%s:%s%s", "CUDA_DEVICE_MAX_CONNECTIONS": "1", "TENSORBOARD_DIR": "%s"' \
-    "$MEGATRON_DIR" "$REPO" "${PYTHONPATH:+:$PYTHONPATH}" "$OUT/tb-$name")
+  # Each job compiles its kernels into caches of its own, emptied first: a job run after another would
+  # otherwise find Triton's kernels (SGLang's triton attention) compiled, and its first step be faster.
+  rm -rf "$OUT/cache-$name"
+  env_vars=$(printf '"PYTHONPATH": "%s:%s%s", "CUDA_DEVICE_MAX_CONNECTIONS": "1", "TENSORBOARD_DIR": "%s", "TRITON_CACHE_DIR": "%s", "TORCHINDUCTOR_CACHE_DIR": "%s"' \
+    "$MEGATRON_DIR" "$REPO" "${PYTHONPATH:+:$PYTHONPATH}" "$OUT/tb-$name" "$OUT/cache-$name/triton" \
+    "$OUT/cache-$name/inductor")
   if [ -n "$logs" ]; then
     RUNTIME=$(printf '{"worker_process_setup_hook": "actor_integration.frameworks.launch.slime", "env_vars": {%s, "RL_LIFECYCLE_WRAP": "trainer,rollout", "RL_LIFECYCLE_LOG_DIR": "%s"%s}}' \
       "$env_vars" "$logs" "$extra")
