@@ -56,13 +56,11 @@ import contextlib
 import gc
 import json
 import os
-import statistics
 import sys
-import tempfile
 import time
 import traceback
-from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Callable
+from dataclasses import asdict, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -73,239 +71,46 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # run as a script from anywhere: import the repo's packages
 
-GIB = 2**30
-TARGET_S = 1.2
-TARGET_RATIO = 10.0
-COLUMNS = ("slime", "ours")  # as printed; run ours first, so a run cut short still has it
-WAY_COLUMNS = {"suspend": "ours-suspend", "keep": "ours-keep"}  # ours with another communicators= way
-WAYS = ("destroy", "suspend", "keep")
-# The memory budget (issue 31): the rollout's KV cache set so the trainer's budgeted sleep releases
-# nothing, part (the smaller tag), or all (both tags and the communicators).
-BUDGETS = ("fits", "part", "all")
-BUDGET_COLUMNS = {b: f"budget-{b}" for b in BUDGETS}
-# The full sleep (no budget) on the budget columns' two tags, the rollout sized as for budget-all:
-# the baseline that variant must not be slower than, under the same nearly full device.
-BUDGET_COLUMNS["full"] = "full-kv-all"
-# budget-part with the `params` tag kept by the backend's own pinned copy and restored by the SMs
-# (`TorchMemorySaverBackend(device_restore=["params"])`) instead of torch_memory_saver's copy
-# engines, which run at half speed right after the rollout's release (--sm-restore adds it).
-SM_COLUMNS = {"budget-part-sm": "part"}
-BUDGET_TAGS = ("params", "optimizer")  # bf16 weights + grads | fp32 main + Adam m, v
-CALIBRATION_STEPS = 2  # full sleeps before the need is set: the sleep's figures, learned and measured
-TARGET_FITS_S = 0.05
-TARGET_PART_SLACK_S = 0.1
-SMOKE_DEVICE = 24 << 20  # --cpu-smoke: the simulated device the budget plans on (bytes)
-SMOKE_GROUPS = 2 << 20  # --cpu-smoke: what the simulated communicators hold while alive
-
-
-def budget_margin(cfg: Config) -> int:
-    """The budget's safety margin: MemoryBudget's default 1 GiB on a GPU, 256 KiB in the CPU smoke."""
-    return GIB if cfg.gpu else 256 << 10
-
-
-@dataclass(frozen=True)
-class Sizes:
-    """The model shape (Qwen3-0.6B by default) and the rollout's KV cache."""
-
-    layers: int = 28
-    hidden: int = 1024
-    q_dim: int = 2048  # 16 heads x 128
-    kv_dim: int = 1024  # 8 KV heads x 128
-    ffn: int = 3072
-    vocab: int = 151936
-    kv_cache_bytes: int = 4 * GIB
-    bucket_bytes: int = 512 << 20
-
-    def parameters(self) -> list[tuple[str, tuple[int, ...]]]:
-        """254 parameters: embedding, 9 per layer, final norm."""
-        h = self.hidden
-        shapes: list[tuple[str, tuple[int, ...]]] = [("embed.weight", (self.vocab, h))]
-        for i in range(self.layers):
-            p = f"layers.{i}."
-            shapes += [
-                (p + "attn.q.weight", (self.q_dim, h)),
-                (p + "attn.k.weight", (self.kv_dim, h)),
-                (p + "attn.v.weight", (self.kv_dim, h)),
-                (p + "attn.o.weight", (h, self.q_dim)),
-                (p + "mlp.gate.weight", (self.ffn, h)),
-                (p + "mlp.up.weight", (self.ffn, h)),
-                (p + "mlp.down.weight", (h, self.ffn)),
-                (p + "input_norm.weight", (h,)),
-                (p + "post_norm.weight", (h,)),
-            ]
-        return [*shapes, ("final_norm.weight", (h,))]
-
-
-SMOKE = Sizes(
-    layers=2,
-    hidden=64,
-    q_dim=128,
-    kv_dim=64,
-    ffn=192,
-    vocab=512,
-    kv_cache_bytes=1 << 20,
-    bucket_bytes=256 << 10,
+from benchmarks.phase_switch_common import (  # noqa: E402
+    BUDGET_COLUMNS,
+    BUDGET_TAGS,
+    BUDGETS,
+    CALIBRATION_STEPS,
+    COLUMNS,
+    GIB,
+    SM_COLUMNS,
+    SMOKE,
+    SMOKE_DEVICE,
+    SMOKE_GROUPS,
+    WAY_COLUMNS,
+    WAYS,
+    Config,
+    Sizes,
+    _numel,
+    allocate_split,
+    allocate_state,
+    buckets_of,
+    budget_margin,
+    ceilings,
+    init_megatron,
+    new_store,
+    pinned_copy,
+    raw_saver,
+    run_spawned,
+    state_intact,
+    sync,
+    timed,
+    used_gib,
+    warm_groups,
 )
-
-
-@dataclass(frozen=True)
-class Config:
-    sizes: Sizes
-    device: str  # "cuda" or "cpu"
-    groups: str  # "megatron" or "subgroups"
-    steps: int
-    slime_steps: int
-    timeout_s: float
-
-    @property
-    def gpu(self) -> bool:
-        return self.device == "cuda"
-
-    @property
-    def backend(self) -> str:
-        return "nccl" if self.gpu else "gloo"
-
-
-# ---------------------------------------------------------------------------------------------- shared
-
-
-def sync() -> None:
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.synchronize()
-
-
-def timed(fn: Callable[[], Any]) -> float:
-    start = time.perf_counter()
-    fn()
-    sync()
-    return time.perf_counter() - start
-
-
-def used_gib() -> float | None:
-    if not torch.cuda.is_initialized():
-        return None
-    free, total = torch.cuda.mem_get_info()
-    return round((total - free) / GIB, 2)
-
-
-def allocate_state(sizes: Sizes, device: str) -> tuple[dict[str, torch.Tensor], list[torch.Tensor]]:
-    """The training state: bf16 weights (returned by name) and the fp32 main, Adam m/v and bf16 grads."""
-    weights: dict[str, torch.Tensor] = {}
-    others: list[torch.Tensor] = []
-    for i, (name, shape) in enumerate(sizes.parameters()):
-        value = float(i % 7 + 1)  # exact in bf16: checked after every wake
-        weights[name] = torch.empty(shape, dtype=torch.bfloat16, device=device).fill_(value)
-        others.append(torch.empty(shape, dtype=torch.float32, device=device).fill_(value))  # main
-        others += [torch.zeros(shape, dtype=torch.float32, device=device) for _ in range(2)]  # Adam m, v
-        others.append(torch.zeros(shape, dtype=torch.bfloat16, device=device))  # grad
-    return weights, others
-
-
-def allocate_split(
-    sizes: Sizes, device: str, memory: Any
-) -> tuple[dict[str, torch.Tensor], list[torch.Tensor], dict[str, int]]:
-    """The same training state in the budget's two tags: `params` (bf16 weights and grads) and
-    `optimizer` (fp32 main, Adam m and v); with each tag's bytes."""
-    weights: dict[str, torch.Tensor] = {}
-    others: list[torch.Tensor] = []
-    with memory.region("params"):
-        for i, (name, shape) in enumerate(sizes.parameters()):
-            weights[name] = torch.empty(shape, dtype=torch.bfloat16, device=device).fill_(float(i % 7 + 1))
-            others.append(torch.zeros(shape, dtype=torch.bfloat16, device=device))  # grad
-    with memory.region("optimizer"):
-        for i, (_name, shape) in enumerate(sizes.parameters()):
-            others.append(torch.empty(shape, dtype=torch.float32, device=device).fill_(float(i % 7 + 1)))
-            others += [torch.zeros(shape, dtype=torch.float32, device=device) for _ in range(2)]
-    numel = sum(_numel(s) for _, s in sizes.parameters())
-    return weights, others, {"params": numel * 4, "optimizer": numel * 12}
-
-
-def state_intact(weights: dict[str, torch.Tensor]) -> bool:
-    firsts = torch.stack([w.reshape(-1)[0].float() for w in weights.values()]).cpu()
-    expected = torch.tensor([float(i % 7 + 1) for i in range(len(weights))])
-    return bool(torch.equal(firsts, expected))
-
-
-def pinned_copy(weights: dict[str, torch.Tensor], gpu: bool) -> dict[str, torch.Tensor]:
-    """The trainer's CPU weight backup the sync reads while the trainer sleeps."""
-    return {n: torch.empty(w.shape, dtype=w.dtype, pin_memory=gpu).copy_(w) for n, w in weights.items()}
-
-
-def warm_groups() -> int:
-    """One collective on every registered process group, as a first training step after a rebuild."""
-    import torch.distributed as dist
-
-    groups = list(dist.distributed_c10d._world.pg_map)
-    for pg in groups:
-        on_gpu = "nccl" in str(dist.get_backend(pg))
-        dist.all_reduce(torch.ones(1, device="cuda" if on_gpu else "cpu"), group=pg)
-    sync()
-    return len(groups)
-
-
-def buckets_of(sizes: Sizes, names: list[str]) -> list[list[str]]:
-    shapes = dict(sizes.parameters())
-    out: list[list[str]] = [[]]
-    filled = 0
-    for name in names:
-        nbytes = 2 * _numel(shapes[name])
-        if out[-1] and filled + nbytes > sizes.bucket_bytes:
-            out.append([])
-            filled = 0
-        out[-1].append(name)
-        filled += nbytes
-    return out
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
-
-
-class NoSaver:
-    """torch_memory_saver's singleton interface where there is none (CPU smoke): nothing is released."""
-
-    hook_mode = "torch"
-    retain_cpu_backup = False
-
-    @contextlib.contextmanager
-    def region(self, tag: str = "default", enable_cpu_backup: bool = False) -> Iterator[None]:
-        yield
-
-    def pause(self, tag: str | None = None) -> None:
-        pass
-
-    def resume(self, tag: str | None = None) -> None:
-        pass
-
-    @contextlib.contextmanager
-    def disable(self) -> Iterator[None]:
-        yield
-
-
-def raw_saver(gpu: bool) -> Any:
-    if not gpu:
-        return NoSaver()
-    from torch_memory_saver import torch_memory_saver
-
-    torch_memory_saver.hook_mode = "torch"
-    return torch_memory_saver
-
-
-def new_store() -> Any:
-    import torch.distributed as dist
-
-    return dist.TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False)
-
-
-def init_megatron() -> Any:
-    from megatron.core import parallel_state as ps
-
-    ps.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
-    return ps
-
+from benchmarks.phase_switch_report import (  # noqa: E402
+    budget_of,
+    budget_verdict,
+    print_report,
+    summarize,
+    verdict,
+)
+from benchmarks.phase_switch_ways import run_teardown, run_way, suspend_unreachable  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------- rollout
 
@@ -863,13 +668,6 @@ def column_main(column: str, cfg: Config, out: str) -> None:
     os._exit(0)  # torch_memory_saver's torch hook mode may exit(1) at teardown: the result is written
 
 
-def budget_of(column: str) -> str | None:
-    """The memory-budget variant a column runs ("fits", "part", "all"), or None: no budget."""
-    if column in SM_COLUMNS:
-        return SM_COLUMNS[column]
-    return next((b for b, name in BUDGET_COLUMNS.items() if name == column), None)
-
-
 def planned_columns(ways: list[str], budgets: list[str], sm_restore: bool) -> list[str]:
     """The columns a run makes, in order: ours first (a run cut short still has it)."""
     return [
@@ -933,157 +731,6 @@ def run_column(column: str, cfg: Config) -> dict[str, Any]:
     return run_spawned(column_main, (column, cfg), cfg.timeout_s, {"column": column})
 
 
-def run_spawned(
-    target: Callable[..., None], args: tuple[Any, ...], timeout_s: float, label: dict[str, Any]
-) -> dict[str, Any]:
-    """`target(*args, out)` in a spawned process, which writes its JSON result to `out`; the result,
-    or `label` with the error when the process outlived `timeout_s` or wrote nothing."""
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    with tempfile.TemporaryDirectory() as tmp:
-        out = str(Path(tmp) / "result.json")
-        process = ctx.Process(target=target, args=(*args, out))
-        process.start()
-        process.join(timeout_s)
-        if process.is_alive():
-            process.kill()
-            return {**label, "error": f"timed out after {timeout_s} s"}
-        if not Path(out).exists():
-            return {**label, "error": f"exited with code {process.exitcode} and no result"}
-        result: dict[str, Any] = json.loads(Path(out).read_text())
-        return result
-
-
-# ---------------------------------------------------------------------------------------------- teardown
-
-
-def teardown_main(cfg: Config, out: str) -> None:
-    """WORLD + 16 subgroups, each warmed: torch's serial destroy vs ours; rebuilt lazily vs connect()."""
-    import torch.distributed as dist
-    from torch.distributed.distributed_c10d import PrefixStore
-
-    import lifecycle
-    from actor_integration.backends.process_groups import ReloadableProcessGroups
-
-    lifecycle.configure_logging(stream=open(os.devnull, "w"), level="warning")  # noqa: SIM115
-    result: dict[str, Any] = {}
-    try:
-        if cfg.gpu:
-            torch.cuda.set_device(0)
-        base = used_gib()
-        # torch's own teardown: WORLD + 16 subgroups, one communicator after another.
-        store = new_store()
-        dist.init_process_group(cfg.backend, store=PrefixStore("serial", store), rank=0, world_size=1)
-        for _ in range(16):
-            dist.new_group([0])
-        warm_groups()
-        awake = used_gib()
-        result["serial_destroy_s"] = timed(dist.destroy_process_group)
-        result["serial_freed_gib"] = None if awake is None else round(awake - (used_gib() or 0.0), 2)
-        # ours: the same groups (and the gloo side channel) through ReloadableProcessGroups.
-        groups = ReloadableProcessGroups.init(
-            backend=cfg.backend, rank=0, world_size=1, store=new_store(), timeout=timedelta(seconds=300)
-        )
-        for i in range(16):
-            groups.new_group([0], name=f"g{i}")
-        warm_groups()
-        awake = used_gib()
-        for i in range(2):
-            result[f"concurrent_destroy_{i}_s"] = timed(groups.destroy)
-            result[f"concurrent_freed_{i}_gib"] = (
-                None if awake is None else round(awake - (used_gib() or 0.0), 2)
-            )
-            result[f"reload_{i}_s"] = timed(groups.reload)
-            if i == 0:  # each communicator created by its group's first collective, one by one
-                result["lazy_first_collectives_s"] = timed(warm_groups)
-            else:  # every communicator created at once, then the same collectives
-                result["connect_s"] = timed(groups.connect)
-                result["after_connect_collectives_s"] = timed(warm_groups)
-        result["base_used_gib"] = base
-        groups.close()
-    except BaseException as exc:
-        result["error"] = f"{exc!r}\n{traceback.format_exc()}"
-    Path(out).write_text(json.dumps(result, default=str))
-    os._exit(0)
-
-
-def run_teardown(cfg: Config) -> dict[str, Any]:
-    return run_spawned(teardown_main, (cfg,), cfg.timeout_s, {})
-
-
-# ---------------------------------------------------------------------------------------------- ways
-
-WAY_CYCLES = 2
-
-
-def way_main(cfg: Config, way: str, out: str) -> None:
-    """One way of treating the communicators on WORLD + 16 warmed subgroups, in a process of its own."""
-    import lifecycle
-    from actor_integration.backends.process_groups import ReloadableProcessGroups
-    from lifecycle.logs import Event
-
-    lifecycle.configure_logging(stream=open(os.devnull, "w"), level="warning")  # noqa: SIM115
-    result: dict[str, Any] = {"way": way, "cycles": []}
-    try:
-        if cfg.gpu:
-            torch.cuda.set_device(0)
-        groups = ReloadableProcessGroups.init(
-            backend=cfg.backend,
-            rank=0,
-            world_size=1,
-            store=new_store(),
-            timeout=timedelta(seconds=300),
-            communicators=way,
-        )
-        for i in range(16):
-            groups.new_group([0], name=f"g{i}")
-        result["first_collectives_s"] = timed(warm_groups)
-        with lifecycle.capture_events("debug") as events:
-            for _ in range(WAY_CYCLES):
-                awake = used_gib()
-                mark = len(events)
-                free_s = timed(groups.destroy)
-                asleep = used_gib()
-                back_s = timed(groups.reload)
-                after_s = timed(warm_groups)
-                destroyed = next(e for e in events[mark:] if e.get("event") == Event.GROUPS_DESTROYED)
-                result["cycles"].append(
-                    {
-                        "free_s": free_s,
-                        "freed_gib": None if awake is None or asleep is None else round(awake - asleep, 2),
-                        "nccl_freed_gib": None
-                        if destroyed.get("bytes") is None
-                        else destroyed["bytes"] / GIB,
-                        "measured_by": destroyed.get("measured_by"),
-                        "held_gib": None
-                        if destroyed.get("held_bytes") is None
-                        else destroyed["held_bytes"] / GIB,
-                        "fell_back": destroyed.get("fell_back"),
-                        "back_s": back_s,
-                        "first_collectives_s": after_s,
-                        "used_awake_gib": awake,
-                    }
-                )
-        groups.close()
-    except BaseException as exc:
-        result["error"] = f"{exc!r}\n{traceback.format_exc()}"
-    Path(out).write_text(json.dumps(result, default=str))
-    os._exit(0)
-
-
-def run_way(cfg: Config, way: str) -> dict[str, Any]:
-    return run_spawned(way_main, (cfg, way), cfg.timeout_s, {"way": way})
-
-
-def suspend_unreachable(cfg: Config) -> str | None:
-    """Why communicators="suspend" cannot run here (the children inherit this process's NCCL), or None."""
-    from actor_integration.backends.process_groups import nccl_suspend_support
-
-    support = nccl_suspend_support(cfg.backend)
-    return None if support.available else support.reason
-
-
 def with_nccl_library(path: Path, argv: list[str]) -> None:
     """Run this script again with `path` first in LD_PRELOAD, so torch (and every child) uses it."""
     preload = os.environ.get("LD_PRELOAD", "")
@@ -1094,308 +741,6 @@ def with_nccl_library(path: Path, argv: list[str]) -> None:
     env = {**os.environ, "LD_PRELOAD": ":".join(p for p in (str(path), preload) if p)}
     print(f"re-running with LD_PRELOAD={env['LD_PRELOAD']}", flush=True)
     os.execve(sys.executable, [sys.executable, str(Path(__file__).resolve()), *argv], env)
-
-
-# ---------------------------------------------------------------------------------------------- ceilings
-
-
-def ceilings(cfg: Config) -> dict[str, float | None]:
-    if not cfg.gpu:
-        return {"pcie_d2h_gbps": None, "pcie_h2d_gbps": None, "d2d_gbps": None}
-    nbytes = 4 * GIB
-    buf = {
-        "host": torch.empty(nbytes, dtype=torch.uint8, pin_memory=True),
-        "device": torch.empty(nbytes, dtype=torch.uint8, device="cuda"),
-        "other": torch.empty(nbytes, dtype=torch.uint8, device="cuda"),
-    }
-    out: dict[str, float | None] = {}
-    for key, fn in (
-        ("pcie_d2h_gbps", lambda: buf["host"].copy_(buf["device"], non_blocking=True)),
-        ("pcie_h2d_gbps", lambda: buf["device"].copy_(buf["host"], non_blocking=True)),
-        ("d2d_gbps", lambda: buf["other"].copy_(buf["device"])),
-    ):
-        fn()
-        out[key] = round(nbytes / 1e9 / statistics.median(timed(fn) for _ in range(3)), 1)
-    buf.clear()
-    torch.cuda.empty_cache()
-    return out
-
-
-# ---------------------------------------------------------------------------------------------- report
-
-# (label, key, counted in the lifecycle total)
-ROWS: tuple[tuple[str, str], ...] = (
-    ("rollout sleep", "rollout.sleep"),
-    ("trainer wake", "wake"),
-    ("  memory.resume", "wake.memory.resume"),
-    ("  clear_memory", "wake.clear_memory"),
-    ("  process_groups.reload", "wake.process_groups.reload"),
-    ("train body: 1 collective per group *", "body"),
-    ("trainer sleep", "sleep"),
-    ("  clear_memory", "sleep.clear_memory"),
-    ("  process_groups.destroy", "sleep.process_groups.destroy"),
-    ("  memory.pause", "sleep.memory.pause"),
-    ("rollout wake weights", "rollout.wake_weights"),
-    ("sync", "sync"),
-    ("  groups up (process_groups.reload)", "sync.groups_up"),
-    ("  transfer", "sync.transfer"),
-    ("  groups down (process_groups.destroy)", "sync.groups_down"),
-    ("rollout wake kv_cache", "rollout.wake_kv"),
-)
-
-
-def summarize(result: dict[str, Any]) -> dict[str, Any]:
-    steps: list[dict[str, float]] = result.get("steps") or []
-    if not steps:
-        return {}
-    # Each step's lifecycle first, then the medians: a median of steps minus a median of bodies
-    # can pair one step's wall with another's body.
-    steps = [{**s, "lifecycle": s["step"] - s.get("body", 0.0)} for s in steps]
-    rest = steps[1:] or steps
-    keys = {k for s in steps for k in s}
-    steady = {k: statistics.median(s.get(k, 0.0) for s in rest) for k in keys}
-    return {"first": steps[0], "steady": steady}
-
-
-def print_report(report: dict[str, Any]) -> None:
-    order = [*COLUMNS, *WAY_COLUMNS.values(), *BUDGET_COLUMNS.values(), *SM_COLUMNS]
-    shown = [c for c in order if c in report["columns"] and "skipped" not in report["columns"][c]]
-    summary = {c: report["summary"].get(c, {}) for c in shown}
-    steady = {c: summary[c].get("steady", {}) for c in shown}
-    parallel = {
-        "wake.memory.resume",
-        "wake.process_groups.reload",
-        "sleep.process_groups.destroy",
-        "sleep.memory.pause",
-    }
-
-    def cell(rows: dict[str, float], key: str, mark: bool = False) -> str:
-        if key not in rows:
-            return "-"
-        return f"{rows[key]:.3f}" + (" ||" if mark and key in parallel else "")
-
-    def line(label: str, cells: list[str]) -> None:
-        print(f"{label:<40} " + " ".join(f"{c:>14}" for c in cells))
-
-    cfg = report["config"]
-    print()
-    nccl = report.get("nccl_loaded")
-    print(
-        f"phase switch, one colocated step ({report['device']}, {report['state_gib']:.2f} GiB training state in "
-        f"{report['state_tensors']} tensors, {report['weights_gb']:.2f} GB bf16 weights synced, "
-        f"groups: {cfg['groups']}, NCCL loaded: {nccl['version'] if nccl else 'none'}); seconds, "
-        "steady = median of steps 2..n"
-    )
-    names = {"slime": "slime-style"}
-    line("phase / hook", [names.get(c, c) for c in shown])
-    print("-" * (41 + 15 * len(shown)))
-    for label, key in ROWS:
-        line(label, [cell(steady[c], key, mark=c != "slime") for c in shown])
-    print("-" * (41 + 15 * len(shown)))
-    for label, key in (
-        ("lifecycle per step (step - body)", "lifecycle"),
-        ("  trainer's (train-body + sync groups)", "trainer"),
-        ("step wall", "step"),
-    ):
-        line(label, [cell(steady[c], key) for c in shown])
-    line("first step: lifecycle", [cell(summary[c].get("first", {}), "lifecycle") for c in shown])
-    line("GPU used after the step, GiB (device)", [cell(steady[c], "asleep_used_gib") for c in shown])
-    line("groups freed by the sleep, GiB", [cell(steady[c], "sleep.groups_freed_gib") for c in shown])
-    ran = [report["columns"].get(c, {}).get("steps") for c in shown]
-    line(
-        "state intact after every wake", [str(all(r.get("intact") for r in st)) if st else "-" for st in ran]
-    )
-    for column, result in report["columns"].items():
-        if "skipped" in result:
-            print(f"{column}: skipped ({result['skipped']})")
-    print("|| = hooks of one stage, run together (each its own time; the edge takes the longest)")
-    print("*  not lifecycle: the first collective on each group creates the communicators a wake rebuilt")
-    c = report["ceilings"]
-    if c.get("pcie_d2h_gbps"):
-        floor = report["state_gib"] * GIB / 1e9 * (1 / c["pcie_d2h_gbps"] + 1 / c["pcie_h2d_gbps"])
-        print(
-            f"ceilings (same run): PCIe pinned D2H {c['pcie_d2h_gbps']} GB/s, H2D {c['pcie_h2d_gbps']} GB/s, "
-            f"D2D {c['d2d_gbps']} GB/s; the state down and up at PCIe speed = {floor:.3f} s"
-        )
-    v = report["verdict"]
-    if v:
-        print(
-            f"targets: ours <= {TARGET_S} s of lifecycle per step: {v['ours_lifecycle_s']:.3f} s "
-            f"({'met' if v['meets_time'] else 'missed'}); >= {TARGET_RATIO:.0f}x slime-style: "
-            f"{v['speedup']:.1f}x ({'met' if v['meets_ratio'] else 'missed'})"
-        )
-        print("ours, where the lifecycle time goes: " + ", ".join(f"{k} {t:.3f} s" for k, t in v["largest"]))
-    t = report.get("teardown") or {}
-    if t and "error" not in t:
-        print(
-            f"teardown, WORLD + 16 subgroups warmed (1 rank): torch's serial destroy {t['serial_destroy_s']:.3f} s "
-            f"(freed {t['serial_freed_gib']} GiB); ours (+ gloo side channel) {t['concurrent_destroy_0_s']:.3f} / "
-            f"{t['concurrent_destroy_1_s']:.3f} s (freed {t['concurrent_freed_0_gib']} / {t['concurrent_freed_1_gib']} GiB)"
-        )
-        print(
-            f"rebuild: reload {t['reload_0_s']:.3f} s + first collectives one by one {t['lazy_first_collectives_s']:.3f} s; "
-            f"reload {t['reload_1_s']:.3f} s + connect() at once {t['connect_s']:.3f} s + the collectives "
-            f"{t['after_connect_collectives_s']:.3f} s"
-        )
-    elif t:
-        print(f"teardown section failed: {t['error'][:500]}")
-    print_ways(report.get("ways") or {})
-    print_budget(report.get("budget") or {})
-    for column, result in report["columns"].items():
-        if result.get("error"):
-            print(f"{column} FAILED: {result['error'][:1500]}")
-
-
-def print_ways(ways: dict[str, Any]) -> None:
-    """The ways section: one row per way, medians over its cycles."""
-    if not ways:
-        return
-    print()
-    print(
-        "communicators on sleep, WORLD + 16 warmed subgroups (1 rank), seconds and GiB, "
-        f"median of {WAY_CYCLES} cycles (freed: device-wide mem_get_info; NCCL: ncclCommMemStats)"
-    )
-    header = (
-        f"{'way':<10} {'free':>8} {'freed':>8} {'NCCL says':>10} {'held':>8} {'bring back':>11} "
-        f"{'1st coll.':>10}  notes"
-    )
-    print(header)
-    print("-" * len(header))
-    for way in WAYS:
-        result = ways.get(way)
-        if result is None:
-            continue
-        if "skipped" in result or "error" in result:
-            why = result.get("skipped") or f"FAILED: {result['error'][:300]}"
-            print(f"{way:<10} {why}")
-            continue
-        cycles = result["cycles"]
-
-        def med(key: str, cycles: list[dict[str, Any]] = cycles) -> str:
-            values = [c[key] for c in cycles if c.get(key) is not None]
-            return f"{statistics.median(values):.3f}" if values else "-"
-
-        fell = [c["fell_back"] for c in cycles if c.get("fell_back")]
-        notes = f"fell back: {fell[0]}" if fell else ""
-        print(
-            f"{way:<10} {med('free_s'):>8} {med('freed_gib'):>8} {med('nccl_freed_gib'):>10} "
-            f"{med('held_gib'):>8} {med('back_s'):>11} {med('first_collectives_s'):>10}  {notes}"
-        )
-
-
-def budget_verdict(report: dict[str, Any]) -> dict[str, Any]:
-    """Per budget column (and ours, the full sleep): need, releases, bytes moved, the trainer's
-    lifecycle per step, and its target (issue 31) with the PCIe figures of this run."""
-    c = report["ceilings"]
-    d2h, h2d = c.get("pcie_d2h_gbps"), c.get("pcie_h2d_gbps")
-    rows: dict[str, Any] = {}
-    full_column = "full-kv-all" if report["summary"].get("full-kv-all") else "ours"
-    full = report["summary"].get(full_column, {}).get("steady")
-    for column in ("ours", "full-kv-all", *(BUDGET_COLUMNS[b] for b in BUDGETS), *SM_COLUMNS):
-        result = report["columns"].get(column)
-        steady = report["summary"].get(column, {}).get("steady")
-        if not result or not steady or (column != "ours" and "need" not in result):
-            continue
-        plans = (result.get("plans") or [])[1:] or (result.get("plans") or [])  # the steady steps'
-        released = sorted({tuple(p["released"]) for p in plans}) if plans else []
-        row: dict[str, Any] = {
-            "trainer_s": steady["trainer"],
-            "lifecycle_s": steady["lifecycle"],
-            "moved_bytes": steady.get("moved_bytes", 0.0),
-            "released": [list(r) for r in released] if budget_of(column) in BUDGETS else None,
-            "need_bytes": result.get("need", {}).get("need_bytes"),
-            "required_bytes": result.get("need", {}).get("required_bytes"),
-            "met_every_check": all(p.get("met") for p in result.get("plans") or [])
-            if budget_of(column) in BUDGETS
-            else None,
-        }
-        budget = budget_of(column)
-        if budget == "fits":
-            row["target_s"], row["target"] = TARGET_FITS_S, f"<= {TARGET_FITS_S:.3f} s"
-        elif budget == "part":
-            if d2h and h2d:
-                floor = row["moved_bytes"] / 1e9 * (1 / d2h + 1 / h2d)
-                row["target_s"] = floor + TARGET_PART_SLACK_S
-                row["target"] = (
-                    f"<= moved / PCIe {floor:.3f} + {TARGET_PART_SLACK_S} = {row['target_s']:.3f} s"
-                )
-            else:
-                row["target_s"], row["target"] = None, "moved / PCIe + 0.1 s: no PCIe figure (CPU)"
-        elif budget == "all":
-            row["target_s"] = full["trainer"] if full else None
-            row["target"] = (
-                f"<= the full sleep ({full_column}) {full['trainer']:.3f} s"
-                if full
-                else "the full sleep: not run"
-            )
-        if budget in BUDGETS:
-            row["met"] = None if row["target_s"] is None else row["trainer_s"] <= row["target_s"]
-        rows[column] = row
-    return {"pcie_d2h_gbps": d2h, "pcie_h2d_gbps": h2d, "columns": rows} if rows else {}
-
-
-def print_budget(budget: dict[str, Any]) -> None:
-    """The memory-budget section: one row per budget column, ours (the full sleep) first."""
-    if not budget:
-        return
-    print()
-    pcie = (
-        f"PCIe in this run: D2H {budget['pcie_d2h_gbps']} GB/s, H2D {budget['pcie_h2d_gbps']} GB/s"
-        if budget["pcie_d2h_gbps"]
-        else "no PCIe figure (CPU)"
-    )
-    print(
-        "memory budget (issue 31): the rollout's KV cache sized so the trainer's sleep must release nothing, "
-        f"part, or all; steady = median of steps 2..n; trainer = its lifecycle per step; {pcie}"
-    )
-    header = (
-        f"{'column':<14} {'need GiB':>9} {'to free':>9} {'released':<34} {'moved GiB':>10} "
-        f"{'trainer s':>10} {'lifecycle s':>12}  target"
-    )
-    print(header)
-    print("-" * (len(header) + 40))
-    for column, row in budget["columns"].items():
-        need = "-" if row["need_bytes"] is None else f"{row['need_bytes'] / GIB:.2f}"
-        required = "-" if row["required_bytes"] is None else f"{max(0, row['required_bytes']) / GIB:.2f}"
-        if row["released"] is None:
-            released = "everything (no budget)"
-        else:
-            released = " / ".join(", ".join(r) or "nothing" for r in row["released"]) or "-"
-        target = row.get(
-            "target",
-            "(today's full sleep)" if column == "ours" else "(the full sleep, rollout as budget-all)",
-        )
-        if "met" in row:
-            target += "" if row["met"] is None else (": met" if row["met"] else ": MISSED")
-        if row["met_every_check"] is False:
-            target += "; a check found the need not free"
-        print(
-            f"{column:<14} {need:>9} {required:>9} {released:<34} {row['moved_bytes'] / GIB:>10.2f} "
-            f"{row['trainer_s']:>10.3f} {row['lifecycle_s']:>12.3f}  {target}"
-        )
-    print(
-        "to free: GiB the sleep had to free (need + margin - free at the sleep); moved: each released tag down at the "
-        "sleep and up at the next wake (so twice over PCIe)"
-    )
-
-
-def verdict(summary: dict[str, Any]) -> dict[str, Any]:
-    slime, ours = summary.get("slime", {}).get("steady"), summary.get("ours", {}).get("steady")
-    if not slime or not ours:
-        return {}
-    parts = {
-        k: ours[k]
-        for k in ("rollout.sleep", "wake", "sleep", "rollout.wake_weights", "sync", "rollout.wake_kv")
-        if k in ours
-    }
-    return {
-        "ours_lifecycle_s": ours["lifecycle"],
-        "slime_lifecycle_s": slime["lifecycle"],
-        "speedup": slime["lifecycle"] / ours["lifecycle"],
-        "meets_time": ours["lifecycle"] <= TARGET_S,
-        "meets_ratio": slime["lifecycle"] / ours["lifecycle"] >= TARGET_RATIO,
-        "largest": sorted(parts.items(), key=lambda kv: -kv[1])[:3],
-    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -65,7 +65,7 @@ def _training_state(cpu_smoke: bool) -> Callable[[Any, str], tuple[Any, ...]]:
     """slime's `initialize_model_and_optimizer`, returning the 0.6B-shaped state (tiny on the CPU smoke)."""
     import torch
 
-    from benchmarks.bench_phase_switch import Sizes, allocate_state
+    from benchmarks.phase_switch_common import Sizes, allocate_state
 
     sizes = Sizes(layers=2, hidden=64, q_dim=64, kv_dim=32, ffn=128, vocab=256) if cpu_smoke else Sizes()
 
