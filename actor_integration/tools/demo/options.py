@@ -102,7 +102,8 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
         "--transport",
         choices=["auto", "cuda_ipc", "shm", "disk"],
         default="auto",
-        help="weight transport (default auto: cuda_ipc where CUDA IPC export works, shm otherwise)",
+        help="weight transport (default auto: cuda_ipc where CUDA IPC export works, shm otherwise; "
+        "--engine vllm takes cuda_ipc or shm)",
     )
     parser.add_argument(
         "--device", choices=["auto", "cpu", "cuda"], default="auto", help="default: cuda if available"
