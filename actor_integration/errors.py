@@ -215,8 +215,8 @@ class EngineNotIdleError(LifecycleError, RuntimeError):
 
 
 class EngineDiedError(LifecycleError, RuntimeError):
-    """A process of the rollout engine exited (SGLang's scheduler or detokenizer): the engine can
-    neither serve nor release memory any more. Fields: process (its name), pid, exitcode (None
+    """A process of the rollout engine exited (SGLang's scheduler or detokenizer, vLLM's EngineCore):
+    the engine can neither serve nor release memory any more. Fields: process (its name), pid, exitcode (None
     when unknown), call (what the adapter was doing), waited_s."""
 
 

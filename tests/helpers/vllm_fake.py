@@ -14,13 +14,19 @@ v1/worker/gpu_worker.py) and the field's reports (docs/frameworks/vllm.md):
 - the weight-transfer session: start while active, update or finish without start are refused;
   `update_weights` parses `update_info` with vLLM's field names and loads through `load_weights`;
 - `collective_rpc(method, args=...)` runs the method on each worker (the real
-  `LifecycleWorkerExtension` mixed into a stand-in worker).
+  `LifecycleWorkerExtension` mixed into a stand-in worker);
+- `llm_engine.engine_core`, vLLM's client of its EngineCore: with `engine_core_process()` a
+  multiprocess client (`resources.engine_manager.processes`) whose EngineCore is a real child
+  process; once it exited, every call raises `EngineDeadError` as vLLM's client does after its
+  monitor saw the death. Without it, an in-process client (no process of its own).
 """
 
 from __future__ import annotations
 
 import ast
 import hashlib
+import multiprocessing
+import time
 import types
 from typing import Any
 
@@ -32,6 +38,7 @@ from tests.helpers.vllm_source import (
     IPC_UPDATE_INFO,
     LLM,
     LLM_ENGINE,
+    MP_CLIENT,
     SAMPLING_PARAMS,
     binds,
     construct,
@@ -40,6 +47,15 @@ from tests.helpers.vllm_source import (
 )
 
 VOCAB = 97
+ENGINE_DEAD_MESSAGE = "EngineCore encountered an issue. See stack trace (above) for the root cause."
+
+
+class EngineDeadError(Exception):
+    """vLLM's `vllm.v1.engine.exceptions.EngineDeadError` (its name and message): what its client
+    raises once EngineCore died."""
+
+    def __init__(self) -> None:
+        super().__init__(ENGINE_DEAD_MESSAGE)
 
 
 def weights(seed: int = 0) -> dict[str, torch.Tensor]:
@@ -110,11 +126,23 @@ class FakeVLLM:
         self.ipc: dict[int, torch.Tensor] = {}  # what the test's IPC sender "exported", by handle
         self.update_fields = field_names(tree, IPC_UPDATE_INFO)
         self.pause_modes = literal_choices(tree, "vllm.v1.engine.PauseMode")
+        self.core: Any = None  # the child process standing for EngineCore (`engine_core_process`)
+        self.reported_dead = False  # EngineCore told the client it died (vLLM's ENGINE_CORE_DEAD)
+
+    def engine_core_process(self) -> Any:
+        """Start a child process named as vLLM names its EngineCore, standing for it: kill it and the
+        client answers `EngineDeadError`. The caller ends it (`shutdown`, or kill it)."""
+        context = multiprocessing.get_context("fork")
+        self.core = context.Process(target=time.sleep, args=(600,), name="EngineCore", daemon=True)
+        self.core.start()
+        return self.core
 
     # ------------------------------------------------------------------ engine semantics
 
     def call(self, name: str) -> None:
         self.calls.append(name)
+        if self.reported_dead or (self.core is not None and not self.core.is_alive()):
+            raise EngineDeadError()
         if self.dead is not None:
             raise RuntimeError(f"EngineCore died ({self.dead}): EngineDeadError")
 
@@ -218,11 +246,31 @@ class FakeVLLM:
         trainer_args["send_mode"](types.SimpleNamespace(**info).__dict__)
 
 
+class FakeEngineCoreClient:
+    """`LLMEngine.engine_core`: vLLM's `MPClient` where the fake has an EngineCore process (its
+    `resources.engine_manager.processes`), else an in-process client with no `resources`."""
+
+    def __init__(self, fake: FakeVLLM) -> None:
+        self._fake = fake
+        if fake.core is not None:
+            self.resources = types.SimpleNamespace(
+                engine_manager=types.SimpleNamespace(processes=[fake.core]), engine_dead=False
+            )
+
+    def shutdown(self, *args: Any, **kwargs: Any) -> None:
+        binds(self._fake.tree, MP_CLIENT, "shutdown", args, kwargs)
+        core = self._fake.core
+        if core is not None and core.is_alive():
+            core.kill()
+            core.join(timeout=5)
+
+
 class FakeLLMEngine:
-    """`LLM.llm_engine`: the config the adapter reads and the unfinished-request count."""
+    """`LLM.llm_engine`: the config the adapter reads, the unfinished-request count, the EngineCore client."""
 
     def __init__(self, fake: FakeVLLM, *, sleep_mode: bool) -> None:
         self._fake = fake
+        self.engine_core = FakeEngineCoreClient(fake)
         self.vllm_config = types.SimpleNamespace(
             model_config=types.SimpleNamespace(enable_sleep_mode=sleep_mode),
             parallel_config=types.SimpleNamespace(tensor_parallel_size=fake.tp),

@@ -36,6 +36,7 @@ WHEEL_TAGS += ("--abi", "abi3")
 
 LLM = "vllm.entrypoints.llm.LLM"
 LLM_ENGINE = "vllm.v1.engine.llm_engine.LLMEngine"
+MP_CLIENT = "vllm.v1.engine.core_client.MPClient"
 SAMPLING_PARAMS = "vllm.sampling_params.SamplingParams"
 IPC_UPDATE_INFO = "vllm.distributed.weight_transfer.ipc_engine.IPCWeightTransferUpdateInfo"
 IPC_ENGINE = "vllm.distributed.weight_transfer.ipc_engine.IPCWeightTransferEngine"

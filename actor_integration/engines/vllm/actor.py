@@ -15,7 +15,7 @@ them in host RAM and discards only the KV cache.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from actor_integration.engines.vllm.base import VLLMAdapter
@@ -37,18 +37,20 @@ class VLLMMemory(QueryableEngineMemory):
 
 
 class VLLMRolloutActor(RolloutActor):
-    """A `RolloutActor` over `VLLMEngine` or `VLLMHTTPEngine` (or a factory of one). Takes
+    """A `RolloutActor` over `VLLMEngine` or `VLLMHTTPEngine` (or a factory of one), or over a wrapper
+    that delegates every call to one and names it as `wrapped` (the demo's fault injector). Takes
     `RolloutActor`'s keyword arguments; `discard_on_release` defaults to what the engine's sleep
     level discards."""
 
-    def __init__(self, engine: VLLMAdapter | Callable[[], VLLMAdapter], **kwargs: Any) -> None:
-        built = engine if isinstance(engine, VLLMAdapter) else engine()
-        if not isinstance(built, VLLMAdapter):
+    def __init__(self, engine: Any, **kwargs: Any) -> None:
+        built = engine if _adapter(engine) is not None or not callable(engine) else engine()
+        adapter = _adapter(built)
+        if adapter is None:
             raise TypeError(
                 f"VLLMRolloutActor drives VLLMEngine or VLLMHTTPEngine, got {type(built).__name__}; use "
                 "RolloutActor for other engines"
             )
-        discarded = VLLM_TAGS if built.sleep_level == 2 else ("kv_cache",)
+        discarded = VLLM_TAGS if adapter.sleep_level == 2 else ("kv_cache",)
         kwargs.setdefault("discard_on_release", discarded)
         super().__init__(built, **kwargs)
         self.memory_audit.memory = VLLMMemory(built)
@@ -65,6 +67,14 @@ class VLLMRolloutActor(RolloutActor):
                 engine=type(self.engine).__name__,
             )
         super().sleep(tags)
+
+
+def _adapter(engine: Any) -> VLLMAdapter | None:
+    """The vLLM adapter `engine` is, or the one a delegating wrapper names as `wrapped`."""
+    for candidate in (engine, getattr(engine, "wrapped", None)):
+        if isinstance(candidate, VLLMAdapter):
+            return candidate
+    return None
 
 
 __all__ = ["VLLMMemory", "VLLMRolloutActor"]

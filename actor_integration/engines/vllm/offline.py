@@ -6,16 +6,22 @@ against that wheel's source (tests/actor_integration/engines/vllm/test_vllm_sour
 The offline `LLM` has no pause call of its own: vLLM's level-0 sleep is its scheduler pause
 (`LLM.sleep(level=0, mode)`), and `wake_up(["scheduling"])` resumes it; a sleep at level 1 or 2
 pauses the scheduler itself first, and vLLM resumes scheduling once every tag is awake again.
+
+vLLM runs the model in its EngineCore process (`engine_processes()`); one that exited answers every
+later call with `EngineDiedError` (naming it, its pid and exit code), checked before the call, and
+vLLM's own `EngineDeadError` becomes the same error. A death while a call waits on vLLM is seen
+only where vLLM raises: its synchronous client can wait on a dead engine's output for ever.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from actor_integration.engines.vllm.base import IpcSender, VLLMAdapter
 from actor_integration.engines.vllm.worker import WORKER_EXTENSION
-from actor_integration.errors import EngineNotIdleError
+from actor_integration.errors import EngineDiedError, EngineNotIdleError
 
 SUPPORTED_VERSION = "0.26.0"
 
@@ -84,6 +90,7 @@ class VLLMEngine(VLLMAdapter):
             raise ValueError(f"VLLMEngine: got an LLM and LLM arguments {sorted(llm_kwargs)}; give one")
         self.llm = llm
         self._sampling = sampling_params
+        self._died: EngineDiedError | None = None
         config = llm.llm_engine.vllm_config
         if not getattr(config.model_config, "enable_sleep_mode", False):
             raise ValueError(
@@ -118,38 +125,105 @@ class VLLMEngine(VLLMAdapter):
                 queued=queued,
             )
 
+    # ------------------------------------------------------------------ vLLM's EngineCore
+
+    def engine_processes(self) -> dict[str, int]:
+        """vLLM's EngineCore processes under this LLM, name → pid: none where EngineCore runs in this
+        process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`)."""
+        return {str(p.name): int(p.pid) for p in self._core_processes()}
+
+    def shutdown(self) -> None:
+        """Stop vLLM's EngineCore (its client's own shutdown)."""
+        self.llm.llm_engine.engine_core.shutdown()
+
+    def _core_processes(self) -> list[Any]:
+        core = self.llm.llm_engine.engine_core
+        manager = getattr(getattr(core, "resources", None), "engine_manager", None)
+        return list(getattr(manager, "processes", None) or [])
+
+    def _dead_process(self, what: str) -> EngineDiedError | None:
+        for proc in self._core_processes():
+            if not proc.is_alive():
+                return EngineDiedError(
+                    f"vLLM's {proc.name} process (pid {proc.pid}) exited with code {proc.exitcode} before "
+                    f"{what}: the engine can neither serve nor release memory any more. Restart the rollout "
+                    "actor and its engine; its lifecycle stays FAILED until then",
+                    process=str(proc.name),
+                    pid=int(proc.pid),
+                    exitcode=proc.exitcode,
+                    call=what,
+                    waited_s=0.0,
+                )
+        return None
+
+    @contextlib.contextmanager
+    def _vllm(self, what: str) -> Iterator[None]:
+        """One call into vLLM: refused with `EngineDiedError` once its EngineCore exited, and vLLM's
+        `EngineDeadError` (or any error while EngineCore lies dead) raised as that error."""
+        if self._died is None:
+            self._died = self._dead_process(what)
+        if self._died is not None:
+            raise EngineDiedError(str(self._died), **{**self._died.fields, "call": what})
+        try:
+            yield
+        except Exception as exc:
+            died = self._dead_process(what)
+            if died is None and type(exc).__name__ == "EngineDeadError":
+                died = EngineDiedError(
+                    f"vLLM's EngineCore died during {what} ({exc}); restart the rollout actor and its engine",
+                    process="EngineCore",
+                    pid=None,
+                    exitcode=None,
+                    call=what,
+                    waited_s=0.0,
+                )
+            if died is None:
+                raise
+            self._died = died
+            raise died from exc
+
     # ------------------------------------------------------------------ vLLM's calls
 
     def _sleep(self, level: int, mode: str) -> None:
-        self.llm.sleep(level=level, mode=mode)
+        with self._vllm("sleep"):
+            self.llm.sleep(level=level, mode=mode)
 
     def _wake(self, tags: list[str] | None) -> None:
-        self.llm.wake_up(tags=tags)
+        with self._vllm("wake_up"):
+            self.llm.wake_up(tags=tags)
 
     def _pause(self, mode: str) -> None:
-        self.llm.sleep(level=0, mode=mode)
+        with self._vllm("pause"):
+            self.llm.sleep(level=0, mode=mode)
 
     def _resume(self) -> None:
-        self.llm.wake_up(tags=["scheduling"])
+        with self._vllm("resume"):
+            self.llm.wake_up(tags=["scheduling"])
 
     def _reset_prefix_cache(self) -> bool:
-        return bool(self.llm.reset_prefix_cache())
+        with self._vllm("reset_prefix_cache"):
+            return bool(self.llm.reset_prefix_cache())
 
     def _generate(self, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
         make = self._sampling or import_vllm().SamplingParams
         params = make(max_tokens=max_new_tokens, temperature=0.0, ignore_eos=True, detokenize=False)
-        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        with self._vllm("generate"):
+            outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         return [list(o.outputs[0].token_ids) for o in outputs]
 
     def _rpc(self, method: str, request: str) -> list[dict[str, Any]]:
-        replies = self.llm.collective_rpc(method, args=(request,))
+        with self._vllm(method):
+            replies = self.llm.collective_rpc(method, args=(request,))
         return [dict(r) for r in replies]
 
     def _start_update(self) -> None:
-        self.llm.start_weight_update()
+        with self._vllm("start_weight_update"):
+            self.llm.start_weight_update()
 
     def _update(self, update_info: dict[str, Any]) -> None:
-        self.llm.update_weights({"update_info": update_info})
+        with self._vllm("update_weights"):
+            self.llm.update_weights({"update_info": update_info})
 
     def _finish_update(self) -> None:
-        self.llm.finish_weight_update()
+        with self._vllm("finish_weight_update"):
+            self.llm.finish_weight_update()

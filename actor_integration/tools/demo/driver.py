@@ -17,6 +17,7 @@ from typing import Any
 from rich.console import Console
 
 from actor_integration.errors import NodeLostError
+from actor_integration.tools.demo.options import ENGINE_NAMES
 from actor_integration.tools.demo.placement import place, resolve_device, start_ray
 from actor_integration.tools.demo.progress import Progress
 from actor_integration.tools.demo.report import finish
@@ -28,7 +29,9 @@ def run_demo(args: argparse.Namespace) -> int:
     # Wide enough for the per-rank table even when the output is a pipe (CI logs, `| tee`).
     console = Console(width=max(Console().width, 184))  # the per-rank table on one line a row
     out = Path(args.out).resolve()
-    device = resolve_device(args.device, args.transport)  # refuses before anything is written
+    device = resolve_device(
+        args.device, args.transport, getattr(args, "engine", "reference")
+    )  # refuses before anything is written
     for sub in ("logs", "checkpoints", "transfer"):
         shutil.rmtree(out / sub, ignore_errors=True)
     (out / "logs").mkdir(parents=True, exist_ok=True)
@@ -50,8 +53,10 @@ def run_demo(args: argparse.Namespace) -> int:
         trainers = [a for r, a in enumerate(placed.trainer_actors) if r not in placed.trainer_group.dead]
         rollouts = [a for r, a in enumerate(placed.rollout_actors) if r not in placed.rollout_group.dead]
         _settle(ray, [a.flush_logs.remote() for a in [*trainers, *rollouts]], args.timeout_s, console)
-        closing = trainers + (rollouts if placed.engine == "sglang" else [])
-        _settle(ray, [a.close.remote() for a in closing], args.timeout_s, console)  # SGLang's processes too
+        closing = trainers + (rollouts if placed.engine in ENGINE_NAMES else [])
+        _settle(
+            ray, [a.close.remote() for a in closing], args.timeout_s, console
+        )  # the engines' processes too
         if len(placed.nodes) > 1:  # each rank wrote on its own node: one directory for the report
             from actor_integration.actors.cluster import gather_logs
 

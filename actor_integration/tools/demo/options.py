@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -32,10 +33,14 @@ ROLE_HOOKS = {
     ),
 }
 TINY_HEADS = 4  # the reference model's attention heads (`placement.py` builds it with these)
-DEMO_ENGINES = (
-    "reference",
-    "sglang",
-)  # the registered engines the demo drives (vLLM's comes with its GPU run)
+DEMO_ENGINES = ("reference", "sglang", "vllm")  # the registered engines the demo drives
+# The real engines: each serves the trainer's Qwen model (--model-config) on its own GPU.
+ENGINE_NAMES = {"sglang": "SGLang", "vllm": "vLLM"}
+REFERENCE_ONLY = {"hidden": 256, "layers": 4}  # the reference model's shape options and their defaults
+MEM_FRACTION = 0.15  # a real engine's share of its GPU unless --mem-fraction says otherwise
+# What each real engine's --mem-fraction is, and what --kill-engine kills there.
+ENGINE_FRACTION = {"sglang": "SGLang's mem_fraction_static", "vllm": "vLLM's gpu_memory_utilization"}
+ENGINE_PROCESS = {"sglang": "SGLang's scheduler", "vllm": "vLLM's EngineCore process"}
 
 
 def refuse(message: str) -> NoReturn:
@@ -86,8 +91,9 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
         "--engines",
         type=_positive,
         default=None,
-        help="rollout engines on CPU, splitting the trainer ranks into that many slots (default 1), each "
-        "kept on one node and spread over the cluster's nodes; on a GPU host each GPU has its own engine",
+        help="rollout engines on CPU (reference engine), splitting the trainer ranks into that many slots "
+        "(default 1), each kept on one node and spread over the cluster's nodes; on a GPU host each GPU has "
+        "its own engine",
     )
     parser.add_argument(
         "--save-every", type=_positive, default=2, help="checkpoint every K steps (default 2)"
@@ -96,7 +102,8 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
         "--transport",
         choices=["auto", "cuda_ipc", "shm", "disk"],
         default="auto",
-        help="weight transport (default auto: cuda_ipc where CUDA IPC export works, shm otherwise)",
+        help="weight transport (default auto: cuda_ipc where CUDA IPC export works, shm otherwise; "
+        "--engine vllm takes cuda_ipc or shm)",
     )
     parser.add_argument(
         "--device", choices=["auto", "cpu", "cuda"], default="auto", help="default: cuda if available"
@@ -131,21 +138,24 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
         "--engine",
         choices=list(engine_names()),
         default="reference",
-        help="rollout engine: the reference torch engine (default), or a real sglang.Engine on each GPU "
-        "(needs sglang and --model-config; the trainer then trains that Qwen2/Qwen3 model)",
+        help="rollout engine: the reference torch engine (default, CPU or GPU), or on each GPU a real "
+        "sglang.Engine or vllm.LLM (vllm 0.26.0, level-2 sleep, weights into its workers; not yet run on a "
+        "GPU); sglang and vllm need --model-config and a GPU, the trainer then trains that Qwen2/Qwen3 model. "
+        "Every other option applies to all three unless its help names an engine",
     )
     parser.add_argument(
         "--model-config",
         default=None,
         metavar="DIR",
-        help="with --engine sglang: a Hugging Face Qwen2/Qwen3 config directory (e.g. configs/qwen2-tiny); "
-        "SGLang serves it with dummy weights until the first sync, the trainer trains it",
+        help="with --engine sglang or vllm: a Hugging Face Qwen2/Qwen3 config directory (e.g. "
+        "configs/qwen2-tiny); the engine serves it with dummy weights until the first sync, the trainer trains it",
     )
     parser.add_argument(
         "--mem-fraction",
         type=float,
-        default=0.15,
-        help="with --engine sglang: SGLang's mem_fraction_static (weights + KV cache, of the GPU)",
+        default=None,
+        help=f"with --engine sglang or vllm: the engine's share of its GPU for weights + KV cache (SGLang's "
+        f"mem_fraction_static, vLLM's gpu_memory_utilization; default {MEM_FRACTION})",
     )
     parser.add_argument(
         "--corrupt-sync",
@@ -161,8 +171,8 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
         type=_positive,
         default=None,
         metavar="STEP",
-        help="with --engine sglang: kill SGLang's scheduler at the start of STEP; the demo shows the typed "
-        "error (EngineDiedError) and ends",
+        help="with --engine sglang or vllm: kill SGLang's scheduler or vLLM's EngineCore process at the start "
+        "of STEP; the demo shows the typed error (EngineDiedError) and ends",
     )
     parser.add_argument(
         "--no-memory-budget",
@@ -171,8 +181,12 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
         "the rollout's declared wake need requires, docs/memory-budget.md)",
     )
     parser.add_argument("--bucket-mb", type=_positive, default=64, help="weight-sync bucket size in MiB")
-    parser.add_argument("--hidden", type=_positive, default=256, help="model width (default 256)")
-    parser.add_argument("--layers", type=_positive, default=4, help="model depth (default 4)")
+    parser.add_argument(
+        "--hidden", type=_positive, default=None, help="with --engine reference: model width (default 256)"
+    )
+    parser.add_argument(
+        "--layers", type=_positive, default=None, help="with --engine reference: model depth (default 4)"
+    )
     parser.add_argument(
         "--timeout-s", type=_seconds, default=120.0, help="deadline for every cross-actor wait (seconds, > 0)"
     )
@@ -183,7 +197,8 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def check_demo_arguments(args: argparse.Namespace) -> str | None:
-    """What is wrong with options that argparse checks one by one, or None; checked before anything starts."""
+    """What is wrong with options that argparse checks one by one, or None; checked before anything starts.
+    With None, the engine-specific options left out hold their defaults (`--hidden`, `--mem-fraction`, ...)."""
     late = sorted(step for step in set(args.skip_sync) if step >= args.steps)
     if late:
         return (
@@ -199,7 +214,7 @@ def check_demo_arguments(args: argparse.Namespace) -> str | None:
                 f"--inject-fault {role}:{hook}@{step}: the demo's {role} never calls {hook}; its hooks are "
                 f"{list(ROLE_HOOKS[role])}"
             )
-    if args.engine == "reference" and args.hidden % TINY_HEADS:
+    if args.engine == "reference" and args.hidden is not None and args.hidden % TINY_HEADS:
         return (
             f"--hidden {args.hidden}: the reference model has {TINY_HEADS} attention heads, so its width must be "
             f"a multiple of {TINY_HEADS} (e.g. 256)"
@@ -216,17 +231,28 @@ def check_demo_arguments(args: argparse.Namespace) -> str | None:
             f"--engine {args.engine}: the demo drives {list(DEMO_ENGINES)}; {args.engine}'s adapter is tested on "
             f"CPU against its own source, and its demo comes with its first GPU run (docs/frameworks/{args.engine}.md)"
         )
-    if args.engine == "sglang":
-        problem = _check_sglang_arguments(args)
+    if args.engine in ENGINE_NAMES:
+        problem = _check_engine_arguments(args)
         if problem is not None:
             return problem
     else:
-        for flag, value in (("--model-config", args.model_config), ("--kill-engine", args.kill_engine)):
+        given = (
+            ("--model-config", args.model_config),
+            ("--kill-engine", args.kill_engine),
+            ("--mem-fraction", args.mem_fraction),
+        )
+        for flag, value in given:
             if value is not None:
                 return (
-                    f"{flag} is for --engine sglang (the reference engine has no model config or scheduler)"
+                    f"{flag} is for --engine sglang or vllm (the reference engine has no model config, engine "
+                    "process or memory fraction)"
                 )
-    return _check_out(args.out)  # last: the only check that makes something (the output directory)
+    problem = _check_out(args.out)  # last: the only check that makes something (the output directory)
+    if problem is None:
+        for name, default in REFERENCE_ONLY.items():
+            setattr(args, name, default if getattr(args, name) is None else getattr(args, name))
+        args.mem_fraction = MEM_FRACTION if args.mem_fraction is None else args.mem_fraction
+    return problem
 
 
 def _check_out(out: str) -> str | None:
@@ -252,9 +278,13 @@ def check_address(address: str, timeout_s: float) -> None:
         refuse(f"--address {address}: {problem}; start one with `ray start --head` or leave --address out")
 
 
-def _check_sglang_arguments(args: argparse.Namespace) -> str | None:
+def _check_engine_arguments(args: argparse.Namespace) -> str | None:
+    """--engine sglang or vllm: the model config, the options that apply, the engine installed."""
+    engine, name = args.engine, ENGINE_NAMES[args.engine]
     if args.model_config is None:
-        return "--engine sglang needs --model-config DIR: a Qwen2/Qwen3 config.json (e.g. configs/qwen2-tiny)"
+        return (
+            f"--engine {engine} needs --model-config DIR: a Qwen2/Qwen3 config.json (e.g. configs/qwen2-tiny)"
+        )
     config = Path(args.model_config) / "config.json"
     try:
         data = json.loads(config.read_text())
@@ -263,12 +293,31 @@ def _check_sglang_arguments(args: argparse.Namespace) -> str | None:
     if data.get("model_type") not in ("qwen2", "qwen3"):
         return (
             f"--model-config {args.model_config}: model_type is {data.get('model_type')!r}; the demo's trainer "
-            "builds Qwen2 or Qwen3 (actor_integration.models.qwen2), so SGLang serves what it trains"
+            f"builds Qwen2 or Qwen3 (actor_integration.models.qwen2), so {name} serves what it trains"
         )
     if args.device == "cpu":
-        return "--engine sglang needs a GPU: SGLang's engine runs on CUDA (--device cpu was asked for)"
-    if not 0.0 < args.mem_fraction < 0.9:
-        return f"--mem-fraction {args.mem_fraction}: SGLang's mem_fraction_static is a fraction in (0, 0.9)"
+        return f"--engine {engine} needs a GPU: {name}'s engine runs on CUDA (--device cpu was asked for)"
+    for option in REFERENCE_ONLY:
+        if getattr(args, option) is not None:
+            return (
+                f"--{option} is for --engine reference: {name} serves the --model-config model, whose shape "
+                f"is its config's ({config})"
+            )
+    if args.engines is not None:
+        return f"--engines is for the reference engine on CPU: with --engine {engine} each GPU has its own engine"
+    if args.mem_fraction is not None and not 0.0 < args.mem_fraction < 0.9:
+        return f"--mem-fraction {args.mem_fraction}: {ENGINE_FRACTION[engine]} is a fraction in (0, 0.9)"
     if args.kill_engine is not None and args.kill_engine > args.steps:
         return f"--kill-engine {args.kill_engine} never runs: the demo has --steps {args.steps}"
+    if engine == "vllm":
+        if args.transport == "disk":
+            return (
+                "--transport disk: vLLM's workers open the trainer's buffers themselves, from cuda_ipc or shm "
+                "(auto picks cuda_ipc on a GPU)"
+            )
+        if importlib.util.find_spec("vllm") is None:
+            return (
+                "--engine vllm needs vllm 0.26.0, which is not installed here: pip install 'rl-lifecycle[vllm]' "
+                "(docs/frameworks/vllm.md)"
+            )
     return None

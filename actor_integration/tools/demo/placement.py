@@ -22,7 +22,7 @@ from rich.console import Console
 from actor_integration.actors.cluster import SlotPlacement, cluster_nodes, describe_cluster, place_slots
 from actor_integration.actors.ray_group import LifecycleGroup
 from actor_integration.rollout.registry import engine_names
-from actor_integration.tools.demo.options import refuse
+from actor_integration.tools.demo.options import ENGINE_NAMES, refuse
 from actor_integration.weight_sync.nodes import (
     NodeTopology,
     Place,
@@ -40,7 +40,7 @@ class Placement:
     """The started actors, their lifecycle groups, and what the trainers reported from `init`."""
 
     device: str
-    engine: str  # "reference" or "sglang"
+    engine: str  # "reference", "sglang" or "vllm"
     vocab: int  # the model's vocabulary (prompts are drawn from it)
     wake_rest: tuple[str, ...]  # the rollout tags its wake resumes after the weights and the sync
     trainers: int
@@ -79,13 +79,15 @@ def start_ray(args: argparse.Namespace, console: Console) -> Any:
     return ray
 
 
-def resolve_device(requested: str, transport: str = "auto") -> str:
+def resolve_device(requested: str, transport: str = "auto", engine: str = "reference") -> str:
     """The device the demo runs on; refuses what this machine cannot do before Ray starts."""
     import torch
 
     if requested == "cuda" and not torch.cuda.is_available():
         refuse("--device cuda asked for, but torch sees no GPU (see `lifecycle doctor`)")
     device = requested if requested != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cpu" and engine in ENGINE_NAMES:
+        refuse(f"--engine {engine} needs a GPU ({ENGINE_NAMES[engine]} runs on CUDA); torch sees none")
     if device == "cpu" and transport == "cuda_ipc":
         refuse("--transport cuda_ipc needs CUDA, and the demo runs on the CPU here: use shm (or auto)")
     return device
@@ -93,7 +95,7 @@ def resolve_device(requested: str, transport: str = "auto") -> str:
 
 def place(ray: Any, args: argparse.Namespace, device: str, out: Path, console: Console) -> Placement:
     """Start the rollout engines and the trainer ranks, initialise the trainers (asleep, as slime's)."""
-    from actor_integration.tools.demo.rollout import DemoRollout, DemoSGLangRollout
+    from actor_integration.tools.demo.rollout import DemoRollout
     from actor_integration.tools.demo.trainer import DemoTrainer
 
     gpus = int(ray.cluster_resources().get("GPU", 0))
@@ -109,9 +111,9 @@ def place(ray: Any, args: argparse.Namespace, device: str, out: Path, console: C
             f"ranks on one GPU, 'Duplicate GPU detected'); this cluster has {gpus}"
         )
     engine: str = getattr(args, "engine", "reference")
-    if engine == "sglang" and device != "cuda":
-        refuse("--engine sglang needs a GPU (SGLang runs on CUDA); torch sees none")
-    if engine == "sglang":
+    if engine in ENGINE_NAMES and device != "cuda":
+        refuse(f"--engine {engine} needs a GPU ({ENGINE_NAMES[engine]} runs on CUDA); torch sees none")
+    if engine in ENGINE_NAMES:
         from actor_integration.models.qwen2 import QwenConfig
 
         config_dir = str(Path(args.model_config).resolve())
@@ -156,30 +158,8 @@ def place(ray: Any, args: argparse.Namespace, device: str, out: Path, console: C
     )
     # Threaded (two calls at once): a rank blocked on peers lost with their node can still be told.
     trainer_cls = ray.remote(max_concurrency=2)(DemoTrainer)
-    if engine == "sglang":
-        sglang_cls = ray.remote(DemoSGLangRollout)
-        rollouts = [
-            sglang_cls.options(**opts).remote(
-                config_dir=model["qwen_config"],
-                rank=i,
-                out=str(out),
-                mem_fraction=args.mem_fraction,
-                seed=args.seed,
-                timeout_s=args.timeout_s,
-            )
-            for i, opts in enumerate(rollout_options)
-        ]
-        # SGLang starts in the actors' constructors: wait for it here, not inside the trainers' deadline.
-        started = time.monotonic()
-        described = ray.get(
-            [r.describe_engine.remote() for r in rollouts], timeout=max(args.timeout_s, 300.0)
-        )
-        wake_rest = tuple(t for t in described[0]["memory_tags"] if t != "weights")
-        console.print(
-            f"SGLang {described[0]['sglang']} up on {len(rollouts)} GPU(s) in {time.monotonic() - started:.1f} s: "
-            f"tags {described[0]['memory_tags']}, weights via {described[0]['weights_via']}, CUDA graphs "
-            f"{'on' if described[0]['cuda_graphs'] else 'off'}"
-        )
+    if engine in ENGINE_NAMES:
+        rollouts, wake_rest = _start_engines(ray, args, engine, model, rollout_options, out, console)
     else:
         wake_rest = ("kv_cache",)
         rollout_cls = ray.remote(DemoRollout)
@@ -266,11 +246,45 @@ def place(ray: Any, args: argparse.Namespace, device: str, out: Path, console: C
     return placed
 
 
+def _start_engines(
+    ray: Any,
+    args: argparse.Namespace,
+    engine: str,
+    model: dict[str, Any],
+    rollout_options: list[dict[str, Any]],
+    out: Path,
+    console: Console,
+) -> tuple[list[Any], tuple[str, ...]]:
+    """One real engine's actor per GPU (`DemoSGLangRollout`, `DemoVLLMRollout`), waited for until its
+    engine is up; the actors, and the tags a wake resumes after the weights and the sync."""
+    from actor_integration.tools.demo.rollout import DemoSGLangRollout, DemoVLLMRollout
+
+    common = {"config_dir": model["qwen_config"], "mem_fraction": args.mem_fraction, "seed": args.seed}
+    if engine == "sglang":
+        cls, options = ray.remote(DemoSGLangRollout), {**common, "timeout_s": args.timeout_s}
+    else:
+        cls, options = ray.remote(DemoVLLMRollout), common
+    rollouts = [
+        cls.options(**opts).remote(rank=i, out=str(out), **options) for i, opts in enumerate(rollout_options)
+    ]
+    # The engine starts in the actors' constructors: wait for it here, not inside the trainers' deadline.
+    started = time.monotonic()
+    described = ray.get([r.describe_engine.remote() for r in rollouts], timeout=max(args.timeout_s, 300.0))
+    first = described[0]
+    console.print(
+        f"{ENGINE_NAMES[engine]} {first['version']} up on {len(rollouts)} GPU(s) in "
+        f"{time.monotonic() - started:.1f} s: tags {first['memory_tags']}, weights via {first['weights_via']}, "
+        f"CUDA graphs {'on' if first['cuda_graphs'] else 'off'}"
+        + (f", sleep level {first['sleep_level']}" if "sleep_level" in first else "")
+    )
+    return rollouts, tuple(t for t in first["memory_tags"] if t != "weights")
+
+
 def preflight(
     args: argparse.Namespace, device: str, trainers: int, engine: str, model: dict[str, Any], console: Console
 ) -> None:
     """What the demo needs (`tools.preflight.demo_job_needs`: GPUs, each GPU's memory for the trainer's
-    state beside SGLang's fraction, host RAM for the sleeping ranks' backups, CPUs) against the Ray
+    state beside the engine's fraction, host RAM for the sleeping ranks' backups, CPUs) against the Ray
     cluster, before any actor starts; each shortfall a line of the refusal (exit 2)."""
     import torch
 
@@ -293,7 +307,7 @@ def preflight(
         gpu=device == "cuda",
         params=params,
         param_bytes=param_bytes,
-        engine_mem_fraction=args.mem_fraction if engine == "sglang" else None,
+        engine_mem_fraction=args.mem_fraction if engine in ENGINE_NAMES else None,
         ranks_per_node=max(1, min(trainers, largest)),
     )
     try:

@@ -120,10 +120,19 @@ def release_audit(lane: Lane) -> dict[str, Any] | None:
 # Tags smaller than this are not judged by the release check: the allocator's and torch_memory_saver's
 # 2 MiB granularity, and SGLang's figures in GB to three decimals, make a small tag's ratio noise.
 JUDGED_BYTES = 256 << 20
+# Where a real engine reads back what a sync wrote (its receiver's processes); vLLM's workers do not.
+READ_BACK_IN = {"sglang": "SGLang's schedulers"}
 
 
-def sglang_verdicts(args: argparse.Namespace, driver: StepDriver, lanes: Sequence[Lane]) -> dict[str, Any]:
-    """The checks of a run on a real SGLang engine, as (line, ok) pairs and their figures."""
+def engine_verdicts(
+    args: argparse.Namespace, driver: StepDriver, lanes: Sequence[Lane], engine: str = "sglang"
+) -> dict[str, Any]:
+    """The checks of a run on a real engine (SGLang's or vLLM's), as (line, ok) pairs and their figures.
+    vLLM's workers verify every bucket but read nothing back after the load (that line is a note), and
+    its sleep releases both tags at once (its release figure is both tags' together)."""
+    from actor_integration.tools.demo.options import ENGINE_NAMES, ENGINE_PROCESS
+
+    name = ENGINE_NAMES[engine]
     steps = driver.records
     lines: list[tuple[str, bool]] = []
 
@@ -139,7 +148,7 @@ def sglang_verdicts(args: argparse.Namespace, driver: StepDriver, lanes: Sequenc
 
     check("generation refused between the release and the sync", "refused_before_sync")
     check(
-        "greedy tokens and SGLang's weights bit-identical after re-syncing the same weights",
+        f"greedy tokens and {name}'s weights bit-identical after re-syncing the same weights",
         "resync_identical",
     )
     if any("tokens_changed" in s for s in steps):
@@ -151,7 +160,7 @@ def sglang_verdicts(args: argparse.Namespace, driver: StepDriver, lanes: Sequenc
         # A figure, not a pass mark: bf16 kernels and the trainer's float32 math may break near-ties.
         lines.append(
             (
-                f"the trainer's own Qwen model (float32, CPU) generates {tokens:.0%} of SGLang's greedy tokens "
+                f"the trainer's own Qwen model (float32, CPU) generates {tokens:.0%} of {name}'s greedy tokens "
                 f"from the same weights ({first:.0%} of the first tokens), mean over {len(agreement)} steps",
                 True,
             )
@@ -163,13 +172,22 @@ def sglang_verdicts(args: argparse.Namespace, driver: StepDriver, lanes: Sequenc
         for m in sync_marks(lane, Event.SYNC_LOADED.value)
         if m.args.get("ok", True)
     ]
-    lines.append(
-        (
-            f"SGLang's schedulers read back what each sync wrote, equal to what was sent: "
-            f"{sum(1 for d in read_back if d is True)}/{len(read_back)} syncs",
-            bool(read_back) and all(d is True for d in read_back),
+    if engine in READ_BACK_IN:
+        lines.append(
+            (
+                f"{READ_BACK_IN[engine]} read back what each sync wrote, equal to what was sent: "
+                f"{sum(1 for d in read_back if d is True)}/{len(read_back)} syncs",
+                bool(read_back) and all(d is True for d in read_back),
+            )
         )
-    )
+    else:  # a note, not a pass mark: the re-sync check (tokens and checksum) stands for it
+        lines.append(
+            (
+                f"{name}'s workers verified every bucket before loading; nothing read back after the load "
+                f"({len(read_back)} syncs loaded)",
+                True,
+            )
+        )
     for step in sorted(set(getattr(args, "corrupt_sync", ()))):
         record = next((s for s in steps if s["step"] == step), None)
         resends = None if record is None else record.get("corrupt_resends")
@@ -187,9 +205,10 @@ def sglang_verdicts(args: argparse.Namespace, driver: StepDriver, lanes: Sequenc
                 ratios[a["tag"]] = min(ratio, ratios.get(a["tag"], ratio))
     if ratios:
         shown = ", ".join(f"{tag} {r:.1%}" for tag, r in sorted(ratios.items()))
+        per = "both tags in one sleep, under the first" if engine == "vllm" else "per tag"
         lines.append(
             (
-                f"SGLang's releases freed, of what it reports per tag (lowest): {shown}",
+                f"{name}'s releases freed, of what it reports ({per}, lowest): {shown}",
                 min(ratios.values()) >= 0.95,
             )
         )
@@ -197,7 +216,8 @@ def sglang_verdicts(args: argparse.Namespace, driver: StepDriver, lanes: Sequenc
         killed = driver.killed or {}
         lines.append(
             (
-                f"killed scheduler at step {killed.get('step')}: {killed.get('error')} after {killed.get('noticed_s')} s",
+                f"killed {ENGINE_PROCESS[engine]} at step {killed.get('step')}: {killed.get('error')} after "
+                f"{killed.get('noticed_s')} s",
                 bool(killed.get("typed")),
             )
         )
@@ -352,16 +372,16 @@ def finish(
             f"{lost['noticed_s']:.1f} s): {lost['lost']}; survivors: {lost['survivors']}[/]",
             soft_wrap=True,
         )
-    sglang = None
-    if placed.engine == "sglang":
-        sglang = sglang_verdicts(args, driver, logs.lanes)
-        for line, ok in sglang["lines"]:
+    verdicts: dict[str, Any] = {"sglang": None, "vllm": None}  # the real engine's checks, under its name
+    if placed.engine in verdicts:
+        checked = verdicts[placed.engine] = engine_verdicts(args, driver, logs.lanes, placed.engine)
+        for line, ok in checked["lines"]:
             console.print(line if ok else f"[bold red]{line}[/]")
             exit_code = exit_code if ok else 1
     summary = {
         "device": placed.device,
         "engine": placed.engine,
-        "sglang": sglang,
+        **verdicts,
         "trainers": placed.trainers,
         "engine_gpu_counts": placed.engine_gpu_counts,
         "transport": placed.transport,

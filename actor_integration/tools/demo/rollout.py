@@ -1,18 +1,27 @@
-"""The demo's rollout actors: the reference torch engine, or a real `sglang.Engine`, behind
-`RolloutActor`, with per-rank logs and fault injection at the engine calls the lifecycle hooks make."""
+"""The demo's rollout actors: the reference torch engine, a real `sglang.Engine` or a real offline
+`vllm.LLM`, behind `RolloutActor` (vLLM's behind `VLLMRolloutActor`), with per-rank logs and fault
+injection at the engine calls the lifecycle hooks make.
+
+The two real engines share one actor (`_EngineRollout`: the trainer's Qwen model served with dummy
+weights until the first sync, one GPU each, the kill of `--kill-engine`, the shutdown); each names
+only the engine it starts, how it describes it, and which process the kill ends (SGLang's
+scheduler, vLLM's EngineCore)."""
 
 from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from actor_integration.actors.cluster import here
+from actor_integration.engines.vllm.actor import VLLMRolloutActor
 from actor_integration.models.tiny import TinyLMConfig
 from actor_integration.rollout.actor import RolloutActor
 from actor_integration.rollout.reference import ReferenceEngine
+from actor_integration.rollout.server_watch import pid_alive
 from lifecycle import configure_logging, flush_logs
 from lifecycle.faults import FaultInjector
 
@@ -26,13 +35,13 @@ _HOOK_OF_CALL = {
 
 
 class FaultyEngine:
-    """Delegates to an engine; the injector can fail the calls the rollout's hooks make."""
+    """Delegates to an engine (`wrapped`); the injector can fail the calls the rollout's hooks make."""
 
     def __init__(self, engine: Any, faults: FaultInjector) -> None:
-        self._engine, self._faults = engine, faults
+        self.wrapped, self._faults = engine, faults
 
     def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._engine, name)
+        attr = getattr(self.wrapped, name)
         hook = _HOOK_OF_CALL.get(name)
         if hook is None:
             return attr
@@ -45,9 +54,17 @@ class FaultyEngine:
 
 
 class _DemoActor(RolloutActor):
-    """What the driver calls on either rollout actor, beside `RolloutActor`'s own methods."""
+    """What the driver calls on every rollout actor, beside `RolloutActor`'s own methods. Its
+    constructor configures the rank's log first, then builds the engine (`build`), behind the
+    fault injector."""
 
     faults: FaultInjector
+
+    def __init__(self, build: Callable[[], Any], *, rank: int, out: str, **kwargs: Any) -> None:
+        configure_logging(json_path=Path(out) / "logs" / f"rollout-rank{rank}.jsonl")
+        self.faults = FaultInjector()
+        self.served = build()  # the engine itself, behind `self.engine` (its fault injector)
+        super().__init__(FaultyEngine(self.served, self.faults), rank=rank, max_new_tokens=16, **kwargs)
 
     def lifecycle_step(self, step: int) -> None:
         self.lifecycle.step = step
@@ -65,57 +82,138 @@ class DemoRollout(_DemoActor):
     def __init__(
         self, *, model: dict[str, Any], devices: Sequence[str], rank: int, out: str, world_size: int = 1
     ) -> None:
-        configure_logging(json_path=Path(out) / "logs" / f"rollout-rank{rank}.jsonl")
-        self.faults = FaultInjector()
-        engine = FaultyEngine(ReferenceEngine(TinyLMConfig(**model), devices=list(devices)), self.faults)
-        super().__init__(engine, rank=rank, max_new_tokens=16)
+        config = TinyLMConfig(**model)
+        super().__init__(lambda: ReferenceEngine(config, devices=list(devices)), rank=rank, out=out)
         # world_size: how many engines the run has (`lifecycle check` names the ones with no log).
         self.lifecycle.bind(devices=list(devices), world_size=world_size, node=here()["node_id"])
 
 
-class DemoSGLangRollout(_DemoActor):
-    """A `RolloutActor` over a real `sglang.Engine` on this actor's GPU (use with `ray.remote`).
+class _EngineRollout(_DemoActor):
+    """A real engine on this actor's one GPU, serving the trainer's Qwen model: it starts with dummy
+    weights (`load_format="dummy"`) and serves nothing meaningful until the trainer's first sync."""
 
-    The engine starts with dummy weights (SGLang's `load_format="dummy"`): it serves nothing
-    meaningful until the trainer's first sync. Its scheduler process gets torch_memory_saver's
-    preload library from SGLang itself; this actor's process must not preload it."""
+    def __init__(self, build: Callable[[], Any], *, rank: int, out: str) -> None:
+        super().__init__(build, rank=rank, out=out)
+        self.lifecycle.bind(devices=["cuda:0"])
+
+    def describe_engine(self) -> dict[str, Any]:
+        """The engine as the driver shows it: `engine`, `version`, `memory_tags`, `weights_via`,
+        `cuda_graphs`, beside what the engine's own `describe()` says."""
+        raise NotImplementedError
+
+    def engine_process(self) -> tuple[str, int]:
+        """(name, pid) of the process `--kill-engine` kills."""
+        raise NotImplementedError
+
+    def kill_engine(self, wait_s: float = 10.0) -> dict[str, Any]:
+        """SIGKILL the engine's process (the demo's --kill-engine) and wait up to `wait_s` for it to be
+        gone, so that the next call meets a dead engine: its name and pid."""
+        name, pid = self.engine_process()
+        os.kill(pid, signal.SIGKILL)
+        until = time.monotonic() + wait_s
+        while pid_alive(pid) and time.monotonic() < until:
+            time.sleep(0.01)
+        return {"process": name, "pid": pid}
+
+    def close(self) -> None:
+        self.served.shutdown()
+
+
+class DemoSGLangRollout(_EngineRollout):
+    """A `RolloutActor` over a real `sglang.Engine` on this actor's GPU (use with `ray.remote`). Its
+    scheduler process gets torch_memory_saver's preload library from SGLang itself; this actor's
+    process must not preload it."""
 
     def __init__(
         self, *, config_dir: str, rank: int, out: str, mem_fraction: float, seed: int, timeout_s: float
     ) -> None:
-        configure_logging(json_path=Path(out) / "logs" / f"rollout-rank{rank}.jsonl")
-        from actor_integration.engines.sglang.engine import SGLangEngine
+        def build() -> Any:
+            from actor_integration.engines.sglang.engine import SGLangEngine
 
-        self.faults = FaultInjector()
-        self.sglang = SGLangEngine(
-            model_path=config_dir,
-            load_format="dummy",
-            skip_tokenizer_init=True,
-            enable_memory_saver=True,
-            mem_fraction_static=mem_fraction,
-            attention_backend="triton",
-            sampling_backend="pytorch",
-            context_length=2048,
-            dtype="bfloat16",
-            tp_size=1,
-            random_seed=seed,
-            call_timeout_s=timeout_s,
-        )
-        super().__init__(FaultyEngine(self.sglang, self.faults), rank=rank, max_new_tokens=16)
-        self.lifecycle.bind(devices=["cuda:0"])
+            return SGLangEngine(
+                model_path=config_dir,
+                load_format="dummy",
+                skip_tokenizer_init=True,
+                enable_memory_saver=True,
+                mem_fraction_static=mem_fraction,
+                attention_backend="triton",
+                sampling_backend="pytorch",
+                context_length=2048,
+                dtype="bfloat16",
+                tp_size=1,
+                random_seed=seed,
+                call_timeout_s=timeout_s,
+            )
+
+        super().__init__(build, rank=rank, out=out)
 
     def describe_engine(self) -> dict[str, Any]:
-        return self.sglang.describe()
+        described: dict[str, Any] = self.served.describe()
+        return {**described, "version": described["sglang"]}
 
-    def kill_scheduler(self) -> int:
-        """SIGKILL SGLang's scheduler (the demo's --kill-engine); its pid."""
-        pid = (
-            self.sglang.scheduler_pids[0]
-            if self.sglang.scheduler_pids
-            else self.sglang.describe()["processes"]["scheduler_0"]
-        )
-        os.kill(pid, signal.SIGKILL)
-        return int(pid)
+    def engine_process(self) -> tuple[str, int]:
+        pids = self.served.scheduler_pids
+        return "scheduler", int(pids[0] if pids else self.served.describe()["processes"]["scheduler_0"])
 
-    def close(self) -> None:
-        self.sglang.shutdown()
+
+def vllm_arguments(config_dir: str, *, mem_fraction: float, seed: int) -> dict[str, Any]:
+    """`VLLMEngine`'s arguments for the demo (`vllm.LLM`'s, and the sleep level): the trainer's Qwen
+    model with dummy weights, eager (no CUDA graphs), `mem_fraction` of the GPU for vLLM's weights
+    and KV cache (`gpu_memory_utilization`), level-2 sleep (weights discarded, the sync reloads them)."""
+    return {
+        "model": config_dir,
+        "load_format": "dummy",
+        "skip_tokenizer_init": True,
+        "enforce_eager": True,
+        "gpu_memory_utilization": mem_fraction,
+        "max_model_len": 2048,
+        "dtype": "bfloat16",
+        "tensor_parallel_size": 1,
+        "seed": seed,
+        "sleep_level": 2,
+    }
+
+
+class DemoVLLMRollout(_EngineRollout, VLLMRolloutActor):
+    """A `VLLMRolloutActor` over a real offline `vllm.LLM` on this actor's GPU (use with `ray.remote`):
+    weights through the lifecycle's sender into vLLM's workers (`LifecycleWorkerExtension`), sleep at
+    level 2. `engine` builds the adapter from `vllm_arguments(...)` (default `VLLMEngine`; the CPU
+    tests pass one over the fake vLLM)."""
+
+    def __init__(
+        self,
+        *,
+        config_dir: str,
+        rank: int,
+        out: str,
+        mem_fraction: float,
+        seed: int,
+        engine: Callable[..., Any] | None = None,
+    ) -> None:
+        arguments = vllm_arguments(config_dir, mem_fraction=mem_fraction, seed=seed)
+
+        def build() -> Any:
+            from actor_integration.engines.vllm.offline import VLLMEngine
+
+            return (engine or VLLMEngine)(**arguments)
+
+        super().__init__(build, rank=rank, out=out)
+
+    def describe_engine(self) -> dict[str, Any]:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            installed = version("vllm")
+        except PackageNotFoundError:  # the CPU tests' fake
+            installed = "not installed"
+        return {**self.served.describe(), "version": installed, "cuda_graphs": False}
+
+    def engine_process(self) -> tuple[str, int]:
+        processes = self.served.engine_processes()
+        if not processes:
+            raise RuntimeError(
+                "--kill-engine: vLLM runs its EngineCore in this actor's process "
+                "(VLLM_ENABLE_V1_MULTIPROCESSING=0): there is no engine process to kill apart from the actor"
+            )
+        name, pid = next(iter(processes.items()))
+        return name, pid

@@ -4,11 +4,12 @@ A hook that raises leaves ranks FAILED: the phase shows it, recovers them and re
 A generation the lifecycle refuses on invalid weights (`InvalidWeightsError`, after a skipped
 sync) is recovered by what the refusal names: a sync, then the generation again.
 
-On a real SGLang engine (`--engine sglang`) the rollout's weights cannot be read back as the
-trainer's tensors, so each step checks what the weights do instead: generation is refused
-between the release and the sync; after a re-sync of the same trainer weights (a new version,
-equal contents) the greedy tokens are bit-identical to those before the sleep, and so is SGLang's
-own checksum of its parameters; after training the tokens change.
+On a real engine (`--engine sglang` or `vllm`) the rollout's weights cannot be read back as the
+trainer's tensors (the engine fuses and shards them), so each step checks what the weights do
+instead: generation is refused between the release and the sync; after a re-sync of the same
+trainer weights (a new version, equal contents) the greedy tokens are bit-identical to those
+before the sleep, and so is the engine's own checksum of its parameters; after training the
+tokens change. Both engines run the same steps: what differs is inside their actors (`rollout.py`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 
 from actor_integration.actors.ray_group import LifecycleGroup
 from actor_integration.errors import EngineDiedError, GroupCallError, NodeLostError
+from actor_integration.tools.demo.options import ENGINE_NAMES
 from actor_integration.tools.demo.placement import Placement
 from actor_integration.tools.demo.progress import Progress
 from lifecycle.errors import IllegalTransitionError, InvalidWeightsError
@@ -68,7 +70,7 @@ class StepDriver:
         self._need: int | None = None
         self._skip_sync = set(self.args.skip_sync)
         self._corrupt = set(getattr(self.args, "corrupt_sync", ()))
-        self._sglang = self.placed.engine == "sglang"
+        self._real = self.placed.engine in ENGINE_NAMES  # a real engine serving the trainer's Qwen model
         self._last_samples: dict[int, Any] | None = None
 
     def lost_node(self, step: int, error: NodeLostError) -> None:
@@ -106,10 +108,11 @@ class StepDriver:
                 self._need = max(needs)
                 self.placed.trainer_group.call("lifecycle_expect", self._need)
                 self.log.note(f"memory budget: the rollout's wake needs {max(needs) / 2**20:.0f} MiB")
-        if not self._sglang:
+        if not self._real:
             return
         rollouts = self.placed.rollout_group
-        self.log.note("initial sync: SGLang started with dummy weights; the trainer's go in first")
+        name = ENGINE_NAMES[self.placed.engine]
+        self.log.note(f"initial sync: {name} started with dummy weights; the trainer's go in first")
         rollouts.sleep()
         rollouts.wake_up(["weights"])
         self.version += 1
@@ -149,7 +152,7 @@ class StepDriver:
         log.phase(step, "rollout generates")
         samples = self._generate(step)
         continuations = samples[0]
-        if self._sglang:
+        if self._real:
             if self._last_samples is not None:
                 record["tokens_changed"] = samples != self._last_samples  # the trainer trained since
             self._last_samples = samples
@@ -179,7 +182,7 @@ class StepDriver:
         log.phase(step, "rollout wakes its weights")
         wake_weights = functools.partial(rollouts.wake_up, ["weights"])
         self._phase("rollout wake weights", rollouts, wake_weights, "PAUSED", step)
-        if self._sglang:
+        if self._real:
             record["refused_before_sync"] = self._refused(step)
         if step in self._skip_sync:
             log.phase(step, "weight sync skipped (--skip-sync): the rollout's weights stay discarded")
@@ -267,13 +270,14 @@ class StepDriver:
             )
 
     def _kill_engine(self, step: int) -> None:
-        """Kill every engine's scheduler, then generate: a typed error within the deadline, no hang
-        (`killed` records what came back)."""
-        actors = self.placed.rollout_actors
-        import ray
-
-        pids = ray.get([a.kill_scheduler.remote() for a in actors], timeout=self.args.timeout_s)
-        self.log.note(f"[bold red]step {step}: killed SGLang's scheduler (pids {pids}) (--kill-engine)[/]")
+        """Kill every engine's process (SGLang's scheduler, vLLM's EngineCore), then generate: a typed
+        error within the deadline, no hang (`killed` records what came back)."""
+        killed = self.placed.rollout_group.call("kill_engine", timeout_s=self.args.timeout_s)
+        pids = [k["pid"] for _rank, k in sorted(killed.items())]
+        self.log.note(
+            f"[bold red]step {step}: killed {ENGINE_NAMES[self.placed.engine]}'s "
+            f"{killed[min(killed)]['process']} (pids {pids}) (--kill-engine)[/]"
+        )
         started = time.monotonic()
         try:
             self.placed.rollout_group.call("generate", self.prompts)
@@ -356,8 +360,8 @@ class StepDriver:
         reference = trainer_sums[0]
         for rank, value in trainer_sums.items():
             self.checksums.setdefault(("trainer", rank), []).append(value == reference)
-        if self._sglang and not record.get("sync_skipped"):
-            # SGLang fuses and shards the tensors: its checksum is its own (compared across re-syncs).
+        if self._real and not record.get("sync_skipped"):
+            # A real engine fuses and shards the tensors: its checksum is its own (compared across re-syncs).
             record["engine_checksum"] = rollouts.call("weights_checksum")
             return
         if record.get("sync_skipped"):
@@ -369,7 +373,7 @@ class StepDriver:
                 f"{self.version} (loaded: {stale}; None = not valid)[/]"
             )
             return
-        if self._sglang:
+        if self._real:
             return
         engine_sums = rollouts.call("weights_checksum")
         for rank, value in engine_sums.items():

@@ -40,7 +40,29 @@ def one_line_error(proc: subprocess.CompletedProcess[str], command: str) -> str:
         (["--inject-fault", "trainer:generation.pause@1"], "the demo's trainer never calls generation.pause"),
         (["--inject-fault", "memory.paws@2"], "expected [trainer:|rollout:]HOOK@STEP"),
         (["--engine", "sglang"], "--engine sglang needs --model-config DIR"),
-        (["--engine", "vllm"], "--engine vllm: the demo drives ['reference', 'sglang']"),
+        (["--engine", "vllm"], "--engine vllm needs --model-config DIR"),
+        (["--engine", "vllm", "--model-config", TINY, "--device", "cpu"], "--engine vllm needs a GPU"),
+        (
+            ["--engine", "vllm", "--model-config", TINY, "--hidden", "64"],
+            "--hidden is for --engine reference",
+        ),
+        (
+            ["--engine", "sglang", "--model-config", TINY, "--layers", "2"],
+            "--layers is for --engine reference",
+        ),
+        (
+            ["--engine", "vllm", "--model-config", TINY, "--engines", "2"],
+            "--engines is for the reference engine",
+        ),
+        (
+            ["--engine", "vllm", "--model-config", TINY, "--transport", "disk"],
+            "--transport disk: vLLM's workers",
+        ),
+        (
+            ["--engine", "vllm", "--model-config", TINY, "--mem-fraction", "0.95"],
+            "--mem-fraction 0.95: vLLM's gpu_memory_utilization is a fraction in (0, 0.9)",
+        ),
+        (["--mem-fraction", "0.2"], "--mem-fraction is for --engine sglang or vllm"),
         (["--step", "3"], "unrecognized arguments: --step 3"),  # no abbreviation of --steps
         (["--engines", "0"], "argument --engines: expected a positive integer, got 0"),
         (["--transport", "carrier-pigeon"], "argument --transport: invalid choice"),
@@ -52,6 +74,55 @@ def test_a_bad_demo_argument_is_one_line_and_nothing_starts(tmp_path, args, name
     line = one_line_error(lifecycle("demo", "--out", str(out), *args), "demo")
     assert names in line
     assert not (out / "logs").exists()
+
+
+# The GPU session's command (scripts/gpu_vllm.sh), as it will run it.
+GPU_VLLM = ["--engine", "vllm", "--model-config", "configs/qwen2-tiny", "--steps", "5", "--save-every", "2"]
+GPU_VLLM += [
+    "--skip-sync",
+    "2",
+    "--inject-fault",
+    "rollout:memory.pause@3",
+    "--corrupt-sync",
+    "4",
+    "--no-progress",
+]
+
+
+def test_the_gpu_vllm_command_parses_and_passes_the_checks_where_vllm_is_installed(tmp_path, monkeypatch):
+    """Every option of the GPU run is accepted (vllm found, as on the GPU machine); the engine's
+    defaults are filled in, the reference model's options left out."""
+    from actor_integration.tools import cli
+    from actor_integration.tools.demo import options
+
+    args = cli.build_parser().parse_args(["demo", *GPU_VLLM, "--out", str(tmp_path / "out")])
+    found = options.importlib.util.find_spec
+    monkeypatch.setattr(
+        options.importlib.util, "find_spec", lambda name: object() if name == "vllm" else found(name)
+    )
+    assert options.check_demo_arguments(args) is None
+    assert (args.engine, args.mem_fraction, args.inject_fault) == (
+        "vllm",
+        0.15,
+        [("rollout", "memory.pause", 3)],
+    )
+    assert (args.skip_sync, args.corrupt_sync, args.kill_engine) == ([2], [4], None)
+
+
+def test_the_gpu_vllm_command_is_refused_in_one_line_where_vllm_or_cuda_is_missing(tmp_path):
+    """On this CPU machine: vllm not installed, or no GPU, each a one-line error before Ray starts."""
+    import importlib.util
+
+    torch = pytest.importorskip("torch")
+    has_vllm, has_cuda = importlib.util.find_spec("vllm") is not None, torch.cuda.is_available()
+    if has_vllm and has_cuda:
+        pytest.skip("vllm and CUDA are here: the command runs (the GPU session's)")
+    line = one_line_error(lifecycle("demo", *GPU_VLLM, "--out", str(tmp_path / "out"), timeout=120), "demo")
+    if not has_vllm:
+        assert "--engine vllm needs vllm 0.26.0, which is not installed here" in line
+    else:
+        assert "--engine vllm needs a GPU (vLLM runs on CUDA); torch sees none" in line
+    assert not (tmp_path / "out" / "logs").exists()
 
 
 def test_cuda_ipc_on_a_machine_without_cuda_is_refused_before_ray(tmp_path):

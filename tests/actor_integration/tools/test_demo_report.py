@@ -131,15 +131,16 @@ class TestFinish:
         assert "syncs skipped at steps [1]" in console.file.getvalue()  # type: ignore[attr-defined]
 
 
-class TestSGLangVerdicts:
-    """The checks of a run on a real SGLang engine (the H200 runs them), on made-up step records."""
+class TestEngineVerdicts:
+    """The checks of a run on a real engine (SGLang's: the H200 runs them; vLLM's: not yet run on a
+    GPU), on made-up step records."""
 
     @staticmethod
-    def verdicts(records, *, corrupt=(), kill=None, killed=None, read_back=(True, True)):
+    def verdicts(records, *, corrupt=(), kill=None, killed=None, read_back=(True, True), engine="sglang"):
         import argparse
         import types
 
-        from actor_integration.tools.demo.report import sglang_verdicts
+        from actor_integration.tools.demo.report import engine_verdicts
 
         args = argparse.Namespace(corrupt_sync=list(corrupt), kill_engine=kill)
         driver = types.SimpleNamespace(records=records, killed=killed)
@@ -150,9 +151,10 @@ class TestSGLangVerdicts:
             )
             for digest in read_back
         ]
-        return sglang_verdicts(args, driver, [types.SimpleNamespace(role="rollout", marks=marks)])
+        return engine_verdicts(args, driver, [types.SimpleNamespace(role="rollout", marks=marks)], engine)
 
-    def test_a_clean_run_passes_every_check(self):
+    @pytest.mark.parametrize("engine", ["sglang", "vllm"])
+    def test_a_clean_run_passes_every_check(self, engine):
         records = [
             {"step": 1, "refused_before_sync": True, "resync_identical": True},
             {
@@ -163,8 +165,12 @@ class TestSGLangVerdicts:
                 "corrupt_resends": 1,
             },
         ]
-        result = self.verdicts(records, corrupt=[2])
+        result = self.verdicts(
+            records, corrupt=[2], engine=engine, read_back=(None, None) if engine == "vllm" else (True, True)
+        )
         assert all(ok for _line, ok in result["lines"]) and len(result["lines"]) == 5
+        name = {"sglang": "SGLang", "vllm": "vLLM"}[engine]
+        assert sum(f"{name}'s" in line for line, _ok in result["lines"]) >= 2
 
     @pytest.mark.parametrize("read_back", [(True, False), (True, None), ()])
     def test_a_sync_not_read_back_as_sent_fails_the_run(self, read_back):
@@ -192,3 +198,14 @@ class TestSGLangVerdicts:
         killed = {"step": 1, "typed": False, "error": "the killed engine generated", "noticed_s": None}
         lines = self.verdicts(records, corrupt=[1], kill=1, killed=killed)["lines"]
         assert [ok for line, ok in lines if "corrupt" in line or "killed" in line] == [False, False]
+
+    def test_vllms_lines_name_its_workers_and_its_engine_core(self):
+        """vLLM's workers read nothing back (a note that says so, not a pass); a kill names EngineCore."""
+        records = [{"step": 1, "refused_before_sync": True, "resync_identical": True}]
+        killed = {"step": 1, "typed": True, "error": "EngineDiedError: ...", "noticed_s": 0.01}
+        lines = dict(self.verdicts(records, read_back=(None,), kill=1, killed=killed, engine="vllm")["lines"])
+        assert lines[
+            "vLLM's workers verified every bucket before loading; nothing read back after the load (1 syncs loaded)"
+        ]
+        assert lines["killed vLLM's EngineCore process at step 1: EngineDiedError: ... after 0.01 s"]
+        assert not any("schedulers" in line or "SGLang" in line for line in lines)

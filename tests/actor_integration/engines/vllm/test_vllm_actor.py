@@ -175,3 +175,26 @@ def test_make_engine_builds_the_offline_adapter(fake, vllm_tree):
     engine = make_engine(llm=FakeLLM(fake))
     assert isinstance(engine, VLLMEngine) and engine.describe()["engine"] == "vllm"
     assert engine.describe()["weights_via"] == "worker_extension"
+
+
+class Delegating:
+    """A wrapper that names the adapter it delegates to (`wrapped`) and records what went through it."""
+
+    def __init__(self, engine):
+        self.wrapped, self.seen = engine, []
+
+    def __getattr__(self, name):
+        self.seen.append(name)
+        return getattr(self.wrapped, name)
+
+
+def test_a_delegating_wrapper_is_driven_as_its_adapter_and_every_call_goes_through_it(
+    fake, make_engine, tmp_path
+):
+    wrapper = Delegating(make_engine(sleep_level=1))
+    actor = VLLMRolloutActor(wrapper, log_dir=str(tmp_path))
+    actor.sleep()
+    assert fake.sleeps == [0, 1] and "release_memory_occupation" in wrapper.seen  # one sleep, through it
+    assert actor.lifecycle.policy.discard_on_release == ("kv_cache",)  # the wrapped engine's level 1
+    with pytest.raises(TypeError, match="drives VLLMEngine or VLLMHTTPEngine, got Delegating"):
+        VLLMRolloutActor(Delegating(object()), log_dir=str(tmp_path))

@@ -9,6 +9,7 @@ import torch
 
 from actor_integration.engines.vllm import VLLMEngine
 from actor_integration.errors import (
+    EngineDiedError,
     EngineNotIdleError,
     MemoryStateError,
     SleepTagsError,
@@ -218,3 +219,43 @@ class TestWeightTransfer:
         with pytest.raises(ValueError, match="retract"):
             engine.pause_generation("retract")
         assert engine.flush_cache() is True
+
+
+class TestEngineCoreDeath:
+    """vLLM's EngineCore is a child process (the fake's: a real one): once it exited, every call is a
+    typed `EngineDiedError` naming it, instead of vLLM's untyped `EngineDeadError`."""
+
+    def test_a_killed_engine_core_is_a_typed_error_on_the_next_call(self, fake, make_engine):
+        import os
+        import signal
+
+        core = fake.engine_core_process()
+        engine = make_engine()
+        assert engine.engine_processes() == {"EngineCore": core.pid}
+        assert engine.generate(PROMPTS, max_new_tokens=2)
+        os.kill(core.pid, signal.SIGKILL)
+        core.join(timeout=10)
+        calls = len(fake.calls)
+        with pytest.raises(EngineDiedError, match=f"EngineCore process \\(pid {core.pid}\\) exited") as info:
+            engine.generate(PROMPTS, max_new_tokens=2)
+        assert info.value.pid == core.pid and info.value.exitcode == -signal.SIGKILL
+        assert info.value.call == "generate" and fake.calls[calls:] == []  # refused before vLLM
+        with pytest.raises(EngineDiedError) as again:  # every later call, named by what it was
+            engine.pause_generation("abort")
+        assert again.value.call == "pause" and again.value.pid == core.pid
+
+    def test_vllms_engine_dead_error_becomes_the_typed_error(self, fake, make_engine):
+        """EngineCore can tell the client it died before its process is gone (vLLM's ENGINE_CORE_DEAD)."""
+        engine = make_engine()
+        fake.reported_dead = True
+        with pytest.raises(EngineDiedError, match="EngineCore died during sleep") as info:
+            engine.release_memory_occupation(None)
+        assert type(info.value.__cause__).__name__ == "EngineDeadError"
+        assert engine.residency == {"weights": True, "kv_cache": True}  # nothing counted as released
+
+    def test_an_in_process_engine_core_has_no_process_and_shuts_down(self, fake, make_engine):
+        assert make_engine().engine_processes() == {}
+        core = fake.engine_core_process()
+        engine = make_engine()
+        engine.shutdown()
+        assert not core.is_alive()

@@ -18,6 +18,7 @@ from tests.helpers.vllm_source import (
     IPC_ENGINE,
     LLM,
     LLM_ENGINE,
+    MP_CLIENT,
     PAUSE_MODE,
     SHA256,
     VERSION,
@@ -77,6 +78,24 @@ def test_every_llm_call_exists(vllm_tree):
         method(vllm_tree, LLM_ENGINE, name)
     wake = ast.unparse(method(vllm_tree, "vllm.v1.engine.core.EngineCore", "wake_up").node)
     assert "'scheduling' in tags" in wake  # wake_up(["scheduling"]) resumes a level-0 pause
+
+
+def test_the_engine_core_processes_the_adapter_watches(vllm_tree):
+    """What `VLLMEngine.engine_processes`, its death check and its shutdown read: the LLMEngine's
+    `engine_core` client, the multiprocess client's `resources.engine_manager.processes` (named
+    EngineCore), the client's `shutdown`, and the error vLLM's client raises once EngineCore died."""
+    assert "engine_core" in vllm_tree.cls(LLM_ENGINE).instance_attributes()
+    assert "resources" in vllm_tree.cls(MP_CLIENT).instance_attributes()
+    assert "engine_manager" in field_names(vllm_tree, "vllm.v1.engine.core_client.BackgroundResources")
+    manager = vllm_tree.cls("vllm.v1.engine.utils.CoreEngineProcManager")
+    assert "processes" in manager.instance_attributes()
+    assert "'EngineCore'" in ast.unparse(
+        method(vllm_tree, "vllm.v1.engine.utils.CoreEngineProcManager", "__init__").node
+    )
+    method(vllm_tree, MP_CLIENT, "shutdown").signature(bound=True).bind()
+    ensure = ast.unparse(method(vllm_tree, MP_CLIENT, "ensure_alive").node)
+    assert "raise EngineDeadError()" in ensure  # every call after the death, as the fake raises it
+    assert vllm_tree.cls("vllm.v1.engine.exceptions.EngineDeadError").name == "EngineDeadError"
 
 
 def test_the_llm_arguments_are_engine_args_and_ipc_is_a_backend(vllm_tree):
