@@ -66,7 +66,7 @@ def demo_headline(work: Path, name: str) -> str:
     failed = [c for c in checks if re.search(r"(\d+)/(\d+)", c) and _short(c)]
     parts = [verdict, f"{len(checks) - len(failed)}/{len(checks)} SGLang checks passed"]
     parts += [f"FAILED: {c.strip()[:120]}" for c in failed]
-    killed = last(r"^(killed scheduler at step .*)$", text)
+    killed = last(r"^(killed .* at step .*)$", text)
     if killed:
         parts.append(killed[:140])
     return "; ".join(parts)

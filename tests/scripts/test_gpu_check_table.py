@@ -64,3 +64,16 @@ def test_without_the_figures_the_row_has_the_test_and_the_check_only(table, tmp_
     assert row.endswith(
         "| 8 passed in 140.2s; lifecycle check: 1 file(s), 300 event(s), 2 machine(s): clean |"
     )
+
+
+def test_the_kill_demos_row_names_the_process_the_demo_killed(table, tmp_path):
+    """The demo's report line as it prints it (`killed SGLang's scheduler at step N: ...`)."""
+    (tmp_path / "demo_sglang_kill.log").write_text(
+        "step 2: killed SGLang's scheduler (pids [4242]) (--kill-engine)\n"
+        "  rollouts at step 2: 0/1 steps\n"
+        "killed SGLang's scheduler at step 2: EngineDiedError after 0.4 s\n"
+        "demo OK\n"
+    )
+    headline = table.demo_headline(tmp_path, "demo_sglang_kill")
+    assert headline.startswith("demo OK")
+    assert headline.endswith("killed SGLang's scheduler at step 2: EngineDiedError after 0.4 s")
