@@ -362,7 +362,7 @@ def killed_server(rig: Rig, deadline_s: float = 30.0) -> dict[str, Any]:
     figures = {
         "listed_before": listed_before,
         "served_before_kill": served_before,
-        "client_statuses_after": sorted({str(s) for s in statuses[served_before:]}),
+        "client_statuses": sorted({str(s) for s in statuses}),  # 200 before the kill, 502 after
         "killed_pids": len(killed),
         "exitcode": process.exitcode,
         "error": type(error).__name__ if error is not None else None,
@@ -371,7 +371,7 @@ def killed_server(rig: Rig, deadline_s: float = 30.0) -> dict[str, Any]:
         "names_the_server": rig.url in str(error),
         "health": type(health).__name__ if health is not None else None,
         "router_lists_it": rig.url in router.urls(),
-        "state": engine.lifecycle_state().get("state"),
+        "state": engine.lifecycle_state().get("state"),  # the machine's: the watch refuses before it runs
     }
     assert listed_before and served_before > 0 and not thread.is_alive(), figures
     assert isinstance(error, EngineDiedError) and figures["names_the_server"], figures

@@ -67,6 +67,29 @@ def test_0_vime_launches_vllm_serve_with_its_own_arguments_and_environment(rig: 
     assert rig.engine.process.pid == rig.launched.process().pid > 0 and rig.router.urls() == []
 
 
+def test_0b_every_flag_of_the_command_line_is_one_vllm_0_26_serve_defines(rig: Any) -> None:
+    """vLLM's parser (not run here) defines the engine's flags one by one in `EngineArgs.add_cli_args`,
+    and one per field of `FrontendArgs` (`FrontendArgs.add_cli_args`)."""
+    from tests.helpers.sglang_source import SourceTree
+    from tests.helpers.vllm_source import VERSION, cached_wheel, field_names
+
+    wheel = cached_wheel()
+    assert wheel is not None
+    tree = SourceTree(wheel, VERSION)
+    try:
+        engine_flags = tree.source("vllm.engine.arg_utils")
+        frontend = field_names(tree, "vllm.entrypoints.openai.cli_args.FrontendArgs")
+    finally:
+        tree.close()
+    flags = [a for a in rig.figures["launch"]["argv"] if a.startswith("--")]
+    unknown = [
+        f
+        for f in flags
+        if f'"{f}"' not in engine_flags and f.removeprefix("--").replace("-", "_") not in frontend
+    ]
+    assert flags and unknown == [], unknown
+
+
 def test_1_vimes_own_calls_and_the_wrapped_ones_on_the_same_server(rig: Any) -> None:
     figures = checks.own_and_wrapped(rig, cycles=3)
     print(f"\n{figures}")
