@@ -10,7 +10,9 @@ function's drain, not called here). `requests`, `cloudpickle` and `urllib3` are 
 vime's `launch_server_process` is replaced by one that starts `FakeVLLMServer` (vLLM 0.26.0's
 routes, its killers: tests/helpers/vllm_server.py) in this process on the port vime chose: vime's
 own spawns `vllm serve` and waits for `GET /health_generate`, a route vLLM 0.26.0 does not serve.
-Everything is taken out of `sys.modules` again on exit.
+Everything is taken out of `sys.modules` again on exit. `vime_modules` is that setup less the
+launch: tests/helpers/vime_serve.py uses it to launch a `vllm serve` process instead (the real one
+on the GPU machine, with the installed vLLM; a fake one in a child process on CPU).
 
 The job's calls on one engine (`METHODS`) are the ones vime's own code makes (read from vime
 8c1c944b): the rollout manager's offload (`RolloutServer.offload`: level 2, the model is updated)
@@ -97,7 +99,7 @@ def _not_here(what: str) -> Callable[..., Any]:
     return call
 
 
-def _stand_ins(launched: Launched) -> None:
+def _stand_ins(launched: engine_source.Launched, *, stand_in_vllm: bool = True) -> None:
     from tests.helpers.vime_source import RayActor, _LocalActorClass
 
     for package in ("vime", "vime.backends", "vime.backends.vllm_utils", "vime.ray", "vime.utils"):
@@ -132,9 +134,10 @@ def _stand_ins(launched: Launched) -> None:
         if server is not None:
             server.close()
 
-    for name in ("vllm", "vllm.utils"):
-        stand_in_module(name, __path__=[])
-    stand_in_module("vllm.utils.system_utils", kill_process_tree=kill_process_tree)
+    if stand_in_vllm:
+        for name in ("vllm", "vllm.utils"):
+            stand_in_module(name, __path__=[])
+        stand_in_module("vllm.utils.system_utils", kill_process_tree=kill_process_tree)
 
     ray_stand_in(_LocalActorClass, wait=lambda refs, num_returns=1, timeout=None: (list(refs), []))
     stand_in_module(  # engine_group passes placement_group_capture_child_tasks too
@@ -162,25 +165,32 @@ def _in_process_launch(launched: Launched) -> Callable[[dict[str, Any]], Any]:
 
 
 @contextlib.contextmanager
-def installed(source: FrameworkSource, tree: SourceTree) -> Iterator[tuple[Any, Any, Launched]]:
-    """(vime's vllm_engine module, its engine_group module, the servers launched), from vime's source."""
+def vime_modules(
+    source: FrameworkSource,
+    launched: engine_source.Launched,
+    server_fields: frozenset[str],
+    *,
+    stand_in_vllm: bool = True,
+) -> Iterator[tuple[Any, Any]]:
+    """(vime's vllm_engine module, its engine_group module), run from vime's source with the stand-ins
+    above; vime's launch is left to the caller to replace. `stand_in_vllm=False` keeps the installed
+    vLLM (the GPU machine's: import what vime needs of it before). `server_fields`: the vLLM server
+    fields vime maps its `--vllm-*` flags onto (`_VLLM_SERVER_FIELDS`: vime reads them from
+    `vllm.entrypoints.launchers.cli_args`, which 0.26.0 does not have). Undone on exit, the servers
+    `launched` holds closed first."""
     with contextlib.suppress(ImportError):
         import requests  # noqa: F401 - a real one is imported once and kept (it does not survive a re-import)
     before, environ = dict(sys.modules), dict(os.environ)
-    launched = Launched(tree=tree)
     try:
-        _stand_ins(launched)
+        _stand_ins(launched, stand_in_vllm=stand_in_vllm)
         for path in ROLLOUT_MODULES:
             name = path.removesuffix(".py").replace("/", ".")
             module = stand_in_module(name, __package__=name.rpartition(".")[0])
             module.__file__ = f"<vime {source.commit_of(path)[:8]}>/{path}"
             exec(compile(source.read(path), module.__file__, "exec"), module.__dict__)
         engine_module = sys.modules[ENGINE_MODULE]
-        engine_module._VLLM_SERVER_FIELDS = frozenset(
-            set().union(*(field_names(tree, c) for c in SERVER_FIELDS))
-        )
-        engine_module.launch_server_process = _in_process_launch(launched)
-        yield engine_module, sys.modules[GROUP_MODULE], launched
+        engine_module._VLLM_SERVER_FIELDS = server_fields
+        yield engine_module, sys.modules[GROUP_MODULE]
     finally:
         launched.close()
         os.environ.clear()  # the actors' runtime_env went into it (vime_source's local Ray)
@@ -188,6 +198,20 @@ def installed(source: FrameworkSource, tree: SourceTree) -> Iterator[tuple[Any, 
         for name in [n for n in sys.modules if n not in before and not n.startswith(OWN_PACKAGES)]:
             del sys.modules[name]
         sys.modules.update(before)
+
+
+def wheel_server_fields(tree: SourceTree) -> frozenset[str]:
+    """vLLM 0.26.0's server fields (`AsyncEngineArgs`'s and `FrontendArgs`'), read from its wheel."""
+    return frozenset(set().union(*(field_names(tree, c) for c in SERVER_FIELDS)))
+
+
+@contextlib.contextmanager
+def installed(source: FrameworkSource, tree: SourceTree) -> Iterator[tuple[Any, Any, Launched]]:
+    """(vime's vllm_engine module, its engine_group module, the servers launched), from vime's source."""
+    launched = Launched(tree=tree)
+    with vime_modules(source, launched, wheel_server_fields(tree)) as (engine_module, group_module):
+        engine_module.launch_server_process = _in_process_launch(launched)
+        yield engine_module, group_module, launched
 
 
 def engine_args(*, offload: bool = True, **overrides: Any) -> Any:
