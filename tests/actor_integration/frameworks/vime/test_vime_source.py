@@ -98,7 +98,7 @@ def _ray_group_run(actor_module: Any, cuda: str) -> dict[str, Any]:
     placement = sys.modules["ray.util.placement_group"].PlacementGroup()
     group = RayTrainGroup(vime_args(1), 1, 1, pg=(placement, [0], [0]))
     actor = group._actor_handlers[0].instance
-    out["mro"] = [c.__name__ for c in type(actor).__mro__[:3]]
+    out["mro"] = [c.__name__ for c in type(actor).__mro__[:5]]
     out["env_vars"] = RECORD["ray_actors"][0]["env_vars"]
     out["init"] = error_of(lambda: group.async_init(vime_args(1), "actor"))
     own = next(c for c in type(actor).__mro__ if c.__name__ == "MegatronTrainRayActor")
@@ -177,6 +177,8 @@ class TestRayTrainGroupUnderTheLaunchSwitch:
         (result,) = _run("ray_group:12", world_size=1)
         assert result["halves"] == ["trainer"]
         assert result["mro"] == [
+            "LifecycleMegatronTrainRayActor",  # the job's class (`launch.job_class`)
+            "JobLifecycle",
             "LifecycleMegatronTrainRayActor",
             "VimeLifecycleMixin",
             "SlimeLifecycleMixin",
