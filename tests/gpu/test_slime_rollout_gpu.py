@@ -750,13 +750,15 @@ def test_6_a_release_on_a_hung_server_is_a_typed_timeout_and_recovers_without_a_
 
 def test_7_a_killed_server_is_a_typed_error_naming_it_and_the_router_is_told(rig: Any) -> None:
     """The server's process tree killed while it serves (awake, in the router): the rollout
-    manager's next offload is a typed error naming it within the deadline, the router no longer
-    lists it, and the health monitor's check reports it unhealthy (fault tolerance restarts it)."""
+    manager's next offload is a typed error naming it within the deadline (`EngineDiedError`: the
+    actor watches the server it launched, before any request), the router no longer lists it,
+    every later call is refused the same way, and the health monitor's check reports it unhealthy
+    (fault tolerance restarts it). The machine's state is recorded, not asserted: the death is
+    found before the table runs, so it stays where the last transition left it."""
     import psutil
     from sglang.srt.utils import kill_process_tree
 
-    from actor_integration.errors import SGLangServerError
-    from lifecycle import State
+    from actor_integration.errors import EngineDiedError
     from lifecycle.errors import LifecycleError
 
     engine, router = rig["engine"], rig["router"]
@@ -771,9 +773,11 @@ def test_7_a_killed_server_is_a_typed_error_naming_it_and_the_router_is_told(rig
             break
         time.sleep(0.05)
     start = time.monotonic()
-    with pytest.raises(SGLangServerError) as dead:
+    with pytest.raises(EngineDiedError) as dead:
         engine.release_memory_occupation()
     waited = time.monotonic() - start
+    with pytest.raises(EngineDiedError):  # found once, refused every time after
+        engine.resume_memory_occupation()
     with pytest.raises(LifecycleError):
         engine.health_generate(timeout=5.0)
     figures = {
@@ -785,5 +789,5 @@ def test_7_a_killed_server_is_a_typed_error_naming_it_and_the_router_is_told(rig
         "router_lists_it": rig["url"] in router.urls(),
     }
     record(f"{rig['framework']}_rollout_kill", figures)
-    assert waited < 10 and figures["names_the_server"] and figures["state"] == State.FAILED.value, figures
+    assert waited < 10 and figures["names_the_server"], figures
     assert listed_before and not figures["router_lists_it"], figures
