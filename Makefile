@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 TORCH_CPU ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-slow lint diagrams bench gpu-test gpu-check gpu-slime-prepare demo clean
+.PHONY: install test test-slow lint diagrams bench gpu-test gpu-check gpu-slime-prepare gpu-vllm-prepare demo clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv --system-site-packages $(VENV)
@@ -60,6 +60,10 @@ gpu-check: $(STAMP)
 # RL_LIFECYCLE_SLIME_SOURCE and RL_LIFECYCLE_MEGATRON_SOURCE name the inputs (scripts/gpu_slime_wheels.sh).
 gpu-slime-prepare:
 	bash scripts/gpu_slime_wheels.sh
+
+# VLLM_WHEEL=/path/to/vllm-0.26.0-...whl (else downloaded) PY312=a Python 3.12 with pip (default python3.12)
+gpu-vllm-prepare:
+	bash scripts/gpu_vllm_wheels.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

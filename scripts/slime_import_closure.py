@@ -9,7 +9,7 @@ into). Imports inside functions are not followed (they run only on the paths tha
 missing module is reported under the strongest way it is imported: required (unconditional, at load),
 under if (a module-level `if`, mostly a platform test: ROCm, NPU, MUSA, an env switch; and whatever a
 module reached only that way imports), guarded (a `try` whose handler catches ImportError or
-Exception, or `if TYPE_CHECKING`). `if __name__ == "__main__"` blocks are skipped.
+Exception, a `with suppress(ImportError)`, or `if TYPE_CHECKING`). `if __name__ == "__main__"` blocks are skipped.
 
     python3 scripts/slime_import_closure.py --source .gpuw/slime/src/slime \\
         --source .gpuw/slime/src/Megatron-LM --source . --wheels .gpuw/slime/wheels
@@ -94,6 +94,22 @@ def _catches_import_error(handler: ast.ExceptHandler) -> bool:
     return bool(names & {"ImportError", "ModuleNotFoundError", "Exception", "BaseException", "OSError"})
 
 
+def _suppresses_import_error(node: ast.With) -> bool:
+    """`with suppress(ImportError)` / `with contextlib.suppress(...)` naming ImportError or a base of it."""
+    for item in node.items:
+        call = item.context_expr
+        if not isinstance(call, ast.Call):
+            continue
+        func = call.func
+        name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
+        if name != "suppress":
+            continue
+        caught = {a.id if isinstance(a, ast.Name) else getattr(a, "attr", "") for a in call.args}
+        if caught & {"ImportError", "ModuleNotFoundError", "Exception", "BaseException"}:
+            return True
+    return False
+
+
 def _is_type_checking(test: ast.expr) -> bool:
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
@@ -140,7 +156,10 @@ def module_imports(tree: ast.Module, module: str, is_package: bool) -> Iterator[
                 inner = "guarded" if _is_type_checking(node.test) else "conditional"
                 yield from walk(node.body, _weaker(kind, inner))
                 yield from walk(node.orelse, _weaker(kind, "conditional"))
-            elif isinstance(node, (ast.With, ast.ClassDef)):
+            elif isinstance(node, ast.With):
+                guarded = _suppresses_import_error(node)
+                yield from walk(node.body, _weaker(kind, "guarded") if guarded else kind)
+            elif isinstance(node, ast.ClassDef):
                 yield from walk(node.body, kind)
 
     yield from walk(tree.body, "required")
@@ -211,10 +230,15 @@ class Missing:
 
 
 def closure(
-    sources: Sources, roots: Iterable[str], trace: Iterable[str] = ()
+    sources: Sources,
+    roots: Iterable[str],
+    trace: Iterable[str] = (),
+    reached: dict[str, str] | None = None,
 ) -> tuple[Missing, int, list[str]]:
     """Walk from the roots: what is missing, how many modules were read, and where the top-level
-    modules named in `trace` are imported (present or not), one "module:line kind -> name" each."""
+    modules named in `trace` are imported (present or not), one "module:line kind -> name" each.
+    `reached`, when given, is filled with each top-level module found in the sources or the wheels
+    (not the image's) and the strongest way it was reached."""
     traced, sites = frozenset(trace), []
     missing = Missing()
     seen: dict[str, str] = {}  # module → the strongest way it was reached
@@ -229,6 +253,9 @@ def closure(
         if not sources.provided(top) and top not in IMAGE_MODULES:
             missing.add(top, kind, where)
             return
+        stronger = reached is not None and (top not in reached or _RANK[kind] < _RANK[reached[top]])
+        if reached is not None and stronger and sources.provided(top):
+            reached[top] = kind  # the strongest way it is reached
         if kind != "guarded":  # a guarded import may fail there: what it would import is not followed
             parts = module.split(".")
             queue.extend((".".join(parts[: i + 1]), kind) for i in range(len(parts)))
@@ -269,13 +296,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--trace", action="append", default=[], help="print where this top-level module is imported"
     )
+    parser.add_argument(
+        "--follow",
+        action="append",
+        default=None,
+        help="a wheel's top-level module to walk into (repeat; 'all': every wheel's)",
+    )
+    parser.add_argument(
+        "--reached", action="store_true", help="print each carried top-level module the walk reached"
+    )
     args = parser.parse_args(argv)
     sources = Sources(dirs=list(args.source))
     for folder in args.wheels:
         sources.add_wheels(folder)
-    missing, read, sites = closure(sources, args.root or DEFAULT_ROOTS, args.trace)
+    if args.follow:
+        sources.follow_wheels = frozenset(sources.wheels if "all" in args.follow else args.follow)
+    reached: dict[str, str] = {}
+    missing, read, sites = closure(sources, args.root or DEFAULT_ROOTS, args.trace, reached)
     for site in sites:
         print(f"trace: {site}")
+    if args.reached:
+        for top, kind in sorted(reached.items()):
+            print(f"reached ({kind}) {top}")
     print(
         f"read {read} modules from {len(args.source)} source folders and {len(sources.wheels)} wheel top-levels"
     )

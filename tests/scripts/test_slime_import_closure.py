@@ -92,3 +92,33 @@ def test_the_command_fails_on_a_required_module_only(
     assert "MISSING (required) missing_required" in out and "absent (guarded)   missing_guarded" in out
     write(src / "ok.py", "import json\nimport torch\n")
     assert closure_module.main(["--source", str(src), "--root", "ok"]) == 0
+
+
+def test_an_import_under_suppress_import_error_is_guarded(closure_module: ModuleType, tmp_path: Path) -> None:
+    write(
+        tmp_path / "a.py",
+        "import contextlib\nfrom contextlib import suppress\n"
+        "with suppress(ImportError):\n    import quiet_one\n"
+        "with contextlib.suppress(ModuleNotFoundError, OSError):\n    import quiet_two\n"
+        "with suppress(KeyError):\n    import loud\n"
+        "with open('x') as f:\n    import also_loud\n",
+    )
+    missing, _, _ = closure_module.closure(closure_module.Sources(dirs=[tmp_path]), ["a"])
+    assert set(missing.guarded) == {"quiet_one", "quiet_two"}
+    assert set(missing.required) == {"loud", "also_loud"}
+
+
+def test_follow_walks_into_the_named_wheels_and_reached_lists_them(
+    closure_module: ModuleType, tree: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    src, wheels = tree
+    args = ["--source", str(src), "--wheels", str(wheels), "--root", "app", "--reached"]
+    closure_module.main([*args, "--follow", "unfollowed_wheel"])
+    out = capsys.readouterr().out
+    # only the named wheel is walked into: what `wheeled.inner` imports is no longer seen
+    assert "missing_not_followed" in out and "missing_in_wheel" not in out
+    assert "reached (required) wheeled" in out and "reached (required) unfollowed_wheel" in out
+    assert "reached (required) app" in out and "numpy" not in out  # the image's are not listed
+    closure_module.main([*args, "--follow", "all"])
+    out = capsys.readouterr().out
+    assert "missing_not_followed" in out and "missing_in_wheel" in out
