@@ -25,10 +25,11 @@
 #             field's killers refused), its figures (vllm_*.json) kept; prints the attention backend
 #             and FlashAttention version the first engine logged
 #   demo      lifecycle demo --engine vllm (a fault, a skipped sync, a corrupt round), lifecycle check
+#   vime      tests/gpu/test_vime_rollout_gpu.py: vime's own VLLMEngine (its source: carry .vime-source,
+#             git-ignored, in that call) plain and wrapped on a real `vllm serve` with sleep mode
 #   report    the table of every step so far (also written at the end of every call)
-# GPU_VLLM_STEPS names the steps (default "imports tests demo report"); a step runs once (its rc is in
-# the table); GPU_VLLM_REDO="tests" runs it again. No vime GPU test exists under tests/gpu (only
-# test_vllm_gpu.py's comment on vime #57), so there is no vime step.
+# GPU_VLLM_STEPS names the steps (default "imports tests demo vime report"); a step runs once (its rc is
+# in the table); GPU_VLLM_REDO="tests" runs it again.
 # What comes back in $OUT each call: gpu-vllm.md (the table), this call's step logs, and
 # gpu-vllm-logs.tgz (every log so far, the tests' figures, the demo's logs). State in $WORK (default
 # /tmp/gpu-vllm) on the warm machine.
@@ -56,11 +57,13 @@ mkdir -p "$WORK" "$WORK/gpu-out"
 # ~2,000 modules, ~60 s; tests: engine start ~60-90 s, 20 sleep/wake/sync cycles, the IPC path and the
 # killers, ~240 s; demo: the SGLang demo's 200 s measured on an H100, vLLM's engine start added).
 # Replace them with the first run's figures.
-declare -A usual=([imports]=90 [tests]=360 [demo]=300 [report]=10)
-read -r -a steps <<<"${GPU_VLLM_STEPS:-imports tests demo report}"
+# vime: the server's start ~90 s, 2 x 10 own/wrapped cycles, 20 wrapped cycles with a push each, the
+# killers, the kill (helper's estimate 3-5 min).
+declare -A usual=([imports]=90 [tests]=360 [demo]=300 [vime]=300 [report]=10)
+read -r -a steps <<<"${GPU_VLLM_STEPS:-imports tests demo vime report}"
 for s in "${steps[@]}"; do
     [[ -n ${usual[$s]:-} ]] || {
-        echo "scripts/gpu_vllm.sh: unknown step '$s'; steps: imports tests demo report" >&2
+        echo "scripts/gpu_vllm.sh: unknown step '$s'; steps: imports tests demo vime report" >&2
         exit 2
     }
 done
@@ -200,6 +203,14 @@ run_step() { # run_step NAME: the step's commands (its output goes to $WORK/NAME
             --out "$WORK/demo-vllm" --no-progress || return $?
         echo "=== lifecycle check"
         "$PY" -m actor_integration.tools.cli check "$WORK/demo-vllm/logs"
+        ;;
+    vime)
+        if [[ ! -f .vime-source/vime/backends/vllm_utils/vllm_engine.py ]]; then
+            echo "vime: no .vime-source here: carry it in this call (scripts/export_vime.py makes it)"
+            return 2
+        fi
+        RL_LIFECYCLE_VIME_SOURCE=$PWD/.vime-source "$PY" -m pytest -m gpu -q -s -p no:cacheprovider \
+            tests/gpu/test_vime_rollout_gpu.py
         ;;
     esac
 }

@@ -197,15 +197,19 @@ def test_the_device_script_stages_part_by_part_installs_then_gates_steps_by_budg
         "=== next call: tests and after (" in second.stdout and "tests usually takes 360 s" in second.stdout
     )
     assert "| imports | 0 | 0 |" in second.stdout and "| tests | not run | |" in second.stdout
-    # the next call carries nothing: no install again, imports not again, the rest within 700 s
+    # the next call carries nothing: no install again, imports not again, the rest within 1000 s
     (carried / "p2").unlink()
-    third = device_script(tmp_path, carried, GPU_VLLM_BUDGET_S="700")
+    third = device_script(tmp_path, carried, GPU_VLLM_BUDGET_S="1000")
     assert third.returncode == 0, third.stderr
     assert "install" not in third.stdout.split("| step |")[0]
     assert "=== imports" not in third.stdout
-    assert "=== tests: rc=0" in third.stdout and "=== demo: rc=0" in third.stdout
+    assert (
+        "=== tests: rc=0" in third.stdout
+        and "=== demo: rc=0" in third.stdout
+        and "=== vime: rc=0" in third.stdout
+    )
     assert "=== next call: report" not in third.stdout and "=== report: rc=0" in third.stdout
-    assert (tmp_path / "work" / "done").read_text().split() == ["imports", "tests", "demo", "report"]
+    assert (tmp_path / "work" / "done").read_text().split() == ["imports", "tests", "demo", "vime", "report"]
 
 
 def test_the_device_script_refuses_an_unknown_step(tmp_path: Path) -> None:
