@@ -252,7 +252,14 @@ def test_the_trainer_stand_in_has_the_demo_trainers_signatures():
         if name.startswith("_") or not callable(member):
             continue
         real = getattr(TinyTrainer, name, None) or getattr(DemoTrainer, name)
-        assert inspect.signature(member).parameters.keys() == inspect.signature(real).parameters.keys(), name
+        assert _parameters(member) == _parameters(real), name
+
+
+def _parameters(method: Any) -> list[str]:
+    """Its parameters, less the `_ray_trace_ctx` that `ray.remote` of any subclass adds to the
+    signature of each inherited function object, shared with every other class (LifecycleMixin's
+    `lifecycle_expect` carries it once an earlier test of the session made a mixin class an actor)."""
+    return [p for p in inspect.signature(method).parameters if p != "_ray_trace_ctx"]
 
 
 class TestTheSteps:
