@@ -349,8 +349,10 @@ class ServerActorLifecycle:
         return self._lc_state.lifecycle
 
     def lifecycle_state(self) -> dict[str, Any]:
-        """The snapshot `LifecycleGroup` reads, plus `admitted` (in the router), `served_version`
-        and `loading`; a follower answers node 0's, with its own `node_rank`."""
+        """The snapshot `LifecycleGroup` reads, plus `admitted` (in the router), `served_version`,
+        `loading` and `server_died` (None while the server runs; what exited once the watch found it
+        dead: the machine itself stays where its last transition left it, every call refused with
+        `EngineDiedError`); a follower answers node 0's, with its own `node_rank`."""
         if getattr(self, "node_rank", 0) != 0:
             leader = self._lc_leader_entry()
             return {**(leader or {}), "node_rank": self.node_rank, "follower": True}
@@ -361,6 +363,7 @@ class ServerActorLifecycle:
             "loading": self._lc_state.loading,
             "url": self._lc_url(),
             "node_rank": 0,
+            "server_died": None if self._lc_state.died is None else dict(self._lc_state.died),
         }
 
     def lifecycle_log_path(self) -> str | None:
@@ -369,7 +372,9 @@ class ServerActorLifecycle:
         return None if path is None else str(path)
 
     def lifecycle_recover(self, target: str = "AWAKE") -> dict[str, Any]:
-        """Bring a FAILED engine to `target` ("AWAKE" or "PAUSED"); the snapshot after."""
+        """Bring a FAILED engine to `target` ("AWAKE" or "PAUSED"); the snapshot after. Refused with
+        `EngineDiedError` where its server died: no hook can restore memory on a dead server."""
+        self._lc_require_server("lifecycle_recover")
         lifecycle = self.lifecycle
         lifecycle.recover(State(target))
         self._lc_publish()

@@ -849,6 +849,10 @@ class RolloutSourceSuite:
                 assert died.value.fields["exitcode"] == -signal.SIGKILL
                 assert engine.lifecycle_check_server()["pid"] == pid  # what the rollout manager's watch hears
                 assert url not in env.router.urls()  # taken out of the router
+                state = engine.lifecycle_state()  # the death is in the snapshot the driver reads
+                assert state["server_died"]["pid"] == pid and state["server_died"]["url"] == url
+                with pytest.raises(EngineDiedError):  # nothing to recover on a dead server
+                    engine.lifecycle_recover("AWAKE")
             finally:
                 if engine.process.is_alive():
                     engine.process.kill()
