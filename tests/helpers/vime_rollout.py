@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tests.helpers import engine_source, rollout_calls
-from tests.helpers.framework_source import FrameworkSource, free_port, ray_stand_in, stand_in_module
+from tests.helpers.framework_source import FrameworkSource, ray_stand_in, stand_in_module
 from tests.helpers.sglang_server import FakeRouter
 from tests.helpers.sglang_source import SourceTree
 from tests.helpers.vllm_fake import FakeVLLM, Model, weights
@@ -277,15 +277,7 @@ class World:
         return fake
 
     def start(self) -> None:
-        self.engine = self.cls(self.args, rank=0, worker_type="regular", base_gpu_id=0, num_gpus_per_engine=1)
-        self.engine.init(
-            dist_init_addr=f"127.0.0.1:{free_port()}",
-            port=free_port(),
-            nccl_port=free_port(),
-            host="127.0.0.1",
-            router_ip=self.router.host,
-            router_port=self.router.port,
-        )
+        self.engine = engine_source.start_engine(self.cls, self.args, router=self.router)
 
     call = rollout_calls.World.call  # vime's own exceptions recorded, the lifecycle's raised
 

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.helpers.framework_source import free_port
+from tests.helpers.engine_source import start_engine
 from tests.helpers.sglang_server import FakeRouter
 from tests.helpers.vime_serve import ServeLaunched, update_fields
 
@@ -69,19 +69,16 @@ def start(module: Any, router: FakeRouter, launched: ServeLaunched, args: Any, *
 
     from actor_integration.frameworks.vime.rollout import lifecycle_engine
 
-    build = {"rank": 0, "worker_type": "regular", "base_gpu_id": 0, "num_gpus_per_engine": 1}
-    engine = lifecycle_engine(module.VLLMEngine)(args, **build)
-    started = time.monotonic()
-    engine.init(
-        dist_init_addr=f"127.0.0.1:{free_port()}",
-        port=free_port(),
-        nccl_port=free_port(),
-        host="127.0.0.1",
-        router_ip=router.host,
-        router_port=router.port,
-    )
+    started = time.monotonic()  # the constructor (it keeps the flags) and vime's init, the server's start
+    engine = start_engine(lifecycle_engine(module.VLLMEngine), args, router=router)
     up_s = time.monotonic() - started
-    plain = module.VLLMEngine(args, **build)
+    plain = module.VLLMEngine(
+        args,
+        rank=0,
+        worker_type="regular",
+        base_gpu_id=0,
+        num_gpus_per_engine=args.rollout_num_gpus_per_engine,
+    )
     plain.node_rank, plain.server_host, plain.server_port = 0, engine.server_host, engine.server_port
     plain.router_ip, plain.router_port, plain.process = router.host, router.port, engine.process
     url = engine.get_url()

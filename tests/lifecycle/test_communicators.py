@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,26 +16,15 @@ from lifecycle import (
     LifecyclePolicy,
     State,
     capture_events,
-    configure_logging,
-    flush_logs,
 )
 from lifecycle.checker import check_files
 from lifecycle.table import ASLEEP, WAKE, Call, Hook, Residency, apply_call, plan_calls
 from lifecycle.testing import FakeMemorySaver, FakeProcessGroups, InjectedFault, recording_lifecycle
 from lifecycle.timeline import build_trace, read_lanes
+from tests.helpers.checker_corpus import json_log
 
 WAYS = list(Communicators)
 POLICY = LifecyclePolicy()
-
-
-@contextlib.contextmanager
-def json_log(path: Path) -> Iterator[Path]:
-    configure_logging(json_path=path)
-    try:
-        yield path
-    finally:
-        flush_logs()
-        configure_logging(stream=io.StringIO(), level="warning")
 
 
 def cycle_log(path: Path, way: Communicators, initial: State = State.AWAKE) -> Path:
