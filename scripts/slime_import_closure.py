@@ -163,6 +163,98 @@ def module_imports(tree: ast.Module, module: str, is_package: bool) -> Iterator[
                 yield from walk(node.body, kind)
 
     yield from walk(tree.body, "required")
+    yield from lazy_loads(tree)
+
+
+def _lazy_loaders(tree: ast.Module) -> dict[str, str]:
+    """NAME -> module of each module-level `NAME = LazyLoader("local", globals(), "module")` (vLLM's,
+    and the like: a module object that imports its module on the first attribute read)."""
+    found: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            continue
+        if not (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)):
+            continue
+        func, args = node.value.func, node.value.args
+        name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
+        if name != "LazyLoader" or len(args) < 3 or not isinstance(args[2], ast.Constant):
+            continue
+        if isinstance(args[2].value, str):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    found[target.id] = args[2].value
+    return found
+
+
+def _evaluated_at_load(
+    body: Iterable[ast.stmt], kind: str, annotations: bool
+) -> Iterator[tuple[ast.AST, str]]:
+    """The expressions Python 3.12 evaluates when a module is imported, with how surely they run:
+    module and class bodies, decorators, bases, defaults, and annotations of classes and signatures
+    unless the module has `from __future__ import annotations` (not function bodies, not
+    `if TYPE_CHECKING` blocks)."""
+    for node in body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            continue
+        if isinstance(node, ast.If):
+            if _is_main(node.test) or _is_type_checking(node.test):
+                yield from _evaluated_at_load(node.orelse, _weaker(kind, "conditional"), annotations)
+                continue
+            yield node.test, kind
+            yield from _evaluated_at_load(node.body, _weaker(kind, "conditional"), annotations)
+            yield from _evaluated_at_load(node.orelse, _weaker(kind, "conditional"), annotations)
+        elif isinstance(node, ast.Try):
+            caught = any(_catches_import_error(h) for h in node.handlers)
+            yield from _evaluated_at_load(
+                node.body, _weaker(kind, "guarded") if caught else kind, annotations
+            )
+            for h in node.handlers:
+                yield from _evaluated_at_load(h.body, _weaker(kind, "conditional"), annotations)
+            yield from _evaluated_at_load([*node.orelse, *node.finalbody], kind, annotations)
+        elif isinstance(node, ast.With):
+            inner = _weaker(kind, "guarded") if _suppresses_import_error(node) else kind
+            yield from ((item.context_expr, kind) for item in node.items)
+            yield from _evaluated_at_load(node.body, inner, annotations)
+        elif isinstance(node, ast.ClassDef):
+            yield from (
+                (e, kind) for e in [*node.decorator_list, *node.bases, *(k.value for k in node.keywords)]
+            )
+            yield from _evaluated_at_load(node.body, kind, annotations)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            a = node.args
+            loaded: list[ast.AST] = [*node.decorator_list, *a.defaults, *(d for d in a.kw_defaults if d)]
+            if annotations:
+                every = [*a.posonlyargs, *a.args, *a.kwonlyargs, *(x for x in (a.vararg, a.kwarg) if x)]
+                loaded += [x.annotation for x in every if x.annotation] + (
+                    [node.returns] if node.returns else []
+                )
+            yield from ((e, kind) for e in loaded)
+        elif isinstance(node, ast.AnnAssign):
+            if annotations:
+                yield node.annotation, kind
+            if node.value is not None:
+                yield node.value, kind
+        else:
+            yield node, kind
+
+
+def lazy_loads(tree: ast.Module) -> Iterator[Import]:
+    """The lazily loaded modules a module's import loads after all: an attribute of a LazyLoader
+    read in code that runs at load (a dataclass field annotated `llguidance.LLMatcher` imports
+    llguidance with the module; vLLM 0.26's structured-output backends do this)."""
+    lazy = _lazy_loaders(tree)
+    if not lazy:
+        return
+    future = any(
+        isinstance(n, ast.ImportFrom)
+        and n.module == "__future__"
+        and any(a.name == "annotations" for a in n.names)
+        for n in tree.body
+    )
+    for expr, kind in _evaluated_at_load(tree.body, "required", annotations=not future):
+        for node in ast.walk(expr):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in lazy:
+                yield Import(lazy[node.value.id], (), kind, node.lineno)
 
 
 @dataclass

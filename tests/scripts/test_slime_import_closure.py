@@ -122,3 +122,53 @@ def test_follow_walks_into_the_named_wheels_and_reached_lists_them(
     closure_module.main([*args, "--follow", "all"])
     out = capsys.readouterr().out
     assert "missing_not_followed" in out and "missing_in_wheel" in out
+
+
+_LAZY_HEAD = """from dataclasses import dataclass
+from typing import TYPE_CHECKING
+from vllm_like.import_utils import LazyLoader
+if TYPE_CHECKING:
+    import {mod}
+else:
+    {mod} = LazyLoader("{mod}", globals(), "{mod}")
+"""
+
+
+def test_a_lazy_module_read_at_load_is_required(closure_module: ModuleType, tmp_path: Path) -> None:
+    """vLLM 0.26's backend_guidance.py: a dataclass field annotated with a LazyLoader's attribute
+    imports the module with the file (found on the H100: `No module named 'llguidance'`)."""
+    write(tmp_path / "vllm_like" / "__init__.py", "")
+    write(tmp_path / "vllm_like" / "import_utils.py", "class LazyLoader: ...\n")
+    field = "@dataclass\nclass Grammar:\n    matcher: {mod}.LLMatcher\n"
+    write(tmp_path / "annotated.py", _LAZY_HEAD.format(mod="llguidance") + field.format(mod="llguidance"))
+    default = "def allocate(n, kind={mod}.KIND):\n    return n\n"
+    write(tmp_path / "defaulted.py", _LAZY_HEAD.format(mod="xgrammar") + default.format(mod="xgrammar"))
+    # not read at load: postponed annotations, a function body, a use under `if TYPE_CHECKING`
+    postponed = "from __future__ import annotations\n" + _LAZY_HEAD.format(mod="outlines_core")
+    write(tmp_path / "postponed.py", postponed + field.format(mod="outlines_core"))
+    body = "def compile(s):\n    return {mod}.compile(s)\n"
+    write(
+        tmp_path / "in_body.py",
+        _LAZY_HEAD.format(mod="lmformatenforcer") + body.format(mod="lmformatenforcer"),
+    )
+    sources = closure_module.Sources(dirs=[tmp_path])
+    missing, _, _ = closure_module.closure(sources, ["annotated", "defaulted", "postponed", "in_body"])
+    assert missing.required == {"llguidance": "annotated:10", "xgrammar": "defaulted:8"}
+    # the other two only through their `if TYPE_CHECKING` imports
+    assert not missing.conditional and set(missing.guarded) == {"outlines_core", "lmformatenforcer"}
+
+
+def test_a_lazy_module_read_under_an_if_or_a_try_is_as_sure_as_its_branch(
+    closure_module: ModuleType, tmp_path: Path
+) -> None:
+    write(tmp_path / "import_utils.py", "class LazyLoader: ...\n")
+    head = 'import os\nfrom import_utils import LazyLoader\nnp = LazyLoader("np", globals(), "cond_dep")\n'
+    head += 'gd = LazyLoader("gd", globals(), "guarded_dep")\n'
+    text = (
+        head
+        + "if os.name == 'nt':\n    X = np.zeros\ntry:\n    Y = gd.thing\nexcept ImportError:\n    Y = None\n"
+    )
+    write(tmp_path / "app.py", text)
+    missing, _, _ = closure_module.closure(closure_module.Sources(dirs=[tmp_path]), ["app"])
+    assert not missing.required
+    assert set(missing.conditional) == {"cond_dep"} and set(missing.guarded) == {"guarded_dep"}
