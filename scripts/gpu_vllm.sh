@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # vLLM 0.26.0 on the lent GPU machine: install the carried set, then the vLLM GPU checks, in a few
-# back-to-back device calls (the protocol of scripts/gpu_slime.sh). NOT YET RUN ON A GPU: written
-# before any session had device time for it; the `usual` seconds below are ESTIMATES.
+# back-to-back device calls (the protocol of scripts/gpu_slime.sh). Run on an H100 on 2026-12-06 up to
+# its `imports` step only (that passed, 39 s) and the first engine's start (FA3 chosen, the worker
+# extension injected); the other steps have not run, and their `usual` seconds are ESTIMATES.
 #
 #   Here, once:     scripts/gpu_vllm.sh prepare   (make gpu-vllm-prepare; scripts/gpu_vllm_wheels.sh:
 #                   the parts .gpuw/vllm/p1..pN, git-ignored, and the device calls to make)
@@ -27,8 +28,10 @@
 #   demo      lifecycle demo --engine vllm (a fault, a skipped sync, a corrupt round), lifecycle check
 #   vime      tests/gpu/test_vime_rollout_gpu.py: vime's own VLLMEngine (its source: carry .vime-source,
 #             git-ignored, in that call) plain and wrapped on a real `vllm serve` with sleep mode
+#   bench     benchmarks/bench_vllm_sync.py: our sender next to vLLM's own IPC weight transfer, with
+#             the device-to-device ceiling, at the 0.5B and 7B shapes (vllm_sync.json)
 #   report    the table of every step so far (also written at the end of every call)
-# GPU_VLLM_STEPS names the steps (default "imports tests demo vime report"); a step runs once (its rc is
+# GPU_VLLM_STEPS names the steps (default "imports tests demo vime bench report"); a step runs once (its rc is
 # in the table); GPU_VLLM_REDO="tests" runs it again.
 # What comes back in $OUT each call: gpu-vllm.md (the table), this call's step logs, and
 # gpu-vllm-logs.tgz (every log so far, the tests' figures, the demo's logs). State in $WORK (default
@@ -53,17 +56,18 @@ PARTS=${GPU_VLLM_PARTS:-.gpuw/vllm}
 PY=${PY:-python3}
 mkdir -p "$WORK" "$WORK/gpu-out"
 
-# Usual seconds of each step: ESTIMATES, not yet measured (imports: vLLM's first import byte-compiles
-# ~2,000 modules, ~60 s; tests: engine start ~60-90 s, 20 sleep/wake/sync cycles, the IPC path and the
-# killers, ~240 s; demo: the SGLang demo's 200 s measured on an H100, vLLM's engine start added).
-# Replace them with the first run's figures.
-# vime: the server's start ~90 s, 2 x 10 own/wrapped cycles, 20 wrapped cycles with a push each, the
-# killers, the kill (helper's estimate 3-5 min).
-declare -A usual=([imports]=90 [tests]=360 [demo]=300 [vime]=300 [report]=10)
-read -r -a steps <<<"${GPU_VLLM_STEPS:-imports tests demo vime report}"
+# Usual seconds of each step. imports: measured, 39 s on an H100 (2026-12-06; 97 s where an import
+# failed and was retried alone). The rest are ESTIMATES: tests: the engine's start (the H100 reached
+# its KV cache 44 s after vllm.LLM was called: ~20 s resolving the architecture, ~16 s spawning
+# EngineCore), 20 sleep/wake/sync cycles, the IPC path and the killers, ~240 s; demo: the SGLang
+# demo's 200 s measured on an H100, vLLM's engine start added; vime: the server's start ~90 s,
+# 2 x 10 own/wrapped cycles, 20 wrapped cycles with a push each, the killers, the kill (3-5 min);
+# bench: two engine starts, 7B dummy weights, 2 x 6 syncs per shape. Replace them with the first run's.
+declare -A usual=([imports]=60 [tests]=360 [demo]=300 [vime]=300 [bench]=240 [report]=10)
+read -r -a steps <<<"${GPU_VLLM_STEPS:-imports tests demo vime bench report}"
 for s in "${steps[@]}"; do
     [[ -n ${usual[$s]:-} ]] || {
-        echo "scripts/gpu_vllm.sh: unknown step '$s'; steps: imports tests demo vime report" >&2
+        echo "scripts/gpu_vllm.sh: unknown step '$s'; steps: imports tests demo vime bench report" >&2
         exit 2
     }
 done
@@ -212,6 +216,7 @@ run_step() { # run_step NAME: the step's commands (its output goes to $WORK/NAME
         RL_LIFECYCLE_VIME_SOURCE=$PWD/.vime-source "$PY" -m pytest -m gpu -q -s -p no:cacheprovider \
             tests/gpu/test_vime_rollout_gpu.py
         ;;
+    bench) "$PY" benchmarks/bench_vllm_sync.py --out "$WORK/gpu-out/vllm_sync.json" ;;
     esac
 }
 export PY WORK
