@@ -365,8 +365,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{n} stubs in {args.dest}, pinned in {args.constraints}")
         elif args.command == "pack":
             manifest = pack(args.wheels, read_list(args.list), args.out, args.part_mib, args.preset)
-            for whl, dropped in manifest["stripped"].items():
-                print(f"stripped {whl}: {' '.join(dropped)}")
+            for whl, dropped in manifest["stripped"].items():  # the whole list is in the MANIFEST
+                shown = " ".join(dropped[:4]) + (f" and {len(dropped) - 4} more" if len(dropped) > 4 else "")
+                print(f"stripped {whl}: {len(dropped)} members: {shown}")
             print(
                 f"{len(manifest['wheels'])} wheels, tar {manifest['tar_bytes'] / 2**20:.1f} MiB -> xz "
                 f"{manifest['bytes'] / 2**20:.1f} MiB in {manifest['parts']} parts"
