@@ -166,13 +166,22 @@ def module_imports(tree: ast.Module, module: str, is_package: bool) -> Iterator[
     yield from lazy_loads(tree)
 
 
+def _walk_at_load(node: ast.AST) -> Iterator[ast.AST]:
+    """`ast.walk`, less what a function or a lambda holds (it runs when called, not at load)."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        yield current
+        for child in ast.iter_child_nodes(current):
+            if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                stack.append(child)
+
+
 def _lazy_loaders(tree: ast.Module) -> dict[str, str]:
     """NAME -> module of each module-level `NAME = LazyLoader("local", globals(), "module")` (vLLM's,
     and the like: a module object that imports its module on the first attribute read)."""
     found: dict[str, str] = {}
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-            continue
+    for node in _walk_at_load(tree):
         if not (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)):
             continue
         func, args = node.value.func, node.value.args
@@ -252,7 +261,7 @@ def lazy_loads(tree: ast.Module) -> Iterator[Import]:
         for n in tree.body
     )
     for expr, kind in _evaluated_at_load(tree.body, "required", annotations=not future):
-        for node in ast.walk(expr):
+        for node in _walk_at_load(expr):
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in lazy:
                 yield Import(lazy[node.value.id], (), kind, node.lineno)
 

@@ -146,7 +146,7 @@ def test_a_lazy_module_read_at_load_is_required(closure_module: ModuleType, tmp_
     # not read at load: postponed annotations, a function body, a use under `if TYPE_CHECKING`
     postponed = "from __future__ import annotations\n" + _LAZY_HEAD.format(mod="outlines_core")
     write(tmp_path / "postponed.py", postponed + field.format(mod="outlines_core"))
-    body = "def compile(s):\n    return {mod}.compile(s)\n"
+    body = "def compile(s):\n    return {mod}.compile(s)\n\nLATER = lambda: {mod}.compile('x')\n"
     write(
         tmp_path / "in_body.py",
         _LAZY_HEAD.format(mod="lmformatenforcer") + body.format(mod="lmformatenforcer"),
