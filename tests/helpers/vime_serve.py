@@ -199,7 +199,12 @@ def with_repo_on_path(env: dict[str, str]) -> dict[str, str]:
 
 @contextlib.contextmanager
 def serving(
-    program: tuple[str, ...], argv: list[str], env: dict[str, str], log_path: Path, url: str, deadline_s: float
+    program: tuple[str, ...],
+    argv: list[str],
+    env: dict[str, str],
+    log_path: Path,
+    url: str,
+    deadline_s: float,
 ) -> Iterator[tuple[ServeProcess, float]]:
     """`python <program> <argv>` (`VLLM_PROGRAM` or `FAKE_PROGRAM`'s) in `env`, waited on at
     `GET {url}/health`: (the process, the seconds its start took); its tree killed on exit."""
