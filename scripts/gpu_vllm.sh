@@ -25,13 +25,17 @@
 #   tests     tests/gpu/test_vllm_gpu.py (sleep level 2 cycles, our sync and vLLM's IPC path, the
 #             field's killers refused), its figures (vllm_*.json) kept; prints the attention backend
 #             and FlashAttention version the first engine logged
+#   http      tests/gpu/test_vllm_http_gpu.py: VLLMHTTPEngine on a real `vllm serve` (sleep mode, the
+#             worker extension, IPC weight transfer) under VLLMRolloutActor: 20 level-2 cycles with our
+#             sync, vLLM's IPC path over its HTTP routes, the killers refused, the server killed (typed
+#             error); its figures (vllm_http_*.json), the server's log and the actor's lifecycle log kept
 #   demo      lifecycle demo --engine vllm (a fault, a skipped sync, a corrupt round), lifecycle check
 #   vime      tests/gpu/test_vime_rollout_gpu.py: vime's own VLLMEngine (its source: carry .vime-source,
 #             git-ignored, in that call) plain and wrapped on a real `vllm serve` with sleep mode
 #   bench     benchmarks/bench_vllm_sync.py: our sender next to vLLM's own IPC weight transfer, with
 #             the device-to-device ceiling, at the 0.5B and 7B shapes (vllm_sync.json)
 #   report    the table of every step so far (also written at the end of every call)
-# GPU_VLLM_STEPS names the steps (default "imports tests demo vime bench report"); a step runs once (its rc is
+# GPU_VLLM_STEPS names the steps (default "imports tests http demo vime bench report"); a step runs once (its rc is
 # in the table); GPU_VLLM_REDO="tests" runs it again.
 # What comes back in $OUT each call: gpu-vllm.md (the table), this call's step logs, and
 # gpu-vllm-logs.tgz (every log so far, the tests' figures, the demo's logs). State in $WORK (default
@@ -59,15 +63,17 @@ mkdir -p "$WORK" "$WORK/gpu-out"
 # Usual seconds of each step. imports: measured, 39 s on an H100 (2026-12-06; 97 s where an import
 # failed and was retried alone). The rest are ESTIMATES: tests: the engine's start (the H100 reached
 # its KV cache 44 s after vllm.LLM was called: ~20 s resolving the architecture, ~16 s spawning
-# EngineCore), 20 sleep/wake/sync cycles, the IPC path and the killers, ~240 s; demo: the SGLang
-# demo's 200 s measured on an H100, vLLM's engine start added; vime: the server's start ~90 s,
-# 2 x 10 own/wrapped cycles, 20 wrapped cycles with a push each, the killers, the kill (3-5 min);
+# EngineCore), 20 sleep/wake/sync cycles, the IPC path and the killers, ~240 s; http: an ESTIMATE,
+# ~240 s (the server's start, like the engine's above, 20 cycles over HTTP, the IPC path, the killers,
+# the kill); demo: the SGLang demo's 200 s measured on an H100, vLLM's engine start added; vime: the
+# server's start ~90 s, 2 x 10 own/wrapped cycles, 20 wrapped cycles with a push each, the killers,
+# the kill (3-5 min);
 # bench: two engine starts, 7B dummy weights, 2 x 6 syncs per shape. Replace them with the first run's.
-declare -A usual=([imports]=60 [tests]=360 [demo]=300 [vime]=300 [bench]=240 [report]=10)
-read -r -a steps <<<"${GPU_VLLM_STEPS:-imports tests demo vime bench report}"
+declare -A usual=([imports]=60 [tests]=360 [http]=240 [demo]=300 [vime]=300 [bench]=240 [report]=10)
+read -r -a steps <<<"${GPU_VLLM_STEPS:-imports tests http demo vime bench report}"
 for s in "${steps[@]}"; do
     [[ -n ${usual[$s]:-} ]] || {
-        echo "scripts/gpu_vllm.sh: unknown step '$s'; steps: imports tests demo vime bench report" >&2
+        echo "scripts/gpu_vllm.sh: unknown step '$s'; steps: imports tests http demo vime bench report" >&2
         exit 2
     }
 done
@@ -201,6 +207,7 @@ run_step() { # run_step NAME: the step's commands (its output goes to $WORK/NAME
     case $1 in
     imports) imports ;;
     tests) "$PY" -m pytest -m gpu -q -s -p no:cacheprovider tests/gpu/test_vllm_gpu.py ;;
+    http) "$PY" -m pytest -m gpu -q -s -p no:cacheprovider tests/gpu/test_vllm_http_gpu.py ;;
     demo)
         "$PY" -m actor_integration.tools.cli demo --engine vllm --model-config configs/qwen2-tiny --steps 5 \
             --save-every 2 --skip-sync 2 --inject-fault rollout:memory.pause@3 --corrupt-sync 4 \

@@ -15,32 +15,25 @@ from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.helpers.gpu_results import record
+from tests.helpers.vllm_gpu import (
+    FREED_AT_LEAST,
+    MODEL,
+    NEW_TOKENS,
+    PROMPTS,
+    cuda_ipc_sender,
+    free_bytes,
+    needs_vllm_on_cuda,
+    weight_sets,
+)
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("vllm")
+torch, pytestmark = needs_vllm_on_cuda()
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
-]
-
-REPO = Path(__file__).resolve().parents[2]
-MODEL = REPO / "configs" / "qwen2-tiny"
 CYCLES = int(os.environ.get("VLLM_CYCLES", "20"))
-PROMPTS = [[11, 12, 13, 14], [100, 200, 300], [7] * 9, [151, 152, 153, 154, 155, 156]]
-NEW_TOKENS = 16
-FREED_AT_LEAST = 0.95  # issue 48's target: a level-2 sleep frees 95% of what vLLM reports
-
-
-def free_bytes() -> int:
-    free, _total = torch.cuda.mem_get_info()
-    return int(free)
 
 
 @pytest.fixture(scope="module")
@@ -48,9 +41,6 @@ def rig() -> Any:
     """One engine (dummy weights, eager), its rollout actor, and a trainer's two weight sets (QwenLM:
     the names and shapes vLLM's Qwen2 loads) with a CUDA IPC sender into the actor."""
     from actor_integration.engines.vllm import VLLMEngine, VLLMRolloutActor
-    from actor_integration.models.qwen2 import QwenConfig, QwenLM
-    from actor_integration.weight_sync import RankSlot, WeightSender
-    from actor_integration.weight_sync.cuda_ipc import CudaIpcSender
 
     torch.cuda.set_device(0)
     started = time.monotonic()
@@ -67,19 +57,8 @@ def rig() -> Any:
     )
     start_s = time.monotonic() - started
     actor = VLLMRolloutActor(engine, max_new_tokens=NEW_TOKENS)
-    config = QwenConfig.from_json(MODEL)
-    sets = {
-        name: QwenLM(config, seed=seed, device="cuda").named_weights() for name, seed in (("A", 1), ("B", 2))
-    }
-    sender = WeightSender(
-        RankSlot.single(0),
-        None,
-        CudaIpcSender(device=0),
-        rank=0,
-        engine_call=actor.update_weights,
-        bucket_bytes=64 << 20,
-        deadline_s=300,
-    )
+    sets = weight_sets()
+    sender = cuda_ipc_sender(actor.update_weights)
     rig = {"engine": engine, "actor": actor, "sets": sets, "sender": sender, "version": 0, "tokens": {}}
     rig["figures"] = {"engine_start_s": round(start_s, 1), "described": engine.describe()}
     rig["figures"]["vllm_report"] = engine.memory_report()

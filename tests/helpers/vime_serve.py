@@ -191,6 +191,30 @@ def wait_healthy(url: str, process: ServeProcess, deadline_s: float) -> float:
         time.sleep(0.5)
 
 
+def with_repo_on_path(env: dict[str, str]) -> dict[str, str]:
+    """`env` with the repository first on PYTHONPATH (vLLM's workers import the lifecycle's extension)."""
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")]))
+    return env
+
+
+@contextlib.contextmanager
+def serving(
+    program: tuple[str, ...],
+    argv: list[str],
+    env: dict[str, str],
+    log_path: Path,
+    url: str,
+    deadline_s: float,
+) -> Iterator[tuple[ServeProcess, float]]:
+    """`python <program> <argv>` (`VLLM_PROGRAM` or `FAKE_PROGRAM`'s) in `env`, waited on at
+    `GET {url}/health`: (the process, the seconds its start took); its tree killed on exit."""
+    process = ServeProcess([sys.executable, *program, *argv], env, log_path)
+    try:
+        yield process, wait_healthy(url, process, deadline_s)
+    finally:
+        process.kill_tree()
+
+
 def _serve_launch(
     engine_module: Any,
     launched: ServeLaunched,
@@ -201,8 +225,7 @@ def _serve_launch(
     def launch_server_process(server_args_dict: dict[str, Any]) -> ServeProcess:
         os.environ.pop("PYTORCH_CUDA_ALLOC_CONF", None)  # as vime's launch does
         os.environ.pop("PYTORCH_ALLOC_CONF", None)
-        env = engine_module._build_subprocess_env(server_args_dict)  # vime's own
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")]))
+        env = with_repo_on_path(engine_module._build_subprocess_env(server_args_dict))  # vime's own
         kwargs = {k: v for k, v in server_args_dict.items() if not k.startswith("_")}
         host = engine_module._wrap_ipv6(kwargs.get("host") or "127.0.0.1")
         kwargs["host"] = host.strip("[]")
@@ -267,6 +290,28 @@ def installed_serve(
             engine_module, launched, fields, program, deadline_s
         )
         yield engine_module, group, launched
+
+
+def unknown_serve_flags(argv: list[str], wheel: Path) -> tuple[list[str], list[str]]:
+    """(the flags of a `vllm serve` command line, those vLLM's parser would not know): read from the
+    wheel's source, not run; its parser defines the engine's flags one by one in
+    `EngineArgs.add_cli_args`, and one per field of `FrontendArgs` (`FrontendArgs.add_cli_args`)."""
+    from tests.helpers.sglang_source import SourceTree
+    from tests.helpers.vllm_source import VERSION, field_names
+
+    tree = SourceTree(wheel, VERSION)
+    try:
+        engine_flags = tree.source("vllm.engine.arg_utils")
+        frontend = field_names(tree, "vllm.entrypoints.openai.cli_args.FrontendArgs")
+    finally:
+        tree.close()
+    flags = [a for a in argv if a.startswith("--")]
+    unknown = [
+        f
+        for f in flags
+        if f'"{f}"' not in engine_flags and f.removeprefix("--").replace("-", "_") not in frontend
+    ]
+    return flags, unknown
 
 
 def update_fields(info: Any) -> dict[str, Any]:

@@ -4,7 +4,7 @@
 its tensors (it does not stage, so its weights are unknown from round 0 to the final round), and
 `fingerprints` compares them with the trainer's tensor by tensor, bit for bit. `DeviceChecksumShm`
 gives host buckets the checksum GPU buckets carry, so the receiver's two-pass path runs on CPU.
-`shm_sender` is a real one-rank shm sender into any engine call (`shm_sender_into`: a rollout
+`one_rank_sender` is a real one-rank sender over any transport, `shm_sender` one over shm, into any engine call (`shm_sender_into`: a rollout
 actor's `update_weights`); `with_bad_checksum` is a payload whose first bucket fails its checksum.
 """
 
@@ -100,6 +100,28 @@ class DeviceChecksumShm(ShmSender):
         return [b.manifest(v, WSUM64) for b, v in zip(exports, self.host_packer.seal(), strict=True)]
 
 
+def one_rank_sender(
+    engine_call: Callable[[int, list[RankPayload]], Any],
+    transport: Any,
+    *,
+    bucket_bytes: int,
+    deadline_s: float = 30.0,
+    **options: Any,
+) -> WeightSender:
+    """A real one-rank sender over `transport` (ShmSender, CudaIpcSender) whose rounds go to
+    `engine_call` (`options`: WeightSender's others)."""
+    return WeightSender(
+        RankSlot.single(0),
+        None,
+        transport,
+        rank=0,
+        engine_call=engine_call,
+        bucket_bytes=bucket_bytes,
+        deadline_s=deadline_s,
+        **options,
+    )
+
+
 def shm_sender(
     engine_call: Callable[[int, list[RankPayload]], Any],
     *,
@@ -108,15 +130,8 @@ def shm_sender(
     **options: Any,
 ) -> WeightSender:
     """A real one-rank shm sender whose rounds go to `engine_call` (`options`: WeightSender's others)."""
-    return WeightSender(
-        RankSlot.single(0),
-        None,
-        ShmSender(),
-        rank=0,
-        engine_call=engine_call,
-        bucket_bytes=bucket_bytes,
-        deadline_s=deadline_s,
-        **options,
+    return one_rank_sender(
+        engine_call, ShmSender(), bucket_bytes=bucket_bytes, deadline_s=deadline_s, **options
     )
 
 

@@ -197,14 +197,15 @@ def test_the_device_script_stages_part_by_part_installs_then_gates_steps_by_budg
         "=== next call: tests and after (" in second.stdout and "tests usually takes 360 s" in second.stdout
     )
     assert "| imports | 0 | 0 |" in second.stdout and "| tests | not run | |" in second.stdout
-    # the next call carries nothing: no install again, imports not again, the rest within 1300 s
+    # the next call carries nothing: no install again, imports not again, the rest within 1500 s
     (carried / "p2").unlink()
-    third = device_script(tmp_path, carried, GPU_VLLM_BUDGET_S="1300")
+    third = device_script(tmp_path, carried, GPU_VLLM_BUDGET_S="1500")
     assert third.returncode == 0, third.stderr
     assert "install" not in third.stdout.split("| step |")[0]
     assert "=== imports" not in third.stdout
     assert (
         "=== tests: rc=0" in third.stdout
+        and "=== http: rc=0" in third.stdout
         and "=== demo: rc=0" in third.stdout
         and "=== vime: rc=0" in third.stdout
         and "=== bench: rc=0" in third.stdout
@@ -213,6 +214,7 @@ def test_the_device_script_stages_part_by_part_installs_then_gates_steps_by_budg
     assert (tmp_path / "work" / "done").read_text().split() == [
         "imports",
         "tests",
+        "http",
         "demo",
         "vime",
         "bench",

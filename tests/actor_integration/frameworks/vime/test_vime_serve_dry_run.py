@@ -68,25 +68,13 @@ def test_0_vime_launches_vllm_serve_with_its_own_arguments_and_environment(rig: 
 
 
 def test_0b_every_flag_of_the_command_line_is_one_vllm_0_26_serve_defines(rig: Any) -> None:
-    """vLLM's parser (not run here) defines the engine's flags one by one in `EngineArgs.add_cli_args`,
-    and one per field of `FrontendArgs` (`FrontendArgs.add_cli_args`)."""
-    from tests.helpers.sglang_source import SourceTree
-    from tests.helpers.vllm_source import VERSION, cached_wheel, field_names
+    """vLLM's parser (not run here) defines each of them (`vime_serve.unknown_serve_flags`)."""
+    from tests.helpers.vime_serve import unknown_serve_flags
+    from tests.helpers.vllm_source import cached_wheel
 
     wheel = cached_wheel()
     assert wheel is not None
-    tree = SourceTree(wheel, VERSION)
-    try:
-        engine_flags = tree.source("vllm.engine.arg_utils")
-        frontend = field_names(tree, "vllm.entrypoints.openai.cli_args.FrontendArgs")
-    finally:
-        tree.close()
-    flags = [a for a in rig.figures["launch"]["argv"] if a.startswith("--")]
-    unknown = [
-        f
-        for f in flags
-        if f'"{f}"' not in engine_flags and f.removeprefix("--").replace("-", "_") not in frontend
-    ]
+    flags, unknown = unknown_serve_flags(rig.figures["launch"]["argv"], wheel)
     assert flags and unknown == [], unknown
 
 
