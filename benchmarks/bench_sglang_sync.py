@@ -105,13 +105,39 @@ def d2d(nbytes: int, iters: int) -> list[float]:
     return times[1:]
 
 
+def colocated_sender(engine_call: Any, bucket_mib: int, transport: Any = None) -> Any:
+    """The trainer's one-rank sender into `engine_call` (a rollout actor's `update_weights`) on the
+    same GPU: cuda_ipc (or `transport`), `bucket_mib` buckets, checksums, a 600 s deadline."""
+    from actor_integration.weight_sync import RankSlot, WeightSender
+    from actor_integration.weight_sync.cuda_ipc import CudaIpcSender
+
+    return WeightSender(
+        RankSlot.single(0),
+        None,
+        CudaIpcSender(device=0) if transport is None else transport,
+        rank=0,
+        engine_call=engine_call,
+        bucket_bytes=bucket_mib << 20,
+        deadline_s=600,
+    )
+
+
+def path_figures(nbytes: int, **paths: list[float]) -> dict[str, Any]:
+    """Each path's median ms, GB/s and every sync's ms, from its seconds per sync (`ours=[...]`)."""
+    out: dict[str, Any] = {}
+    for name, seconds in paths.items():
+        median = statistics.median(seconds)
+        out[f"{name}_ms"] = round(median * 1e3, 2)
+        out[f"{name}_gbps"] = round(nbytes / median / GB, 1)
+    out.update({f"{name}_all_ms": [round(t * 1e3, 2) for t in seconds] for name, seconds in paths.items()})
+    return out
+
+
 def run_shape(name: str, args: argparse.Namespace) -> dict[str, Any]:
     from sglang.srt.utils import MultiprocessingSerializer
     from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket
 
     from actor_integration.rollout import RolloutActor, SGLangEngine
-    from actor_integration.weight_sync import RankSlot, WeightSender
-    from actor_integration.weight_sync.cuda_ipc import CudaIpcSender
 
     config = REPO / "configs" / name
     started = time.monotonic()
@@ -124,15 +150,7 @@ def run_shape(name: str, args: argparse.Namespace) -> dict[str, Any]:
         actor = RolloutActor(engine)
         actor.sleep()
         actor.wake_up(["weights"])  # the colocated sync: weights resident, KV cache released
-        sender = WeightSender(
-            RankSlot.single(0),
-            None,
-            CudaIpcSender(device=0),
-            rank=0,
-            engine_call=actor.update_weights,
-            bucket_bytes=args.bucket_mib << 20,
-            deadline_s=600,
-        )
+        sender = colocated_sender(actor.update_weights, args.bucket_mib)
         version = iter(range(1, 10_000))
         reports: list[Any] = []
         ours = timed(lambda: reports.append(sender.send(next(version), weights.items())), args.iters)
@@ -181,20 +199,8 @@ def run_shape(name: str, args: argparse.Namespace) -> dict[str, Any]:
         sender.close()
         torch.cuda.empty_cache()
         ceiling = d2d(nbytes, args.iters)
-        row.update(
-            {
-                "ours_ms": round(statistics.median(ours) * 1e3, 2),
-                "slime_ms": round(statistics.median(theirs) * 1e3, 2),
-                "d2d_ms": round(statistics.median(ceiling) * 1e3, 2),
-                "ours_gbps": round(nbytes / statistics.median(ours) / GB, 1),
-                "slime_gbps": round(nbytes / statistics.median(theirs) / GB, 1),
-                "d2d_gbps": round(nbytes / statistics.median(ceiling) / GB, 1),
-                "slime_buckets": len(groups),
-                "identical_engine_weights": ours_sum == slime_sum,
-                "ours_all_ms": [round(t * 1e3, 2) for t in ours],
-                "slime_all_ms": [round(t * 1e3, 2) for t in theirs],
-            }
-        )
+        row.update(path_figures(nbytes, ours=ours, slime=theirs, d2d=ceiling))
+        row.update({"slime_buckets": len(groups), "identical_engine_weights": ours_sum == slime_sum})
         row["ours_over_slime"] = round(row["slime_ms"] / row["ours_ms"], 2)
     finally:
         engine.shutdown()
@@ -202,8 +208,10 @@ def run_shape(name: str, args: argparse.Namespace) -> dict[str, Any]:
     return row
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def parse_sync_arguments(description: str, argv: list[str] | None) -> argparse.Namespace:
+    """A sync bench's arguments, checked before any GPU work (a wrong shape or count is the parser's
+    error); `shape_list` holds the shapes."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument(
         "--shapes", default="qwen2-0.5b,qwen2-7b", help="configs/ directories, comma-separated"
     )
@@ -211,26 +219,46 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bucket-mib", type=int, default=512)
     parser.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
     args = parser.parse_args(argv)
-    shapes = [s for s in args.shapes.split(",") if s]
-    missing = [s for s in shapes if not (REPO / "configs" / s / "config.json").is_file()]
-    if missing or args.iters < 1 or args.bucket_mib < 1:
-        parser.error(f"unknown shapes {missing} (see configs/), or --iters/--bucket-mib below 1")
-    if not torch.cuda.is_available():
+    args.shape_list = [s for s in args.shapes.split(",") if s]
+    missing = [s for s in args.shape_list if not (REPO / "configs" / s / "config.json").is_file()]
+    if missing or not args.shape_list:
+        known = sorted(p.parent.name for p in (REPO / "configs").glob("*/config.json"))
         parser.error(
-            "needs a GPU and sglang (the sglang extra; scripts/gpu_sglang.sh sets it up on the GPU machine)"
+            f"unknown shapes {missing or args.shapes!r}: give directories of configs/ ({', '.join(known)})"
         )
-    torch.cuda.set_device(0)
-    rows = [run_shape(s, args) for s in shapes]
-    header = f"{'shape':<11} {'GB':>6} {'ours ms':>8} {'slime ms':>9} {'d2d ms':>7} {'ours GB/s':>10} {'slime GB/s':>11} {'d2d GB/s':>9} {'ours/slime':>10} same"
-    print(header)
+    if args.iters < 1 or args.bucket_mib < 1:
+        parser.error(f"--iters ({args.iters}) and --bucket-mib ({args.bucket_mib}) must be at least 1")
+    return args
+
+
+def print_rows(rows: list[dict[str, Any]], theirs: str) -> None:
+    """The table of a sync bench's rows (ours, `theirs`, the d2d ceiling), then where our time goes."""
+    print(
+        f"{'shape':<11} {'GB':>6} {'ours ms':>8} {theirs + ' ms':>9} {'d2d ms':>7} {'ours GB/s':>10} "
+        f"{theirs + ' GB/s':>11} {'d2d GB/s':>9} {'ours/' + theirs:>10} same"
+    )
     for r in rows:
         print(
-            f"{r['shape']:<11} {r['gb']:>6} {r['ours_ms']:>8} {r['slime_ms']:>9} {r['d2d_ms']:>7} "
-            f"{r['ours_gbps']:>10} {r['slime_gbps']:>11} {r['d2d_gbps']:>9} {r['ours_over_slime']:>9}x "
-            f"{r['identical_engine_weights']}"
+            f"{r['shape']:<11} {r['gb']:>6} {r['ours_ms']:>8} {r[theirs + '_ms']:>9} {r['d2d_ms']:>7} "
+            f"{r['ours_gbps']:>10} {r[theirs + '_gbps']:>11} {r['d2d_gbps']:>9} "
+            f"{r['ours_over_' + theirs]:>9}x {r['identical_engine_weights']}"
         )
     for r in rows:
         print(f"{r['shape']} ours, where the time goes (ms): {r['ours_breakdown_ms']}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_sync_arguments(__doc__.split("\n")[0], argv)
+    if not torch.cuda.is_available():
+        print(
+            "bench_sglang_sync: needs a GPU and sglang (the sglang extra; scripts/gpu_sglang.sh sets it up on "
+            "the GPU machine)",
+            file=sys.stderr,
+        )
+        return 2
+    torch.cuda.set_device(0)
+    rows = [run_shape(s, args) for s in args.shape_list]
+    print_rows(rows, "slime")
     if args.out is not None:
         args.out.write_text(json.dumps({"rows": rows, "sglang": rows and _version()}, indent=2))
     return 0 if all(r["identical_engine_weights"] for r in rows) else 1

@@ -40,7 +40,8 @@ MEMORY_UTILIZATION = {"qwen2-0.5b": 0.15, "qwen2-7b": 0.35}
 
 
 def _sglang_bench() -> Any:
-    """bench_sglang_sync's timing helpers (`timed`, `d2d`, `trainer_tensors`): torch only, no SGLang."""
+    """bench_sglang_sync's helpers (`timed`, `d2d`, `trainer_tensors`, `colocated_sender`,
+    `path_figures`): torch and the project only, no SGLang."""
     spec = importlib.util.spec_from_file_location(
         "bench_sglang_sync", REPO / "benchmarks" / "bench_sglang_sync.py"
     )
@@ -70,8 +71,6 @@ def run_shape(name: str, args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from actor_integration.engines.vllm import VLLMEngine, VLLMRolloutActor
-    from actor_integration.weight_sync import RankSlot, WeightSender
-    from actor_integration.weight_sync.cuda_ipc import CudaIpcSender
 
     helpers = _sglang_bench()
     started = time.monotonic()
@@ -85,15 +84,7 @@ def run_shape(name: str, args: argparse.Namespace) -> dict[str, Any]:
         actor = VLLMRolloutActor(engine)
         actor.sleep()
         actor.wake_up(["weights"])  # the colocated sync: weights resident, KV cache released
-        sender = WeightSender(
-            RankSlot.single(0),
-            None,
-            CudaIpcSender(device=0),
-            rank=0,
-            engine_call=actor.update_weights,
-            bucket_bytes=args.bucket_mib << 20,
-            deadline_s=600,
-        )
+        sender = helpers.colocated_sender(actor.update_weights, args.bucket_mib)
         version = iter(range(1, 10_000))
         reports: list[Any] = []
         ours = helpers.timed(lambda: reports.append(sender.send(next(version), weights.items())), args.iters)
@@ -121,19 +112,8 @@ def run_shape(name: str, args: argparse.Namespace) -> dict[str, Any]:
         vllm_sum = engine.weights_checksum()
         torch.cuda.empty_cache()
         ceiling = helpers.d2d(nbytes, args.iters)
-        row.update(
-            {
-                "ours_ms": round(statistics.median(ours) * 1e3, 2),
-                "vllm_ms": round(statistics.median(theirs) * 1e3, 2),
-                "d2d_ms": round(statistics.median(ceiling) * 1e3, 2),
-                "ours_gbps": round(nbytes / statistics.median(ours) / GB, 1),
-                "vllm_gbps": round(nbytes / statistics.median(theirs) / GB, 1),
-                "d2d_gbps": round(nbytes / statistics.median(ceiling) / GB, 1),
-                "identical_engine_weights": ours_sum == vllm_sum,
-                "ours_all_ms": [round(t * 1e3, 2) for t in ours],
-                "vllm_all_ms": [round(t * 1e3, 2) for t in theirs],
-            }
-        )
+        row.update(helpers.path_figures(nbytes, ours=ours, vllm=theirs, d2d=ceiling))
+        row["identical_engine_weights"] = ours_sum == vllm_sum
         row["ours_over_vllm"] = round(row["vllm_ms"] / row["ours_ms"], 2)
     finally:
         if sender is not None:
@@ -141,28 +121,6 @@ def run_shape(name: str, args: argparse.Namespace) -> dict[str, Any]:
         engine.shutdown()
         torch.cuda.empty_cache()
     return row
-
-
-def parse(argv: list[str] | None) -> argparse.Namespace:
-    """The arguments, checked before any GPU work (a wrong shape or count is the parser's error)."""
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
-    parser.add_argument(
-        "--shapes", default="qwen2-0.5b,qwen2-7b", help="configs/ directories, comma-separated"
-    )
-    parser.add_argument("--iters", type=int, default=5, help="warm syncs per path (after one cold one)")
-    parser.add_argument("--bucket-mib", type=int, default=512)
-    parser.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
-    args = parser.parse_args(argv)
-    args.shape_list = [s for s in args.shapes.split(",") if s]
-    missing = [s for s in args.shape_list if not (REPO / "configs" / s / "config.json").is_file()]
-    if missing or not args.shape_list:
-        known = sorted(p.parent.name for p in (REPO / "configs").glob("*/config.json"))
-        parser.error(
-            f"unknown shapes {missing or args.shapes!r}: give directories of configs/ ({', '.join(known)})"
-        )
-    if args.iters < 1 or args.bucket_mib < 1:
-        parser.error(f"--iters ({args.iters}) and --bucket-mib ({args.bucket_mib}) must be at least 1")
-    return args
 
 
 def _gpu_with_vllm() -> bool:
@@ -174,7 +132,8 @@ def _gpu_with_vllm() -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse(argv)
+    helpers = _sglang_bench()
+    args = helpers.parse_sync_arguments((__doc__ or "").split("\n")[0], argv)
     if not _gpu_with_vllm():
         print(
             "bench_vllm_sync: needs a CUDA GPU and vllm 0.26.0 (scripts/gpu_vllm.sh sets them up on the GPU "
@@ -186,18 +145,7 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.cuda.set_device(0)
     rows = [run_shape(s, args) for s in args.shape_list]
-    print(
-        f"{'shape':<11} {'GB':>6} {'ours ms':>8} {'vllm ms':>8} {'d2d ms':>7} {'ours GB/s':>10} "
-        f"{'vllm GB/s':>10} {'d2d GB/s':>9} {'ours/vllm':>9} same"
-    )
-    for r in rows:
-        print(
-            f"{r['shape']:<11} {r['gb']:>6} {r['ours_ms']:>8} {r['vllm_ms']:>8} {r['d2d_ms']:>7} "
-            f"{r['ours_gbps']:>10} {r['vllm_gbps']:>10} {r['d2d_gbps']:>9} {r['ours_over_vllm']:>8}x "
-            f"{r['identical_engine_weights']}"
-        )
-    for r in rows:
-        print(f"{r['shape']} ours, where the time goes (ms): {r['ours_breakdown_ms']}")
+    helpers.print_rows(rows, "vllm")
     if args.out is not None:
         import vllm
 
