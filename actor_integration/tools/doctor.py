@@ -10,8 +10,10 @@ registration over torch_memory_saver memory, and expandable_segments with CUDA I
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import os
 import platform
+import re
 import socket
 import subprocess
 import sys
@@ -415,6 +417,81 @@ def check_memory_budget(need_bytes: int | None = None) -> tuple[Check, str]:
     return Check("memory budget", "ok", detail), decision
 
 
+# What vLLM 0.26.0 imports with its engine core that a trimmed environment (a wheel set carried to an
+# offline machine) can lack: vllm/v1/structured_output's dataclasses annotate fields with these
+# modules' classes, which vLLM's LazyLoader then imports at load. Seen on an H100, 2026-12-06.
+VLLM_LOAD_TIME_MODULES = ("llguidance", "xgrammar")
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """A release's numbers for ordering ("0.5.15.post1" -> (0, 5, 15, 1)); local parts ignored."""
+    return tuple(int(n) for n in re.findall(r"\d+", version.split("+", 1)[0]))
+
+
+def check_engines(find_spec: Any = importlib.util.find_spec) -> list[Check]:
+    """The rollout engines installed here against the releases the adapters are checked on (CI reads
+    those wheels' source), and what vLLM needs importable at load."""
+    from actor_integration.engines.sglang.engine import SUPPORTED_VERSIONS
+    from actor_integration.engines.vllm.offline import SUPPORTED_VERSION
+
+    checks = []
+    oldest, newest = SUPPORTED_VERSIONS
+    sglang = _version("sglang")
+    if sglang is None:
+        checks.append(
+            Check(
+                "SGLang", "skip", "not installed (the sglang extra): the SGLang engines are not usable here"
+            )
+        )
+    elif _release(oldest) <= _release(sglang) <= _release(newest):
+        checks.append(
+            Check(
+                "SGLang",
+                "ok",
+                f"sglang {sglang}: within the releases the adapter is checked on ({oldest}-{newest})",
+            )
+        )
+    else:
+        checks.append(
+            Check(
+                "SGLang",
+                "warn",
+                f"sglang {sglang}: the adapter's calls are checked against {oldest} and {newest}; a release "
+                "outside them may have moved one: run the SGLang GPU tests (make gpu-check) on it first",
+            )
+        )
+    vllm = _version("vllm")
+    if vllm is None:
+        checks.append(
+            Check("vLLM", "skip", "not installed (the vllm extra): the vLLM engines are not usable here")
+        )
+        return checks
+    missing = [m for m in VLLM_LOAD_TIME_MODULES if find_spec(m) is None]
+    if vllm != SUPPORTED_VERSION:
+        checks.append(
+            Check(
+                "vLLM",
+                "warn",
+                f"vllm {vllm}: the adapter's calls, routes and fields are checked against {SUPPORTED_VERSION} "
+                "only; another release may have moved one (`pip install 'rl-lifecycle[vllm]'` pins it)",
+            )
+        )
+    elif missing:
+        checks.append(
+            Check(
+                "vLLM",
+                "fail",
+                f"vllm {vllm} without {', '.join(missing)}: its engine core imports "
+                f"{' and '.join(VLLM_LOAD_TIME_MODULES)} at load (vllm/v1/structured_output), so the first engine "
+                f"fails with `No module named {missing[0]!r}`; install vllm's own requirements "
+                f"(`pip install vllm=={vllm}` brings them)",
+            )
+        )
+    else:
+        checks.append(Check("vLLM", "ok", f"vllm {vllm}: the release the adapter is checked on"))
+    return checks
+
+
 def run_checks(
     environ: Mapping[str, str] | None = None,
     *,
@@ -434,6 +511,7 @@ def run_checks(
     communicators_check, communicators, communicators_why = check_communicators()
     checks.append(communicators_check)
     checks.append(check_ray(ray_address, env))
+    checks += check_engines()
     budget_check, budget_decision = check_memory_budget()
     checks.append(budget_check)
     if ipc_ok:

@@ -204,3 +204,46 @@ class TestMemoryBudgetCheck:
 
         check, decision = check_memory_budget()
         assert check.name == "memory budget" and check.verdict in ("ok", "skip") and decision
+
+
+class TestEngines:
+    """The rollout engines installed against the releases the adapters are checked on, and vLLM's
+    load-time imports (the first H100 run of vLLM 0.26.0 failed on `No module named 'llguidance'`)."""
+
+    @staticmethod
+    def engines(monkeypatch, versions, present=("llguidance", "xgrammar")):
+        monkeypatch.setattr(doctor, "_version", lambda dist: versions.get(dist))
+        checks = doctor.check_engines(find_spec=lambda name: object() if name in present else None)
+        return {c.name: c for c in checks}
+
+    def test_neither_engine_installed_is_skipped_not_failed(self, monkeypatch):
+        checks = self.engines(monkeypatch, {})
+        assert [c.verdict for c in checks.values()] == ["skip", "skip"]
+        assert "the sglang extra" in checks["SGLang"].detail and "the vllm extra" in checks["vLLM"].detail
+
+    @pytest.mark.parametrize(
+        ("sglang", "verdict"),
+        [("0.5.17", "ok"), ("0.5.20", "ok"), ("0.5.23", "ok"), ("0.5.15.post1", "warn"), ("0.5.24", "warn")],
+    )
+    def test_sglang_is_ok_within_the_checked_releases(self, monkeypatch, sglang, verdict):
+        check = self.engines(monkeypatch, {"sglang": sglang})["SGLang"]
+        assert check.verdict == verdict and f"sglang {sglang}" in check.detail
+        if verdict == "warn":
+            assert "checked against 0.5.17 and 0.5.23" in check.detail and "make gpu-check" in check.detail
+
+    def test_vllm_without_its_load_time_modules_fails_naming_them_and_the_fix(self, monkeypatch):
+        check = self.engines(monkeypatch, {"vllm": "0.26.0"}, present=("xgrammar",))["vLLM"]
+        assert check.verdict == "fail"
+        assert "without llguidance" in check.detail and "No module named 'llguidance'" in check.detail
+        assert "pip install vllm==0.26.0" in check.detail
+
+    def test_vllm_at_the_checked_release_with_its_modules_is_ok(self, monkeypatch):
+        assert self.engines(monkeypatch, {"vllm": "0.26.0"})["vLLM"].verdict == "ok"
+
+    def test_another_vllm_release_warns(self, monkeypatch):
+        check = self.engines(monkeypatch, {"vllm": "0.31.0"})["vLLM"]
+        assert check.verdict == "warn" and "checked against 0.26.0 only" in check.detail
+
+    def test_the_doctor_report_carries_them(self):
+        names = [c["name"] for c in doctor.run_checks({})["checks"]]
+        assert "SGLang" in names and "vLLM" in names
