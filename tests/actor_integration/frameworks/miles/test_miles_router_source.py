@@ -30,10 +30,15 @@ ROUTER_MODULE = "miles/router/router.py"
 ROUTER_DEPENDENCIES = ("fastapi", "uvicorn", "httpx", "setproctitle")
 
 
-def _miles_router_app() -> Any:
-    """miles' `MilesRouter(args).app` from its source; its logging helper stood in."""
+def _router_dependencies() -> None:
+    """Skip (not error) where one of the router's own dependencies is missing."""
     for name in ROUTER_DEPENDENCIES:
         pytest.importorskip(name, reason=f"miles' router needs {name} (pip install {name})")
+
+
+def _miles_router_app() -> Any:
+    """miles' `MilesRouter(args).app` from its source; its logging helper stood in."""
+    _router_dependencies()
     saved = {name: sys.modules.get(name) for name in ("miles", "miles.utils", "miles.utils.logging_utils")}
     try:
         stand_in_module("miles", __path__=[])
@@ -60,6 +65,7 @@ def _miles_router_app() -> Any:
 
 @pytest.fixture
 def miles_own_router() -> Iterator[str]:
+    _router_dependencies()  # before uvicorn's import: without it the test skips, not errors
     import uvicorn
 
     port = free_port()
