@@ -25,6 +25,7 @@ ours equals the one after vLLM's, so both loaded the same bytes. Exit status 1 w
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import statistics
@@ -39,6 +40,7 @@ GB = 1e9
 MEMORY_UTILIZATION = {"qwen2-0.5b": 0.15, "qwen2-7b": 0.35}
 
 
+@functools.cache
 def _sglang_bench() -> Any:
     """bench_sglang_sync's helpers (`timed`, `d2d`, `trainer_tensors`, `colocated_sender`,
     `path_figures`): torch and the project only, no SGLang."""

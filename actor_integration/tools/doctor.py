@@ -13,7 +13,6 @@ import importlib.metadata
 import importlib.util
 import os
 import platform
-import re
 import socket
 import subprocess
 import sys
@@ -423,15 +422,10 @@ def check_memory_budget(need_bytes: int | None = None) -> tuple[Check, str]:
 VLLM_LOAD_TIME_MODULES = ("llguidance", "xgrammar")
 
 
-def _release(version: str) -> tuple[int, ...]:
-    """A release's numbers for ordering ("0.5.15.post1" -> (0, 5, 15, 1)); local parts ignored."""
-    return tuple(int(n) for n in re.findall(r"\d+", version.split("+", 1)[0]))
-
-
 def check_engines(find_spec: Any = importlib.util.find_spec) -> list[Check]:
     """The rollout engines installed here against the releases the adapters are checked on (CI reads
     those wheels' source), and what vLLM needs importable at load."""
-    from actor_integration.engines.sglang.engine import SUPPORTED_VERSIONS
+    from actor_integration.engines.sglang.engine import SUPPORTED_VERSIONS, version_tuple
     from actor_integration.engines.vllm.offline import SUPPORTED_VERSION
 
     checks = []
@@ -443,7 +437,7 @@ def check_engines(find_spec: Any = importlib.util.find_spec) -> list[Check]:
                 "SGLang", "skip", "not installed (the sglang extra): the SGLang engines are not usable here"
             )
         )
-    elif _release(oldest) <= _release(sglang) <= _release(newest):
+    elif version_tuple(oldest) <= version_tuple(sglang) <= version_tuple(newest):  # as the engine's own
         checks.append(
             Check(
                 "SGLang",
