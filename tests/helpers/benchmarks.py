@@ -1,4 +1,4 @@
-"""The benchmark scripts as modules, for the tests of their host-side parts (tests only)."""
+"""The benchmark and tool scripts as modules, for the tests of their host-side parts (tests only)."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+REPO = Path(__file__).resolve().parents[2]
+BENCHMARKS = REPO / "benchmarks"
+SCRIPTS = REPO / "scripts"
 
 
-def load_benchmark(name: str, *, keep: bool = False) -> ModuleType:
-    """`benchmarks/<name>.py` (the scripts are no package) as a module. It is in `sys.modules`
-    while it runs (dataclasses look their module up), and after only with `keep`."""
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+def _load(folder: Path, name: str, keep: bool) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
@@ -23,3 +23,14 @@ def load_benchmark(name: str, *, keep: bool = False) -> ModuleType:
         if not keep:
             del sys.modules[name]
     return module
+
+
+def load_benchmark(name: str, *, keep: bool = False) -> ModuleType:
+    """`benchmarks/<name>.py` (the scripts are no package) as a module. It is in `sys.modules`
+    while it runs (dataclasses look their module up), and after only with `keep`."""
+    return _load(BENCHMARKS, name, keep)
+
+
+def load_script(name: str) -> ModuleType:
+    """`scripts/<name>.py` as a module, kept in `sys.modules` (its dataclasses look it up when used)."""
+    return _load(SCRIPTS, name, keep=True)

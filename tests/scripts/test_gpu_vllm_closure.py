@@ -12,27 +12,17 @@ where the set is built.
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+
+from tests.helpers.benchmarks import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 LIST = ROOT / "scripts" / "gpu_vllm_wheels.txt"
 # Import names that differ from their distribution's (normalized) name, among those vLLM reaches.
 DISTRIBUTION_OF = {"zmq": "pyzmq", "yaml": "pyyaml", "cv2": "opencv-python-headless", "PIL": "pillow"}
-
-
-def _script(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +33,7 @@ def required_at_load() -> dict[str, str]:
 
     open_tree().close()  # the wheel, fetched once (or this test skips offline)
     assert cached_wheel() is not None
-    closure = _script("slime_import_closure")
+    closure = load_script("slime_import_closure")
     script = (ROOT / "scripts" / "gpu_vllm_wheels.sh").read_text()
     found = re.search(r"^roots=\((.*?)\)", script, re.S | re.M)
     assert found is not None, "scripts/gpu_vllm_wheels.sh names no roots=( ... )"
@@ -56,7 +46,7 @@ def required_at_load() -> dict[str, str]:
 
 def uncarried(required: dict[str, str], list_text: str) -> list[str]:
     """What the list neither ships nor finds in the image, each with where it is required."""
-    vset = _script("gpu_vllm_set")
+    vset = load_script("gpu_vllm_set")
     carried = {e.key for e in vset.parse_list(list_text) if e.role in ("ship", "image")}
     return [
         f"{top} (required at {where})"

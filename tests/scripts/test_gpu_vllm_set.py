@@ -3,7 +3,6 @@ and the device script's staging and step gating (dry run, on small stand-in whee
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -13,17 +12,14 @@ from types import ModuleType
 
 import pytest
 
+from tests.helpers.benchmarks import load_script
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def vset() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpu_vllm_set", ROOT / "scripts" / "gpu_vllm_set.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_script("gpu_vllm_set")
 
 
 def wheel(folder: Path, name: str, version: str, members: dict[str, bytes]) -> Path:

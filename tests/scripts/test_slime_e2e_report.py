@@ -6,28 +6,20 @@ logger head, a Python dict), as they came off the GPU machine's first run of sli
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers.benchmarks import load_script
+
 HEAD = "\x1b[36m(MegatronTrainRayActor pid=6850)\x1b[0m [2026-12-06 10:28:51] "
 
 
 @pytest.fixture(scope="module")
 def report_module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "slime_e2e_report", ROOT / "scripts" / "slime_e2e_report.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("slime_e2e_report")
 
 
 def job_log(sleep: list[float], wake: list[float], step_time: list[float], checker: list[int]) -> str:

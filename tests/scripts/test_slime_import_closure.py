@@ -2,27 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import zipfile
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers.benchmarks import load_script
 
 
 @pytest.fixture(scope="module")
 def closure_module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "slime_import_closure", ROOT / "scripts" / "slime_import_closure.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_script("slime_import_closure")
 
 
 def write(path: Path, text: str) -> None:
