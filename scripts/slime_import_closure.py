@@ -127,42 +127,52 @@ def _weaker(kind: str, other: str) -> str:
     return kind if _RANK[kind] >= _RANK[other] else other
 
 
+def _at_load(body: Iterable[ast.stmt], kind: str, type_checking: bool) -> Iterator[tuple[ast.stmt, str]]:
+    """Each statement a module's import runs (module and class bodies, not functions), with how surely
+    it runs: the bodies of `if`, `try`, `with` and `class` flattened after the statement that holds
+    them; `if __name__ == "__main__"` skipped, `if TYPE_CHECKING` bodies (as guarded) only with
+    `type_checking`."""
+    for node in body:
+        if isinstance(node, ast.If):
+            if _is_main(node.test):
+                continue
+            yield node, kind
+            if not _is_type_checking(node.test):
+                yield from _at_load(node.body, _weaker(kind, "conditional"), type_checking)
+            elif type_checking:
+                yield from _at_load(node.body, _weaker(kind, "guarded"), type_checking)
+            yield from _at_load(node.orelse, _weaker(kind, "conditional"), type_checking)
+        elif isinstance(node, ast.Try):
+            caught = any(_catches_import_error(h) for h in node.handlers)
+            yield from _at_load(node.body, _weaker(kind, "guarded") if caught else kind, type_checking)
+            for h in node.handlers:
+                yield from _at_load(h.body, _weaker(kind, "conditional"), type_checking)
+            yield from _at_load([*node.orelse, *node.finalbody], kind, type_checking)
+        elif isinstance(node, ast.With):
+            yield node, kind
+            inner = _weaker(kind, "guarded") if _suppresses_import_error(node) else kind
+            yield from _at_load(node.body, inner, type_checking)
+        elif isinstance(node, ast.ClassDef):
+            yield node, kind
+            yield from _at_load(node.body, kind, type_checking)
+        else:
+            yield node, kind
+
+
 def module_imports(tree: ast.Module, module: str, is_package: bool) -> Iterator[Import]:
     """The imports a module runs when it is imported (module and class bodies, not functions)."""
     package = module if is_package else module.rpartition(".")[0]
-
-    def walk(body: Iterable[ast.stmt], kind: str) -> Iterator[Import]:
-        for node in body:
-            if isinstance(node, ast.Import):
-                for alias in node.names:
-                    yield Import(alias.name, (), kind, node.lineno)
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    parts = package.split(".")
-                    parts = parts[: len(parts) - (node.level - 1)] if node.level > 1 else parts
-                    base = ".".join([*parts, base] if base else parts)
-                yield Import(base, tuple(a.name for a in node.names), kind, node.lineno)
-            elif isinstance(node, ast.Try):
-                caught = any(_catches_import_error(h) for h in node.handlers)
-                yield from walk(node.body, _weaker(kind, "guarded") if caught else kind)
-                for h in node.handlers:
-                    yield from walk(h.body, _weaker(kind, "conditional"))
-                yield from walk(node.orelse, kind)
-                yield from walk(node.finalbody, kind)
-            elif isinstance(node, ast.If):
-                if _is_main(node.test):
-                    continue
-                inner = "guarded" if _is_type_checking(node.test) else "conditional"
-                yield from walk(node.body, _weaker(kind, inner))
-                yield from walk(node.orelse, _weaker(kind, "conditional"))
-            elif isinstance(node, ast.With):
-                guarded = _suppresses_import_error(node)
-                yield from walk(node.body, _weaker(kind, "guarded") if guarded else kind)
-            elif isinstance(node, ast.ClassDef):
-                yield from walk(node.body, kind)
-
-    yield from walk(tree.body, "required")
+    for node, kind in _at_load(tree.body, "required", type_checking=True):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield Import(alias.name, (), kind, node.lineno)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                parts = parts[: len(parts) - (node.level - 1)] if node.level > 1 else parts
+                base = ".".join([*parts, base] if base else parts)
+            yield Import(base, tuple(a.name for a in node.names), kind, node.lineno)
     yield from lazy_loads(tree)
 
 
@@ -195,56 +205,29 @@ def _lazy_loaders(tree: ast.Module) -> dict[str, str]:
     return found
 
 
-def _evaluated_at_load(
-    body: Iterable[ast.stmt], kind: str, annotations: bool
-) -> Iterator[tuple[ast.AST, str]]:
-    """The expressions Python 3.12 evaluates when a module is imported, with how surely they run:
-    module and class bodies, decorators, bases, defaults, and annotations of classes and signatures
-    unless the module has `from __future__ import annotations` (not function bodies, not
-    `if TYPE_CHECKING` blocks)."""
-    for node in body:
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            continue
-        if isinstance(node, ast.If):
-            if _is_main(node.test) or _is_type_checking(node.test):
-                yield from _evaluated_at_load(node.orelse, _weaker(kind, "conditional"), annotations)
-                continue
-            yield node.test, kind
-            yield from _evaluated_at_load(node.body, _weaker(kind, "conditional"), annotations)
-            yield from _evaluated_at_load(node.orelse, _weaker(kind, "conditional"), annotations)
-        elif isinstance(node, ast.Try):
-            caught = any(_catches_import_error(h) for h in node.handlers)
-            yield from _evaluated_at_load(
-                node.body, _weaker(kind, "guarded") if caught else kind, annotations
-            )
-            for h in node.handlers:
-                yield from _evaluated_at_load(h.body, _weaker(kind, "conditional"), annotations)
-            yield from _evaluated_at_load([*node.orelse, *node.finalbody], kind, annotations)
-        elif isinstance(node, ast.With):
-            inner = _weaker(kind, "guarded") if _suppresses_import_error(node) else kind
-            yield from ((item.context_expr, kind) for item in node.items)
-            yield from _evaluated_at_load(node.body, inner, annotations)
-        elif isinstance(node, ast.ClassDef):
-            yield from (
-                (e, kind) for e in [*node.decorator_list, *node.bases, *(k.value for k in node.keywords)]
-            )
-            yield from _evaluated_at_load(node.body, kind, annotations)
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            a = node.args
-            loaded: list[ast.AST] = [*node.decorator_list, *a.defaults, *(d for d in a.kw_defaults if d)]
-            if annotations:
-                every = [*a.posonlyargs, *a.args, *a.kwonlyargs, *(x for x in (a.vararg, a.kwarg) if x)]
-                loaded += [x.annotation for x in every if x.annotation] + (
-                    [node.returns] if node.returns else []
-                )
-            yield from ((e, kind) for e in loaded)
-        elif isinstance(node, ast.AnnAssign):
-            if annotations:
-                yield node.annotation, kind
-            if node.value is not None:
-                yield node.value, kind
-        else:
-            yield node, kind
+def _evaluated(node: ast.stmt, annotations: bool) -> list[ast.AST]:
+    """What Python 3.12 evaluates of a statement `_at_load` yields: an `if`'s test, a `with`'s
+    context managers, a class's decorators, bases and keywords, a function's decorators, defaults and
+    (with `annotations`: no `from __future__ import annotations`) annotations, an annotated
+    assignment's annotation (likewise) and value, any other statement whole; nothing of an import."""
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        return []
+    if isinstance(node, ast.If):
+        return [node.test]
+    if isinstance(node, ast.With):
+        return [item.context_expr for item in node.items]
+    if isinstance(node, ast.ClassDef):
+        return [*node.decorator_list, *node.bases, *(k.value for k in node.keywords)]
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        a = node.args
+        loaded: list[ast.AST] = [*node.decorator_list, *a.defaults, *(d for d in a.kw_defaults if d)]
+        if annotations:
+            every = [*a.posonlyargs, *a.args, *a.kwonlyargs, *(x for x in (a.vararg, a.kwarg) if x)]
+            loaded += [x.annotation for x in every if x.annotation] + ([node.returns] if node.returns else [])
+        return loaded
+    if isinstance(node, ast.AnnAssign):
+        return ([node.annotation] if annotations else []) + ([node.value] if node.value is not None else [])
+    return [node]
 
 
 def lazy_loads(tree: ast.Module) -> Iterator[Import]:
@@ -260,8 +243,8 @@ def lazy_loads(tree: ast.Module) -> Iterator[Import]:
         and any(a.name == "annotations" for a in n.names)
         for n in tree.body
     )
-    for expr, kind in _evaluated_at_load(tree.body, "required", annotations=not future):
-        for node in _walk_at_load(expr):
+    for statement, kind in _at_load(tree.body, "required", type_checking=False):
+        for node in (n for expr in _evaluated(statement, not future) for n in _walk_at_load(expr)):
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in lazy:
                 yield Import(lazy[node.value.id], (), kind, node.lineno)
 
