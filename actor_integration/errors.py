@@ -267,6 +267,13 @@ class IncompleteSlotHandlesError(WeightSyncError, ValueError):
     slot: vime #57), refused before it is sent. Fields: rank, slot, weights."""
 
 
+class IpcSerializationError(WeightSyncError, ValueError):
+    """vLLM's own IPC weight transfer asked of an engine whose processes cannot carry CUDA IPC
+    handles: vLLM sends them pickled, and its EngineCore decodes pickles only where
+    `VLLM_ALLOW_INSECURE_SERIALIZATION=1` was set before it started. Refused before vLLM is called.
+    Fields: engine, variable."""
+
+
 class VLLMServerError(LifecycleError, RuntimeError):
     """A vLLM server refused a request (`status`, vLLM's text in `answer`) or could not be reached
     (`status` None). Fields: method, path, status, answer."""

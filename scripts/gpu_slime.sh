@@ -64,7 +64,8 @@ for s in "${steps[@]}"; do
 done
 for s in ${GPU_SLIME_REDO:-}; do sed -i "/^$s\$/d" "$WORK/done" 2>/dev/null; done
 
-finish() { # the table, and what comes back
+finish() { # the table, and what comes back (its loop must not touch the caller's step and rc)
+    local s line rc secs
     {
         echo "| step | rc | seconds |"
         echo "| --- | --- | --- |"

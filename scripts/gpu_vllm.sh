@@ -79,7 +79,8 @@ for s in "${steps[@]}"; do
 done
 for s in ${GPU_VLLM_REDO:-}; do sed -i "/^$s\$/d" "$WORK/done" 2>/dev/null; done
 
-finish() { # the table, and what comes back
+finish() { # the table, and what comes back (its loop must not touch the caller's step and rc)
+    local s line rc secs
     {
         echo "| step | rc | seconds |"
         echo "| --- | --- | --- |"
@@ -164,7 +165,7 @@ for module in ["vllm", "vllm._C_stable_libtorch", "vllm.cumem_allocator", "vllm.
                "vllm.v1.attention.backends.flash_attn", "vllm.v1.sample.sampler",
                "vllm.device_allocator.cumem", "vllm.distributed.weight_transfer.ipc_engine",
                "vllm.entrypoints.openai.api_server", "vllm.entrypoints.serve.dev.sleep.api_router",
-               "ray", "actor_integration.engines.vllm.offline", "actor_integration.engines.vllm.http_engine",
+               "ray", "torch_memory_saver", "actor_integration.engines.vllm.offline", "actor_integration.engines.vllm.http_engine",
                "actor_integration.engines.vllm.worker", "actor_integration.tools.cli"]:
     t0 = time.perf_counter()
     try:
@@ -204,6 +205,9 @@ EOF
 }
 
 run_step() { # run_step NAME: the step's commands (its output goes to $WORK/NAME.log)
+    # the lifecycle logs of the actors a step's tests start come back with the logs (per-hook times)
+    export RL_LIFECYCLE_LOG_DIR="$WORK/lifecycle-logs/$1"
+    mkdir -p "$RL_LIFECYCLE_LOG_DIR"
     case $1 in
     imports) imports ;;
     tests) "$PY" -m pytest -m gpu -q -s -p no:cacheprovider tests/gpu/test_vllm_gpu.py ;;

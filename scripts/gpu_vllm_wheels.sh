@@ -80,7 +80,7 @@ rc=0
 "$PY312" -m pip install -q --dry-run --ignore-installed --no-index --find-links "$D/check/ship" \
     --find-links "$D/check/stubs" -c "$D/check/constraints.txt" --only-binary=:all: --python-version 3.12 \
     --implementation cp "${platforms[@]}" --platform any --target "$D/check/target" \
-    --report "$D/check/report.json" vllm==0.26.0 ray==2.60.0 structlog==26.1.0 transitions==0.9.3 \
+    --report "$D/check/report.json" vllm==0.26.0 ray==2.60.0 structlog==26.1.0 transitions==0.9.3 torch-memory-saver==0.0.10 \
     >"$D/check/pip.log" 2>&1 || rc=$?
 grep -v 'is ignored: it is neither' "$D/check/pip.log" | grep -v 'does not provide the extra' || true
 [[ $rc -eq 0 ]] || { echo "2. the offline check FAILED (pip rc=$rc): $D/check/pip.log" >&2; exit 1; }

@@ -91,10 +91,14 @@ class ServerGeneration(EngineGeneration):
         close_buffers: Callable[[], None],
         rejoin: Callable[[], None],
         flush_deadline_s: float,
+        pause_in_release: bool = False,
     ) -> None:
         # EngineGeneration calls only the pause, continue and flush a ServerClient has.
         super().__init__(cast("RolloutEngine", server), mode="abort", flush_deadline_s=flush_deadline_s)
         self._while_leaving, self._close_buffers, self._rejoin = while_leaving, close_buffers, rejoin
+        # The release that follows pauses (abort) and clears the caches in its own request (vLLM's
+        # sleep): the pause only tells the client so (`pause_with_release`), and sends nothing.
+        self._pause_in_release = pause_in_release
         self.paused = False
         self.by_sleep = False  # paused by the sleep, not continued since: nothing runs on the server
 
@@ -111,7 +115,10 @@ class ServerGeneration(EngineGeneration):
         # continue on a server that never paused is harmless).
         self.paused = self.by_sleep = True
         self._close_buffers()
-        EngineGeneration.pause(self)
+        if self._pause_in_release:
+            self.engine.pause_with_release()  # type: ignore[attr-defined]
+        else:
+            EngineGeneration.pause(self)
 
     def resume(self) -> None:
         self._rejoin()
@@ -159,7 +166,9 @@ class ServerActorLifecycle:
     `lifecycle_timeout_s`: the deadline of every request the lifecycle itself sends.
     `lifecycle_follow_deadline_s`: how long a follower waits for node 0's actor.
     `lifecycle_log_dir`: where `rollout-rank<rank>.jsonl` goes (see `configure_rank_log`).
-    An engine's wrap sets `lifecycle_server_tags` (its memory tags, in its order),
+    An engine's wrap sets `lifecycle_release_pauses` where every sleep of its server releases memory
+    in one request that pauses generation (abort) and clears the caches first (vLLM's `/sleep`; its
+    client has `pause_with_release`): the sleep's pause then sends nothing of its own. It also sets `lifecycle_server_tags` (its memory tags, in its order),
     `lifecycle_engine_label` and `lifecycle_process_prefix` (how the engine titles its own
     processes: those are watched beside the server's, none without it), and implements `_lc_new_client`.
     """
@@ -169,6 +178,7 @@ class ServerActorLifecycle:
     lifecycle_server_tags: ClassVar[tuple[str, ...]] = ()
     lifecycle_process_prefix: ClassVar[str] = ""
     lifecycle_flush_deadline_s: ClassVar[float] = 60.0
+    lifecycle_release_pauses: ClassVar[bool] = False
     lifecycle_timeout_s: ClassVar[float] = 60.0
     lifecycle_follow_deadline_s: ClassVar[float] = 600.0
     lifecycle_log_dir: ClassVar[str | None] = None
@@ -230,6 +240,7 @@ class ServerActorLifecycle:
             close_buffers=self._lc_close_trainer_buffers,
             rejoin=self._lc_rejoin,
             flush_deadline_s=self.lifecycle_flush_deadline_s,
+            pause_in_release=self.lifecycle_release_pauses,
         )
         state.memory, state.generation = memory, generation
         tags = self.lifecycle_server_tags

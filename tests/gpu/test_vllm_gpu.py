@@ -43,6 +43,9 @@ def rig() -> Any:
     from actor_integration.engines.vllm import VLLMEngine, VLLMRolloutActor
 
     torch.cuda.set_device(0)
+    # vLLM's own IPC path (test_vllms_own_ipc_path...) pickles CUDA IPC handles to EngineCore, which
+    # reads this when it starts; the lifecycle's sender needs no pickles.
+    os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     started = time.monotonic()
     engine = VLLMEngine(
         model=str(MODEL),

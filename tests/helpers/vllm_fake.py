@@ -26,6 +26,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import multiprocessing
+import os
 import time
 import types
 from typing import Any
@@ -122,6 +123,12 @@ class FakeVLLM:
         self.calls: list[str] = []
         self.sleeps: list[int] = []  # the level of every sleep call (0: a pause)
         self.update_active = False
+        # vLLM's IPC start_weight_update puts the model's layers on the meta device (layerwise
+        # reload); only finish_weight_update puts back what no chunk loaded. A chunk that fails in
+        # the worker ends the session and leaves them there. Modelled where it was seen (an H100):
+        # a level-2 sleep fails on them; what a generation on them does was not seen, and the fake
+        # keeps serving the weights it holds.
+        self.layers_on_meta = False
         self.transfer_init: dict[str, Any] | None = None  # /init_weight_transfer_engine's init_info
         self.ipc: dict[int, torch.Tensor] = {}  # what the test's IPC sender "exported", by handle
         self.update_fields = field_names(tree, IPC_UPDATE_INFO)
@@ -159,6 +166,8 @@ class FakeVLLM:
             self.unfinished = 0
         if level < 1:
             return
+        if level == 2 and self.layers_on_meta:  # the worker copies the buffers to host first
+            raise NotImplementedError("Cannot copy out of meta tensor; no data!")
         if self.unfinished and mode != "keep":
             self.die("illegal memory access: sleep with requests running")
         if self.sleeping_tags:
@@ -197,7 +206,7 @@ class FakeVLLM:
     def start_update(self) -> None:
         if self.update_active:
             raise RuntimeError("start_weight_update called while a weight update is already active.")
-        self.update_active = True
+        self.update_active = self.layers_on_meta = True
 
     def update(self, update_info: dict[str, Any]) -> None:
         if not self.update_active:
@@ -218,7 +227,7 @@ class FakeVLLM:
     def finish_update(self) -> None:
         if not self.update_active:
             raise RuntimeError("finish_weight_update called without a matching start_weight_update.")
-        self.update_active = False
+        self.update_active = self.layers_on_meta = False
 
     def rpc(self, method: str, args: tuple[Any, ...]) -> list[Any]:
         return [getattr(worker, method)(*args) for worker in self.workers]
@@ -235,7 +244,8 @@ class FakeVLLM:
             names.append(name)
             dtypes.append(str(tensor.dtype).removeprefix("torch."))
             shapes.append(list(tensor.shape))
-            handles.append({"fake-gpu": (key,)})
+            # as torch's reduce_tensor: the rebuild function, then arguments that hold a class
+            handles.append({"fake-gpu": (key, torch.Tensor)})
         info = {
             "names": names,
             "dtype_names": dtypes,
@@ -325,11 +335,29 @@ class FakeLLM:
 
     def update_weights(self, *args: Any, **kwargs: Any) -> None:
         a = self._bind("update_weights", args, kwargs)
-        self.fake.update(a["request"]["update_info"])
+        info = a["request"]["update_info"]
+        if os.environ.get("VLLM_ALLOW_INSECURE_SERIALIZATION", "0") in ("", "0") and holds_a_class(info):
+            # vLLM's msgpack client, before anything reaches EngineCore (seen on an H100)
+            raise TypeError(
+                "Object of type <class 'torch._C._TensorMeta'> is not serializableSet "
+                "VLLM_ALLOW_INSECURE_SERIALIZATION=1 to allow fallback to pickle-based serialization."
+            )
+        self.fake.update(info)
 
     def finish_weight_update(self, *args: Any, **kwargs: Any) -> None:
         self._bind("finish_weight_update", args, kwargs)
         self.fake.finish_update()
+
+
+def holds_a_class(value: Any) -> bool:
+    """Whether `value` holds a class anywhere (what vLLM's msgpack encoder refuses without pickles)."""
+    if isinstance(value, type):
+        return True
+    if isinstance(value, dict):
+        return any(holds_a_class(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(holds_a_class(v) for v in value)
+    return False
 
 
 def method_arguments(

@@ -32,8 +32,13 @@ def fake(vllm_tree: Any) -> Iterator[FakeVLLM]:
 
 
 @pytest.fixture
-def make_engine(fake: FakeVLLM, vllm_tree: Any) -> Callable[..., Any]:
+def make_engine(fake: FakeVLLM, vllm_tree: Any, monkeypatch: pytest.MonkeyPatch) -> Callable[..., Any]:
+    """The offline adapter over the fake, built where vLLM's own IPC path can run: with
+    VLLM_ALLOW_INSECURE_SERIALIZATION=1 (as a job using that path sets it; unset it before `make`
+    to see the refusal)."""
     from actor_integration.engines.vllm import VLLMEngine
+
+    monkeypatch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
 
     def make(**kwargs: Any) -> VLLMEngine:
         kwargs.setdefault("ipc_sender", fake.ipc_sender)

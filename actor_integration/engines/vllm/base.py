@@ -47,7 +47,8 @@ class WeightUpdate:
         self.owner = owner
         self.chunks = 0
         self._open = True
-        self._vllm_session = True  # vLLM ends its session itself when an update_weights call fails
+        self.failed = False  # a chunk failed: vLLM may have loaded part of it
+        self.finish_error: BaseException | None = None  # what vLLM answered an abort's finish
 
     def update(self, update_info: dict[str, Any]) -> None:
         """Send one chunk (`update_info` as vLLM's weight-transfer backend defines it)."""
@@ -56,9 +57,8 @@ class WeightUpdate:
         try:
             self.engine._update(update_info)
         except BaseException:
-            self._vllm_session = False
-            if self.chunks:
-                self.engine.guard.weights_mixed = self.engine.weight_version
+            self.failed = True
+            self.engine.guard.weights_mixed = self.engine.weight_version
             raise
         self.chunks += 1
 
@@ -75,15 +75,27 @@ class WeightUpdate:
         self.engine.weight_version = version
 
     def abort(self) -> None:
-        """Give the update up; weights written by earlier chunks count as mixed (generation refused)."""
+        """Give the update up. vLLM's finish is asked whatever failed: its start put the model's layers
+        on the meta device for a layerwise reload, and only the finish puts back the layers no chunk
+        loaded (without it the next level-2 sleep fails on meta buffers, seen on an H100 after a chunk
+        failed in this process, before it reached vLLM). A chunk sent, or one that failed, leaves the
+        version mixed (generation refused until a whole version loads). A finish vLLM refuses (its
+        worker ends the session itself when a chunk fails inside it, the layers left unloaded) sets
+        `guard.layers_unloaded`: generation and a level-2 sleep are refused until a whole version
+        loads. vLLM's answer is kept in `finish_error`; the chunk's error is the one raised."""
         if not self._open:
             return
         self._open = False
         try:
-            if self._vllm_session:
-                self.engine._finish_update()
+            self.engine._finish_update()
+        except Exception as exc:
+            self.finish_error = exc
+            self.engine.guard.layers_unloaded = (
+                f"the weight update of {self.owner!r} failed inside vLLM, which ended it with the model's "
+                f"layers unloaded (its finish answered {type(exc).__name__}: {str(exc)[:120]})"
+            )
         finally:
-            if self.chunks:
+            if self.chunks or self.failed:
                 self.engine.guard.weights_mixed = self.engine.weight_version
             self.engine.guard.end_update(self.owner, version=None)
 
@@ -177,6 +189,13 @@ class VLLMAdapter:
         self._pause_mode = "abort" if vllm_mode == "wait" else vllm_mode  # what the sleep's own pause does
         self._paused = True
 
+    def pause_with_release(self) -> None:
+        """Let the next release be the pause: vLLM's sleep pauses its scheduler in the mode given,
+        here abort, and clears its caches before it releases (one request, none now). A pause left in
+        vLLM's keep mode must not carry into a release: requests kept over a released KV cache."""
+        self._pause_mode = "abort"
+        self._paused = True
+
     def continue_generation(self) -> None:
         self._resume()
         self._paused = False
@@ -199,7 +218,9 @@ class VLLMAdapter:
 
     def begin_weight_update(self, owner: str) -> WeightUpdate:
         """Start a weight update through vLLM's weight-transfer engine, held by `owner`; a second
-        start before it ends is refused (`WeightUpdateBusyError`), as is one while the weights sleep."""
+        start before it ends is refused (`WeightUpdateBusyError`), as is one while the weights sleep,
+        and one whose handles vLLM cannot carry (`IpcSerializationError`)."""
+        self._check_ipc_transfer()
         self.guard.begin_update(owner)
         try:
             self._start_update()
@@ -246,6 +267,10 @@ class VLLMAdapter:
 
     def _ipc_update_info(self, info: dict[str, Any]) -> dict[str, Any]:
         return info
+
+    def _check_ipc_transfer(self) -> None:
+        """Before vLLM's own weight transfer starts: can the handles reach its workers? (Each adapter
+        knows; the HTTP server answers a refusal itself.)"""
 
     # ------------------------------------------------------------------ the workers' receiver
 

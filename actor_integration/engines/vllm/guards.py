@@ -70,7 +70,10 @@ class SleepGuard:
 
     `resident`: which tags are awake. `weights_discarded`: a level-2 sleep dropped the weights and
     no whole version was loaded since. `in_flight`: generations this adapter has running.
-    `update_owner`: who holds the weight update in progress (one coordinator per slot)."""
+    `update_owner`: who holds the weight update in progress (one coordinator per slot).
+    `layers_unloaded`: a failed update left the model's layers on vLLM's meta device (its worker ends
+    the session of a chunk that failed inside it without putting them back): what happened, until a
+    whole version loads."""
 
     def __init__(self, engine: str, level: int) -> None:
         self.engine = engine
@@ -78,6 +81,7 @@ class SleepGuard:
         self.resident = dict.fromkeys(VLLM_TAGS, True)
         self.weights_discarded = False
         self.weights_mixed: int | None = None  # a version partly loaded (a later round failed)
+        self.layers_unloaded: str | None = None
         self.in_flight = 0
         self.update_owner: str | None = None
         self._lock = threading.Lock()
@@ -128,6 +132,13 @@ class SleepGuard:
             raise MemoryStateError(
                 f"{self.engine}: a weight update by {self.update_owner!r} is in progress; finish or abort it "
                 "before the engine sleeps",
+                tags=list(chosen),
+            )
+        if self.layers_unloaded is not None and self.level == 2:
+            raise MemoryStateError(
+                f"{self.engine}: {self.layers_unloaded}; vLLM's level-2 sleep copies the model's buffers to "
+                "host and fails on them ('Cannot copy out of meta tensor'). Load a whole weight version "
+                "first; nothing was called.",
                 tags=list(chosen),
             )
         if self.in_flight:
@@ -185,6 +196,14 @@ class SleepGuard:
                 f"{self.engine}: {asleep} asleep; generating while asleep is an illegal memory access or a hang "
                 "in vLLM (vllm #15483, #45326). Wake every tag first.",
                 tags=asleep,
+            )
+        if self.layers_unloaded is not None:
+            raise WeightsDiscardedError(
+                f"{self.engine}: {self.layers_unloaded}; vLLM has no weights to generate with. Load a whole "
+                "weight version first.",
+                engine=self.engine,
+                level=self.level,
+                weight_version=None,
             )
         if self.weights_discarded:
             raise WeightsDiscardedError(
@@ -258,6 +277,7 @@ class SleepGuard:
             if version is not None:
                 self.weights_discarded = False
                 self.weights_mixed = None
+                self.layers_unloaded = None
 
 
 __all__ = ["PAUSE_MODES", "SLEEP_LEVELS", "VLLM_TAGS", "SleepGuard", "chosen_tags", "vllm_pause_mode"]

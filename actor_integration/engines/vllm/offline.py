@@ -16,14 +16,25 @@ only where vLLM raises: its synchronous client can wait on a dead engine's outpu
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from actor_integration.engines.vllm.base import IpcSender, VLLMAdapter
 from actor_integration.engines.vllm.worker import WORKER_EXTENSION
-from actor_integration.errors import EngineDiedError, EngineNotIdleError
+from actor_integration.errors import EngineDiedError, EngineNotIdleError, IpcSerializationError
 
 SUPPORTED_VERSION = "0.26.0"
+INSECURE_SERIALIZATION = "VLLM_ALLOW_INSECURE_SERIALIZATION"
+
+
+def insecure_serialization() -> bool:
+    """Whether vLLM, reading this process's environment, would carry pickles between its processes
+    (`vllm.envs.VLLM_ALLOW_INSECURE_SERIALIZATION`, parsed as vLLM parses it)."""
+    try:
+        return bool(int(os.environ.get(INSECURE_SERIALIZATION, "0")))
+    except ValueError:
+        return False
 
 
 def import_vllm() -> Any:
@@ -83,6 +94,8 @@ class VLLMEngine(VLLMAdapter):
         super().__init__(
             sleep_level=sleep_level, worker_receiver=worker_receiver, ipc_sender=ipc_sender, packed=packed
         )
+        # EngineCore reads the variable when it starts: what it was then decides what it can decode.
+        self._pickles_at_start = insecure_serialization()
         if llm is None:
             arguments = llm_arguments(llm_kwargs, worker_receiver=worker_receiver)
             llm = import_vllm().LLM(**arguments)
@@ -215,6 +228,24 @@ class VLLMEngine(VLLMAdapter):
         with self._vllm(method):
             replies = self.llm.collective_rpc(method, args=(request,))
         return [dict(r) for r in replies]
+
+    def _check_ipc_transfer(self) -> None:
+        """vLLM's IPC update sends CUDA IPC handles (a rebuild function and `torch.Tensor` among its
+        arguments) from this process to EngineCore through its msgpack client, which pickles them only
+        with `VLLM_ALLOW_INSECURE_SERIALIZATION=1` here and in EngineCore (set before the engine was
+        built); without it vLLM raises only after its start has put the model's layers on the meta
+        device (seen on an H100, vLLM 0.26.0)."""
+        if self._pickles_at_start and insecure_serialization():
+            return
+        when = "now" if self._pickles_at_start else "when the engine was built"
+        raise IpcSerializationError(
+            f"{type(self).__name__}: vLLM's own IPC weight transfer needs {INSECURE_SERIALIZATION}=1, unset "
+            f"{when}: vLLM pickles the CUDA IPC handles between this process and its EngineCore. Set it in "
+            "the rollout actor's environment before the engine starts (the Ray runtime env's env_vars), or "
+            "sync through the lifecycle's sender (worker_receiver=True, no pickles). Nothing was sent.",
+            engine=type(self).__name__,
+            variable=INSECURE_SERIALIZATION,
+        )
 
     def _start_update(self) -> None:
         with self._vllm("start_weight_update"):

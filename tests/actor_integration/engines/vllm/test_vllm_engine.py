@@ -11,6 +11,7 @@ from actor_integration.engines.vllm import VLLMEngine
 from actor_integration.errors import (
     EngineDiedError,
     EngineNotIdleError,
+    IpcSerializationError,
     MemoryStateError,
     SleepTagsError,
     WeightsDiscardedError,
@@ -198,17 +199,58 @@ class TestWeightTransfer:
             fake.model.params["model.embed_tokens.weight"], weights(3)["model.embed_tokens.weight"]
         )
 
-    def test_a_failed_chunk_leaves_the_weights_mixed_until_a_whole_load(self, fake, make_engine):
+    def test_a_chunk_failed_inside_vllm_leaves_its_layers_unloaded_until_a_whole_load(
+        self, fake, make_engine
+    ):
         engine = make_engine(worker_receiver=False)
         update = engine.begin_weight_update("trainer")
         fake.ipc_sender(iter(list(weights(4).items())[:1]), {"send_mode": update.update})
         with pytest.raises(TypeError, match="unexpected fields"):
             update.update({"names": [], "bogus": 1})
-        update.abort()
+        update.abort()  # vLLM's worker ended the session: its finish is refused, the layers stay on meta
+        assert fake.layers_on_meta and isinstance(update.finish_error, RuntimeError)
+        with pytest.raises(WeightsDiscardedError, match="layers unloaded"):
+            engine.generate(PROMPTS, max_new_tokens=2)
+        calls = len(fake.calls)
+        with pytest.raises(MemoryStateError, match="meta tensor"):
+            engine.release_memory_occupation()  # level 2 would fail in vLLM's worker
+        assert fake.calls[calls:] == []
+        load_ipc(engine, 4, weights(4))
+        assert not fake.layers_on_meta
+        assert len(engine.generate(PROMPTS, max_new_tokens=2)[0]) == 2
+
+    def test_a_chunk_failed_before_vllm_is_finished_there_and_the_version_mixed(
+        self, fake, make_engine, monkeypatch
+    ):
+        """A chunk that never reached EngineCore (here vLLM's msgpack client refusing it, as on the H100):
+        the abort's finish puts the layers back, so the engine can sleep at level 2 and serve the next load."""
+        engine = make_engine(worker_receiver=False)
+        monkeypatch.setattr(engine, "_check_ipc_transfer", lambda: None)  # let it reach vLLM's client
+        monkeypatch.delenv("VLLM_ALLOW_INSECURE_SERIALIZATION")
+        with pytest.raises(TypeError, match="not serializable"):
+            load_ipc(engine, 4, weights(4))
+        assert not fake.layers_on_meta and not fake.update_active
         with pytest.raises(WeightsDiscardedError, match="in part"):
             engine.generate(PROMPTS, max_new_tokens=2)
-        load_ipc(engine, 4, weights(4))
+        engine.release_memory_occupation()
+        engine.resume_memory_occupation(["weights"])
+        monkeypatch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+        load_ipc(engine, 5, weights(5))
+        engine.resume_memory_occupation(["kv_cache"])
         assert len(engine.generate(PROMPTS, max_new_tokens=2)[0]) == 2
+
+    def test_vllms_ipc_path_without_pickles_is_refused_before_vllm(self, fake, make_engine, monkeypatch):
+        monkeypatch.delenv("VLLM_ALLOW_INSECURE_SERIALIZATION")
+        engine = make_engine(worker_receiver=False)
+        calls = len(fake.calls)
+        with pytest.raises(
+            IpcSerializationError, match="VLLM_ALLOW_INSECURE_SERIALIZATION=1, unset when the engine"
+        ):
+            engine.begin_weight_update("trainer")
+        monkeypatch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # too late: EngineCore read it at start
+        with pytest.raises(IpcSerializationError):
+            load_ipc(engine, 4, weights(4))
+        assert fake.calls[calls:] == [] and not fake.update_active and engine.guard.update_owner is None
 
     def test_pause_modes_map_onto_vllms(self, fake, make_engine):
         engine = make_engine()

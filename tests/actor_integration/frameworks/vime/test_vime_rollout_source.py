@@ -107,7 +107,10 @@ def test_plain_vime_breaks_in_exactly_the_listed_ways(env):
     print(render("vime (VLLMEngine)", search))
     found = {(finding.sequence, finding.kind) for finding in search.shortest.values()}
     assert found == set(REPRODUCTIONS)
-    assert (search.sequences, search.violations) == (810, 21)  # a sequence that broke is not extended
+    # A sequence that broke is not extended. A level-2 offload after a start fails in vLLM itself (its
+    # start put the layers on the meta device: seen on an H100), so start → offload → generate and
+    # start → offload → update end there.
+    assert (search.sequences, search.violations) == (810, 19)
 
 
 def test_each_reproduction_breaks_plain_and_runs_clean_wrapped(env):
@@ -192,6 +195,20 @@ def test_a_level_2_wake_without_a_push_keeps_the_server_out_where_plain_vime_ser
             assert world.engine.lifecycle.contents["weights"] is Contents.DISCARDED
         else:
             assert check(world) == GARBAGE
+
+
+def test_the_wrapped_offload_is_one_sleep_request_that_aborts_what_runs(world):
+    """vLLM's /sleep pauses its scheduler in the mode given and clears its caches before it releases:
+    the wrap's sleep sends it alone, in abort mode (no /pause, which waits 20 ms by design, and no
+    /reset_prefix_cache), even after the trainer paused in place, and what ran is aborted, not kept
+    over the released KV cache."""
+    world.engine.pause_generation(mode="in_place")
+    world.engine.continue_generation()
+    world.fake.unfinished = 2  # requests running on the server
+    since = len(world.server.requests)
+    METHODS["offload"](world)
+    assert world.server.requests[since:] == ["POST /sleep?level=2&mode=abort"]
+    assert world.fake.unfinished == 0 and world.fake.dead is None and world.router.urls() == []
 
 
 def test_onload_kv_wakes_the_kv_cache_and_a_second_sleep_or_wake_sends_nothing(world):
