@@ -60,16 +60,12 @@ PARTS=${GPU_VLLM_PARTS:-.gpuw/vllm}
 PY=${PY:-python3}
 mkdir -p "$WORK" "$WORK/gpu-out"
 
-# Usual seconds of each step. imports: measured, 39 s on an H100 (2026-12-06; 97 s where an import
-# failed and was retried alone). The rest are ESTIMATES: tests: the engine's start (the H100 reached
-# its KV cache 44 s after vllm.LLM was called: ~20 s resolving the architecture, ~16 s spawning
-# EngineCore), 20 sleep/wake/sync cycles, the IPC path and the killers, ~240 s; http: an ESTIMATE,
-# ~240 s (the server's start, like the engine's above, 20 cycles over HTTP, the IPC path, the killers,
-# the kill); demo: the SGLang demo's 200 s measured on an H100, vLLM's engine start added; vime: the
-# server's start ~90 s, 2 x 10 own/wrapped cycles, 20 wrapped cycles with a push each, the killers,
-# the kill (3-5 min);
-# bench: two engine starts, 7B dummy weights, 2 x 6 syncs per shape. Replace them with the first run's.
-declare -A usual=([imports]=60 [tests]=360 [http]=240 [demo]=300 [vime]=300 [bench]=240 [report]=10)
+# Usual seconds of each step, measured on an H100 on 2026-12-06 (a margin added): imports 41 s,
+# tests 84 s (two of its tests failed early: the full run is longer), http 73 s, vime 82 s (one test
+# failed at its last assert). demo and bench are ESTIMATES: demo failed in 63 s at its first step
+# (no torch_memory_saver in the set then); the SGLang demo takes 200 s on an H100; bench failed in
+# 53 s at vLLM's own path (two engine starts, 7B dummy weights, 2 x 6 syncs per shape when whole).
+declare -A usual=([imports]=60 [tests]=150 [http]=110 [demo]=300 [vime]=120 [bench]=240 [report]=10)
 read -r -a steps <<<"${GPU_VLLM_STEPS:-imports tests http demo vime bench report}"
 for s in "${steps[@]}"; do
     [[ -n ${usual[$s]:-} ]] || {
