@@ -190,7 +190,7 @@ def test_the_device_script_stages_part_by_part_installs_then_gates_steps_by_budg
     assert not (tmp_path / "stage").exists()  # the parts' disk is freed once installed
     assert "=== imports: rc=0" in second.stdout
     assert (
-        "=== next call: tests and after (" in second.stdout and "tests usually takes 360 s" in second.stdout
+        "=== next call: tests and after (" in second.stdout and "tests usually takes 150 s" in second.stdout
     )
     assert "| imports | 0 | 0 |" in second.stdout and "| tests | not run | |" in second.stdout
     # the next call carries nothing: no install again, imports not again, the rest within 1500 s
