@@ -27,6 +27,7 @@ from actor_integration.errors import CorruptBucketError, WeightSyncError
 if TYPE_CHECKING:
     from actor_integration.weight_sync.wire import RankPayload
 
+PACKED_BUFFER_BYTES = 1 << 30  # vLLM's DEFAULT_PACKED_BUFFER_SIZE_BYTES (0.26.0)
 IpcSender = Callable[[Iterator[tuple[str, Any]], dict[str, Any]], None]
 
 
@@ -247,7 +248,12 @@ class VLLMAdapter:
             raise WeightSyncError(f"load_weights: round {round_index} of version {version} without round 0")
         sender = self._ipc_sender or vllm_ipc_sender()
         try:
-            sender(iter(list(shards[0])), {"send_mode": self._send_ipc(update), "packed": self.packed})
+            tensors = list(shards[0])
+            args: dict[str, Any] = {"send_mode": self._send_ipc(update), "packed": self.packed}
+            if self.packed:  # vLLM refuses a tensor larger than its buffer (1 GiB; a 7B's embedding is more)
+                largest = max((t.numel() * t.element_size() for _, t in tensors if hasattr(t, "numel")), default=0)
+                args["packed_buffer_size_bytes"] = max(PACKED_BUFFER_BYTES, largest)
+            sender(iter(tensors), args)
             if final:
                 self._update_of_rounds = None
                 update.finish(version)

@@ -239,6 +239,28 @@ class TestWeightTransfer:
         engine.resume_memory_occupation(["kv_cache"])
         assert len(engine.generate(PROMPTS, max_new_tokens=2)[0]) == 2
 
+    def test_the_packed_buffer_holds_the_largest_tensor(self, fake, make_engine, monkeypatch):
+        """vLLM's packed sender refuses a tensor larger than its buffer (1 GiB: a 7B's embedding is
+        1.09 GB, seen on an H100); the adapter asks for a buffer that holds the largest."""
+        import actor_integration.engines.vllm.base as base
+
+        seen: list[dict] = []
+
+        def sender(iterator, trainer_args):
+            seen.append({k: v for k, v in trainer_args.items() if k != "send_mode"})
+            fake.ipc_sender(iterator, trainer_args)
+
+        tensors = weights(4)
+        largest = max(t.numel() * t.element_size() for t in tensors.values())
+        monkeypatch.setattr(base, "PACKED_BUFFER_BYTES", largest // 2)
+        load_ipc(make_engine(worker_receiver=False, ipc_sender=sender), 4, tensors)
+        monkeypatch.setattr(base, "PACKED_BUFFER_BYTES", largest * 2)
+        load_ipc(make_engine(worker_receiver=False, ipc_sender=sender), 5, tensors)
+        assert seen == [
+            {"packed": True, "packed_buffer_size_bytes": largest},
+            {"packed": True, "packed_buffer_size_bytes": largest * 2},
+        ]
+
     def test_vllms_ipc_path_without_pickles_is_refused_before_vllm(self, fake, make_engine, monkeypatch):
         monkeypatch.delenv("VLLM_ALLOW_INSECURE_SERIALIZATION")
         engine = make_engine(worker_receiver=False)

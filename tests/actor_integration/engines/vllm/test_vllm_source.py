@@ -121,9 +121,16 @@ def test_the_worker_extension_shadows_nothing_and_finds_what_it_reads(vllm_tree)
 def test_the_ipc_sender_and_the_weight_session(vllm_tree):
     send = method(vllm_tree, IPC_ENGINE, "trainer_send_weights").signature(bound=False)
     send.bind(iter(()), {"send_mode": print, "packed": True})
-    assert {"send_mode", "packed"} <= field_names(
+    assert {"send_mode", "packed", "packed_buffer_size_bytes"} <= field_names(
         vllm_tree, "vllm.distributed.weight_transfer.ipc_engine.IPCTrainerSendWeightsArgs"
     )
+    from actor_integration.engines.vllm.base import PACKED_BUFFER_BYTES
+
+    packed = vllm_tree.source("vllm.distributed.weight_transfer.packed_tensor")
+    assert (
+        "DEFAULT_PACKED_BUFFER_SIZE_BYTES = 1024 * 1024 * 1024" in packed and PACKED_BUFFER_BYTES == 1 << 30
+    )
+    assert "exceeds buffer_size_bytes" in packed  # a larger tensor is refused, not split (a 7B's embedding)
     start = ast.unparse(method(vllm_tree, GPU_WORKER, "_start_weight_update").node)
     assert "already active" in start  # vLLM refuses a second start in the worker, after the RPC went out
     update = ast.unparse(method(vllm_tree, GPU_WORKER, "update_weights").node)
