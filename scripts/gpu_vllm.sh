@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # vLLM 0.26.0 on the lent GPU machine: install the carried set, then the vLLM GPU checks, in a few
-# back-to-back device calls (the protocol of scripts/gpu_slime.sh). Run on an H100 on 2026-12-06 up to
-# its `imports` step only (that passed, 39 s) and the first engine's start (FA3 chosen, the worker
-# extension injected); the other steps have not run, and their `usual` seconds are ESTIMATES.
+# back-to-back device calls (the protocol of scripts/gpu_slime.sh). Every step passed on an H100 on
+# 2026-12-06 (docs/measurements.md, "vLLM 0.26.0 and vime's engine on one H100").
 #
 #   Here, once:     scripts/gpu_vllm.sh prepare   (make gpu-vllm-prepare; scripts/gpu_vllm_wheels.sh:
 #                   the parts .gpuw/vllm/p1..pN, git-ignored, and the device calls to make)
@@ -60,12 +59,9 @@ PARTS=${GPU_VLLM_PARTS:-.gpuw/vllm}
 PY=${PY:-python3}
 mkdir -p "$WORK" "$WORK/gpu-out"
 
-# Usual seconds of each step, measured on an H100 on 2026-12-06 (a margin added): imports 41 s,
-# tests 84 s (two of its tests failed early: the full run is longer), http 73 s, vime 82 s (one test
-# failed at its last assert). demo and bench are ESTIMATES: demo failed in 63 s at its first step
-# (no torch_memory_saver in the set then); the SGLang demo takes 200 s on an H100; bench failed in
-# 53 s at vLLM's own path (two engine starts, 7B dummy weights, 2 x 6 syncs per shape when whole).
-declare -A usual=([imports]=60 [tests]=150 [http]=110 [demo]=300 [vime]=120 [bench]=240 [report]=10)
+# Usual seconds of each step, measured on an H100 on 2026-12-06, a margin added: imports 41 s,
+# tests 81 s, http 64-73 s, vime 68-82 s, demo 67 s, bench 127 s (two engine starts, 7B dummy weights).
+declare -A usual=([imports]=60 [tests]=150 [http]=110 [demo]=150 [vime]=120 [bench]=200 [report]=10)
 read -r -a steps <<<"${GPU_VLLM_STEPS:-imports tests http demo vime bench report}"
 for s in "${steps[@]}"; do
     [[ -n ${usual[$s]:-} ]] || {
@@ -233,7 +229,7 @@ for s in "${steps[@]}"; do
     grep -qx "$s" "$WORK/done" 2>/dev/null && continue
     left=$((budget - ($(date +%s) - started)))
     if ((left < usual[$s])); then
-        echo "=== next call: $s and after (${left} s left of this call's ${budget}; $s usually takes ${usual[$s]} s, an ESTIMATE)"
+        echo "=== next call: $s and after (${left} s left of this call's ${budget}; $s usually takes ${usual[$s]} s)"
         break
     fi
     echo "=== $s (up to $left s)"

@@ -29,7 +29,7 @@ only (tests/helpers/vime_serve.py; vime's code is not changed):
   0.26.0 unpickles them only with VLLM_ALLOW_INSECURE_SERIALIZATION=1, which vime's
   `_build_subprocess_env` sets for a colocated job (and VLLM_SERVER_DEV_MODE=1 for the dev routes).
 
-NOT RUN YET: written on CPU, before any GPU session. Run on the GPU machine with vllm 0.26.0
+Passed on an H100 (2026-12-06, docs/measurements.md). Run on the GPU machine with vllm 0.26.0
 installed, one GPU visible (vime sets the server's CUDA_VISIBLE_DEVICES to "0"), from the repository
 root, with vime's files (tests/helpers/vime_manifest.json: `scripts/export_vime.py`):
 RL_LIFECYCLE_VIME_SOURCE=<vime files> PYTHONPATH=$PWD python -m pytest -m gpu -q -s tests/gpu/test_vime_rollout_gpu.py

@@ -3,7 +3,7 @@ trainer's weights through our sender into vLLM's workers (the lifecycle's worker
 through vLLM's own IPC weight transfer, each release's freed bytes against vLLM's own report, and
 the field's killers refused with the engine alive after. Skipped where vllm or CUDA is absent.
 
-NOT RUN YET: written before any GPU session had vLLM installed. Run on the GPU machine with vllm
+Passed on an H100 (2026-12-06, docs/measurements.md). Run on the GPU machine with vllm
 0.26.0 installed, from the repository root (vLLM's workers import the extension, so the repository
 must be importable there too):
 PYTHONPATH=$PWD python -m pytest -m gpu -q -s tests/gpu/test_vllm_gpu.py

@@ -15,7 +15,7 @@ repository on PYTHONPATH (tests/helpers/vllm_http_checks.py, launched by tests/h
 `CudaIpcSender(device=0)`. The checks are tests/helpers/vllm_http_checks.py's, which CI runs on the
 fake `vllm serve` in a child process (tests/actor_integration/engines/vllm/test_vllm_http_dry_run.py).
 
-NOT RUN YET: written on CPU, before any GPU session ran it. Run on the GPU machine with vllm 0.26.0
+Passed on an H100 (2026-12-06, docs/measurements.md). Run on the GPU machine with vllm 0.26.0
 installed, from the repository root:
 PYTHONPATH=$PWD python -m pytest -m gpu -q -s -p no:cacheprovider tests/gpu/test_vllm_http_gpu.py
 (scripts/gpu_vllm.sh runs it as its `http` step). VLLM_HTTP_CYCLES (20) changes the run. Figures

@@ -251,7 +251,9 @@ class VLLMAdapter:
             tensors = list(shards[0])
             args: dict[str, Any] = {"send_mode": self._send_ipc(update), "packed": self.packed}
             if self.packed:  # vLLM refuses a tensor larger than its buffer (1 GiB; a 7B's embedding is more)
-                largest = max((t.numel() * t.element_size() for _, t in tensors if hasattr(t, "numel")), default=0)
+                largest = max(
+                    (t.numel() * t.element_size() for _, t in tensors if hasattr(t, "numel")), default=0
+                )
                 args["packed_buffer_size_bytes"] = max(PACKED_BUFFER_BYTES, largest)
             sender(iter(tensors), args)
             if final:

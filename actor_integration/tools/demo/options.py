@@ -139,8 +139,8 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
         choices=list(engine_names()),
         default="reference",
         help="rollout engine: the reference torch engine (default, CPU or GPU), or on each GPU a real "
-        "sglang.Engine or vllm.LLM (vllm 0.26.0, level-2 sleep, weights into its workers; not yet run on a "
-        "GPU); sglang and vllm need --model-config and a GPU, the trainer then trains that Qwen2/Qwen3 model. "
+        "sglang.Engine or vllm.LLM (vllm 0.26.0, level-2 sleep, weights into its workers; passed on an "
+        "H100); sglang and vllm need --model-config and a GPU, the trainer then trains that Qwen2/Qwen3 model. "
         "Every other option applies to all three unless its help names an engine",
     )
     parser.add_argument(
