@@ -130,6 +130,7 @@ class LogChecker:
         self._replay = Replay(self._report, self.rows_seen)
         self._sync = WeightSyncChecks(self._report)
         self._roster = Roster(self._report)  # the ranks a run had and which of them its logs lose
+        self._died: dict[Key, tuple[int, Mapping[str, Any]]] = {}  # an engine's death not followed by a restart
 
     @property
     def machines(self) -> int:
@@ -162,6 +163,9 @@ class LogChecker:
                 self._report(path, entry.line, None, None, f"{name} {exc}")
                 continue
             event = Event.of(name)
+            if event is Event.SERVER_DIED:
+                self._died[key] = (entry.line, data)  # the machine stays where it was: no rule
+                continue
             if event is None or not (event.is_lifecycle or event in _SYNC_EVENTS):
                 continue
             lifecycle_events += event.is_lifecycle
@@ -254,6 +258,28 @@ class LogChecker:
                 out.append(f"{path} {who}: ends FAILED ({m.failed}), not recovered")
         return out
 
+    def engines_died(self) -> list[str]:
+        """The actors whose engine died (`rollout.server_died`) with no restart after it in the log
+        (a restart configures the machine again), one line each: what exited and during which call.
+        No finding (the machine's table allows it: it stays where it was, every call refused), but
+        what an engineer on call reads first."""
+        out = []
+        for (path, rank, role), (line, d) in sorted(
+            self._died.items(), key=lambda item: (self._order.get(item[0][0], 0), str(item[0]))
+        ):
+            who = " ".join(p for p in (None if rank is None else f"rank {rank}", role) if p)
+            process = d.get("process") or "a process"
+            pid = "" if d.get("pid") is None else f" (pid {d.get('pid')}"
+            code = "" if d.get("exitcode") is None else f", exit code {d.get('exitcode')}"
+            what = f"{process}{pid}{code}{')' if pid else ''}"
+            engine = " ".join(str(p) for p in (d.get("label"), d.get("url")) if p)
+            during = f" during {d['call']}" if d.get("call") else ""
+            out.append(
+                f"{path}:{line} {who}: its engine{' ' + engine if engine else ''} died: {what}{during}; "
+                "not restarted in this log"
+            )
+        return out
+
     def finish(self) -> list[Finding]:
         """Run the cross-rank checks and return every finding, by file then line."""
         self._sync.finish(present=self._actors)
@@ -272,6 +298,7 @@ class LogChecker:
             _RULES[event](self._replay, key, m, line, d)
 
     def _configured(self, key: Key, line: int, d: dict[str, Any]) -> None:
+        self._died.pop(key, None)  # configured again: the engine was restarted
         self._broken.discard(key)
         self._machines.pop(key, None)
         machine = configured(self._replay, key, line, d)

@@ -43,10 +43,12 @@ def _check(args: argparse.Namespace) -> int:
     for finding in findings:
         print(finding)
     ended_failed = run.ended_failed()
-    for line in ended_failed:
+    died = run.engines_died()
+    for line in ended_failed + died:
         print(line)
     verdict = "clean" if not findings else f"{len(findings)} finding(s)"
     failed = f"; {len(ended_failed)} ended FAILED" if ended_failed else ""
+    failed += f"; {len(died)} engine(s) died" if died else ""
     print(
         f"lifecycle check: {len(files)} file(s), {run.events} event(s), {run.machines} machine(s): {verdict}{failed}",
         file=sys.stderr,

@@ -396,3 +396,29 @@ def assert_finding(findings: list[Finding], path: Path, line: int, *phrases: str
 
 def hook_names(line: dict[str, Any]) -> list[str]:
     return [h["name"] for h in line["hooks"]]
+
+
+def engine_died_log(path: Path, *, restart: bool) -> Path:
+    """A rollout machine's log whose engine server died (`rollout.server_died`, as the server actors
+    log it), and, with `restart`, whose machine was configured again after it."""
+    from lifecycle.logs import Event
+
+    policy = LifecyclePolicy(memory_tags=("weights", "kv_cache"), sync_requires=("weights",))
+    with json_log(path):
+        lc, _ = recording_lifecycle(policy, rank=3, role="rollout")
+        lc.sleep()
+        lc.event(
+            Event.SERVER_DIED,
+            "error",
+            call="generate",
+            killed=[],
+            process="sglang::scheduler_TP0",
+            pid=4242,
+            exitcode=-9,
+            rank=3,
+            url="http://10.0.0.7:30000",
+            label="SGLang",
+        )
+        if restart:
+            recording_lifecycle(policy, rank=3, role="rollout")  # the restarted engine's machine
+    return path

@@ -23,6 +23,7 @@ from tests.helpers.checker_corpus import (
     build_corpus,
     dump,
     edited,
+    engine_died_log,
     find,
     hook_names,
     json_log,
@@ -864,3 +865,28 @@ class TestGarbledLines:
         assert "line 1 before it cannot be read: it may have been this machine's lifecycle.configured" in (
             findings[1].message
         )
+
+
+class TestEnginesDied:
+    """An engine server that died (`rollout.server_died`) leaves its machine where it was (no finding),
+    and the checker names it, unless a restart configured the machine again after it."""
+
+    def test_a_death_is_named_with_what_exited_and_is_no_finding(self, tmp_path: Path) -> None:
+        path = engine_died_log(tmp_path / "rollout.jsonl", restart=False)
+        run = LogChecker()
+        run.feed(str(path), path.read_text().splitlines())
+        assert run.finish() == [] and run.ended_failed() == []
+        (line,) = run.engines_died()
+        assert (
+            line.startswith(f"{path}:")
+            and " rank 3 rollout: its engine SGLang http://10.0.0.7:30000 died: " in line
+        )
+        assert line.endswith(
+            "sglang::scheduler_TP0 (pid 4242, exit code -9) during generate; not restarted in this log"
+        )
+
+    def test_a_restart_after_the_death_clears_it(self, tmp_path: Path) -> None:
+        path = engine_died_log(tmp_path / "rollout.jsonl", restart=True)
+        run = LogChecker()
+        run.feed(str(path), path.read_text().splitlines())
+        assert run.finish() == [] and run.engines_died() == []

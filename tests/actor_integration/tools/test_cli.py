@@ -288,3 +288,14 @@ class TestDiagramAndDoctor:
             "expandable_segments" in failing[0]["detail"]
             and "TMS_INIT_ENABLE is empty" in failing[0]["detail"]
         )
+
+
+def test_lifecycle_check_names_an_engine_that_died_and_counts_it(tmp_path, capsys):
+    from actor_integration.tools.cli import main
+    from tests.helpers.checker_corpus import engine_died_log
+
+    engine_died_log(tmp_path / "rollout.jsonl", restart=False)
+    assert main(["check", str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    assert "its engine SGLang http://10.0.0.7:30000 died: sglang::scheduler_TP0 (pid 4242" in out
+    assert err.strip().endswith("1 machine(s): clean; 1 engine(s) died")

@@ -247,17 +247,18 @@ class TestFaultsInsideTheJob:
     @pytest.fixture(scope="class")
     def engine_death(
         self, stage: Any
-    ) -> tuple[slime_job.JobRun, dict[str, list[dict[str, Any]]], KillServerAt, float]:
+    ) -> tuple[slime_job.JobRun, dict[str, list[dict[str, Any]]], KillServerAt, float, str]:
         kill = KillServerAt(
             5, stage[1]
         )  # the first request of rollout 1 (4 a rollout: 2 prompts x 2 samples)
         result, job = _run(stage, before_forward=kill)
-        return result, suite.logs(job), kill, time.monotonic()
+        ended = time.monotonic()
+        return result, suite.logs(job), kill, ended, suite.check(job)
 
     def test_a_server_killed_mid_rollout_ends_the_job_with_engine_died_within_a_deadline(
         self, engine_death: Any
     ) -> None:
-        result, _, kill, ended = engine_death
+        result, _, kill, ended, _ = engine_death
         out = result.output
         assert kill.pid is not None and kill.killed_at is not None, out[-4000:]
         assert result.returncode != 0
@@ -270,13 +271,18 @@ class TestFaultsInsideTheJob:
         assert "died; noticed during slime's rollout 1 (generate) after " in out
 
     def test_nothing_of_the_job_is_left_running(self, engine_death: Any, stage: Any) -> None:
-        _, _, kill, _ = engine_death
+        _, _, kill, _, _ = engine_death
         assert kill.pid is not None and not pid_alive(kill.pid)
         assert any("RolloutManager" in title for title in kill.running), kill.running  # seen while it ran
         assert _gone(stage[1]) == []
 
     def test_the_engine_logged_the_death_and_its_log_checks_clean(self, engine_death: Any) -> None:
-        _, logs, kill, _ = engine_death
+        _, logs, kill, _, check = engine_death
         (died,) = [e for e in logs["rollout-rank0"] if e["event"] == "rollout.server_died"]
         assert (died["process"], died["pid"], died["exitcode"]) == ("server", kill.pid, -9)
         assert died["call"] == "the rollout manager's watch"
+        assert "rank 0 rollout: its engine SGLang http://" in check, check
+        assert f"died: server (pid {kill.pid}, exit code -9) during the rollout manager's watch" in check, (
+            check
+        )
+        assert "clean; 1 engine(s) died" in check, check
