@@ -130,7 +130,9 @@ class LogChecker:
         self._replay = Replay(self._report, self.rows_seen)
         self._sync = WeightSyncChecks(self._report)
         self._roster = Roster(self._report)  # the ranks a run had and which of them its logs lose
-        self._died: dict[Key, tuple[int, Mapping[str, Any]]] = {}  # an engine's death not followed by a restart
+        self._died: dict[
+            Key, tuple[int, Mapping[str, Any]]
+        ] = {}  # an engine's death not followed by a restart
 
     @property
     def machines(self) -> int:
