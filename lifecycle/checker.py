@@ -130,9 +130,8 @@ class LogChecker:
         self._replay = Replay(self._report, self.rows_seen)
         self._sync = WeightSyncChecks(self._report)
         self._roster = Roster(self._report)  # the ranks a run had and which of them its logs lose
-        self._died: dict[
-            Key, tuple[int, Mapping[str, Any]]
-        ] = {}  # an engine's death not followed by a restart
+        # an engine's death (where, what) not followed by a restart of its machine
+        self._died: dict[Key, tuple[int, Mapping[str, Any]]] = {}
 
     @property
     def machines(self) -> int:
@@ -270,10 +269,10 @@ class LogChecker:
             self._died.items(), key=lambda item: (self._order.get(item[0][0], 0), str(item[0]))
         ):
             who = " ".join(p for p in (None if rank is None else f"rank {rank}", role) if p)
-            process = d.get("process") or "a process"
-            pid = "" if d.get("pid") is None else f" (pid {d.get('pid')}"
-            code = "" if d.get("exitcode") is None else f", exit code {d.get('exitcode')}"
-            what = f"{process}{pid}{code}{')' if pid else ''}"
+            facts = [
+                f"{k} {d[f]}" for k, f in (("pid", "pid"), ("exit code", "exitcode")) if d.get(f) is not None
+            ]
+            what = str(d.get("process") or "a process") + (f" ({', '.join(facts)})" if facts else "")
             engine = " ".join(str(p) for p in (d.get("label"), d.get("url")) if p)
             during = f" during {d['call']}" if d.get("call") else ""
             out.append(

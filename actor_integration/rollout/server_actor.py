@@ -168,7 +168,8 @@ class ServerActorLifecycle:
     `lifecycle_log_dir`: where `rollout-rank<rank>.jsonl` goes (see `configure_rank_log`).
     An engine's wrap sets `lifecycle_release_pauses` where every sleep of its server releases memory
     in one request that pauses generation (abort) and clears the caches first (vLLM's `/sleep`; its
-    client has `pause_with_release`): the sleep's pause then sends nothing of its own. It also sets `lifecycle_server_tags` (its memory tags, in its order),
+    client has `pause_with_release`): the sleep's pause then sends nothing of its own. It also sets
+    `lifecycle_server_tags` (its memory tags, in its order),
     `lifecycle_engine_label` and `lifecycle_process_prefix` (how the engine titles its own
     processes: those are watched beside the server's, none without it), and implements `_lc_new_client`.
     """

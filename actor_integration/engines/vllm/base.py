@@ -92,8 +92,9 @@ class WeightUpdate:
         except Exception as exc:
             self.finish_error = exc
             self.engine.guard.layers_unloaded = (
-                f"the weight update of {self.owner!r} failed inside vLLM, which ended it with the model's "
-                f"layers unloaded (its finish answered {type(exc).__name__}: {str(exc)[:120]})"
+                f"the weight update of {self.owner!r} failed and vLLM refused its finish ({type(exc).__name__}: "
+                f"{str(exc)[:120]}): its worker ends the session of a chunk that failed inside it with the "
+                "model's layers unloaded"
             )
         finally:
             if self.chunks or self.failed:
