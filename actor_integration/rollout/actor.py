@@ -66,6 +66,7 @@ class RolloutActor:
         discard_on_release: Sequence[str] | None = None,
         flush_deadline_s: float | None = None,
         log_dir: str | None = None,
+        pause_in_release: bool = False,
     ) -> None:
         """The memory tags are the engine's `memory_tags` (SGLang with CUDA graphs: weights,
         kv_cache, cuda_graph), else `ROLLOUT_TAGS`, released in that order and resumed in it.
@@ -73,7 +74,9 @@ class RolloutActor:
         SGLang's default; `("kv_cache", "cuda_graph")` for an engine started with a CPU backup of
         its weights). `flush_deadline_s`: how long a sleep retries a flush the engine refuses as busy.
         `log_dir`: where its `rollout-rank<rank>.jsonl` goes unless the process configured logging
-        (else `$RL_LIFECYCLE_LOG_DIR`, else `./lifecycle-logs`; see `configure_rank_log`)."""
+        (else `$RL_LIFECYCLE_LOG_DIR`, else `./lifecycle-logs`; see `configure_rank_log`).
+        `pause_in_release`: the sleep's pause sends nothing, the engine's release pausing itself
+        (`EngineGeneration`; vLLM's sleep, which `VLLMRolloutActor` turns on)."""
         # A factory builds the engine inside the actor process (Ray ships the class, not a model).
         built: Any = engine() if not hasattr(engine, "load_weights") and callable(engine) else engine
         missing = [m for m in _ENGINE_METHODS if not callable(getattr(built, m, None))]
@@ -93,6 +96,8 @@ class RolloutActor:
         generation_options: dict[str, Any] = {}
         if flush_deadline_s is not None:
             generation_options["flush_deadline_s"] = flush_deadline_s
+        if pause_in_release:
+            generation_options["pause_in_release"] = True
         memory = QueryableEngineMemory(built) if hasattr(built, "residency") else EngineMemory(built)
         expected = getattr(built, "memory_bytes", None)  # the reference engine knows its tags' sizes
         self.memory_audit = AuditedMemory(memory, expected_bytes=expected if callable(expected) else None)

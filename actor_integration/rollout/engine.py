@@ -183,6 +183,11 @@ class EngineGeneration:
     `flush_deadline_s` (None: `FLUSH_DEADLINE_S`; 0: one attempt), then `EngineNotIdleError`
     is raised. The sleep plan pauses generation before it releases memory, so that error leaves
     the machine FAILED with the memory still resident, never released under live requests.
+
+    `pause_in_release`: the engine's release pauses generation (abort) and clears its caches in the
+    same call, before it releases (vLLM's sleep), and every sleep that pauses releases or is refused
+    before the engine is called: the pause then only tells the engine so (`pause_with_release`) and
+    sends nothing. A release refused or failed leaves the memory resident under whatever runs.
     """
 
     def __init__(
@@ -194,6 +199,7 @@ class EngineGeneration:
         flush_deadline_s: float | None = None,
         flush_backoff_s: float = 0.05,
         clock: Clock = time,
+        pause_in_release: bool = False,
     ) -> None:
         if mode not in PAUSE_MODES:
             raise ValueError(f"EngineGeneration: mode must be one of {list(PAUSE_MODES)}, got {mode!r}")
@@ -209,11 +215,22 @@ class EngineGeneration:
         self.flush_deadline_s = deadline
         self.flush_backoff_s = flush_backoff_s
         self.clock = clock
+        if pause_in_release and (
+            mode != "abort" or not callable(getattr(engine, "pause_with_release", None))
+        ):
+            raise ValueError(
+                f"EngineGeneration: pause_in_release needs mode 'abort' and an engine with pause_with_release "
+                f"(vLLM's adapters), got mode {mode!r} and {type(engine).__name__}"
+            )
+        self.pause_in_release = pause_in_release
 
     def pause(self) -> None:
-        for mode in ("abort", "in_place") if self.mode == ABORT_THEN_IN_PLACE else (self.mode,):
-            self.engine.pause_generation(mode)
-        self._flush()
+        if self.pause_in_release:
+            self.engine.pause_with_release()  # type: ignore[attr-defined]
+        else:
+            for mode in ("abort", "in_place") if self.mode == ABORT_THEN_IN_PLACE else (self.mode,):
+                self.engine.pause_generation(mode)
+            self._flush()
         if self.on_pause is not None:
             self.on_pause()
 

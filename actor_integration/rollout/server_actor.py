@@ -93,12 +93,15 @@ class ServerGeneration(EngineGeneration):
         flush_deadline_s: float,
         pause_in_release: bool = False,
     ) -> None:
-        # EngineGeneration calls only the pause, continue and flush a ServerClient has.
-        super().__init__(cast("RolloutEngine", server), mode="abort", flush_deadline_s=flush_deadline_s)
+        # EngineGeneration calls only the pause, continue and flush a ServerClient has (and, with
+        # pause_in_release, its pause_with_release: the release's own request pauses, vLLM's sleep).
+        super().__init__(
+            cast("RolloutEngine", server),
+            mode="abort",
+            flush_deadline_s=flush_deadline_s,
+            pause_in_release=pause_in_release,
+        )
         self._while_leaving, self._close_buffers, self._rejoin = while_leaving, close_buffers, rejoin
-        # The release that follows pauses (abort) and clears the caches in its own request (vLLM's
-        # sleep): the pause only tells the client so (`pause_with_release`), and sends nothing.
-        self._pause_in_release = pause_in_release
         self.paused = False
         self.by_sleep = False  # paused by the sleep, not continued since: nothing runs on the server
 
@@ -115,10 +118,7 @@ class ServerGeneration(EngineGeneration):
         # continue on a server that never paused is harmless).
         self.paused = self.by_sleep = True
         self._close_buffers()
-        if self._pause_in_release:
-            self.engine.pause_with_release()  # type: ignore[attr-defined]
-        else:
-            EngineGeneration.pause(self)
+        EngineGeneration.pause(self)
 
     def resume(self) -> None:
         self._rejoin()

@@ -157,3 +157,18 @@ def test_the_killers_are_refused_and_the_engine_lives(rig: dict[str, Any]) -> No
     engine.load_weights(rig["version"], weights_a, round_index=0, final=True)
     assert engine.generate(PROMPTS, max_new_tokens=NEW_TOKENS) == rig["tokens"]["A"]
     record("vllm_killers", {"alive": True, "version": rig["version"]})
+
+
+def test_sleep_and_wake_next_to_vllms_own_calls(rig: dict[str, Any]) -> None:
+    """vLLM's own `LLM.sleep(level=2)`, `wake_up(["weights"])`, `wake_up(["kv_cache"])`, then the
+    rollout actor's sleep and wakes, 10 cycles each (issue 48: within 3 ms; a figure, not asserted).
+    Last in the module: it leaves the weights discarded."""
+    from tests.helpers.vllm_gpu import own_and_wrapped
+
+    llm = rig["engine"].llm
+    own = {
+        "sleep": lambda: llm.sleep(level=2),
+        "wake_weights": lambda: llm.wake_up(["weights"]),
+        "wake_kv": lambda: llm.wake_up(["kv_cache"]),
+    }
+    record("vllm_own_and_wrapped", own_and_wrapped(own, rig["actor"]))

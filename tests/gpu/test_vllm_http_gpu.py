@@ -94,6 +94,15 @@ def test_3_the_killers_are_refused_and_the_server_lives(rig: Any) -> None:
     record("vllm_http_killers", killers(rig))
 
 
+def test_3b_sleep_and_wake_next_to_the_servers_own_routes(rig: Any) -> None:
+    """vLLM's own /sleep?level=2, /wake_up?tags=weights, /wake_up?tags=kv_cache, then the rollout
+    actor's sleep and wakes, 10 cycles each (issue 48: within 3 ms; a figure, not asserted); then set A
+    through our sync serves its tokens again."""
+    from tests.helpers.vllm_http_checks import own_and_wrapped
+
+    record("vllm_http_own_and_wrapped", own_and_wrapped(rig))
+
+
 def test_4_a_killed_server_is_a_typed_error_within_the_deadline(rig: Any) -> None:
     """The server's process tree SIGKILLed: the actor's next sleep and the client's next generation
     are each `VLLMServerError` (status None: unreachable) within 30 s, not a hang."""

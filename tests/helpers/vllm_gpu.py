@@ -48,3 +48,38 @@ def cuda_ipc_sender(engine_call: Callable[..., Any]) -> Any:
     from tests.helpers.weight_sync_doubles import one_rank_sender
 
     return one_rank_sender(engine_call, CudaIpcSender(device=0), bucket_bytes=64 << 20, deadline_s=300)
+
+
+SLEEP_WAKE_TARGET_MS = 3.0  # issue 48: the rollout's sleep + wake within 3 ms of the engine's own calls
+
+
+def own_and_wrapped(own: dict[str, Callable[[], Any]], actor: Any, cycles: int = 10) -> dict[str, Any]:
+    """`cycles` of the engine's own sleep (level 2), wake of the weights and wake of the KV cache
+    (`own`: "sleep", "wake_weights", "wake_kv"), then as many through the rollout actor; the medians
+    after the first cycle of each (it warms connections), side by side. A figure next to its target,
+    printed, not asserted (timings on a shared machine)."""
+    import statistics
+    import time
+
+    def run(calls: list[Callable[[], Any]]) -> list[float]:
+        out = []
+        for call in calls:
+            started = time.perf_counter()
+            call()
+            out.append((time.perf_counter() - started) * 1e3)
+        return out
+
+    wrapped_calls = [actor.sleep, lambda: actor.wake_up(["weights"]), lambda: actor.wake_up(["kv_cache"])]
+    own_rows = [run([own["sleep"], own["wake_weights"], own["wake_kv"]]) for _ in range(cycles)]
+    wrapped_rows = [run(wrapped_calls) for _ in range(cycles)]
+    figures: dict[str, Any] = {"cycles": cycles, "target_ms": SLEEP_WAKE_TARGET_MS}
+    for name, rows in (("own", own_rows), ("wrapped", wrapped_rows)):
+        kept = rows[1:] or rows
+        medians = [round(statistics.median(r[i] for r in kept), 3) for i in range(3)]
+        figures[name] = dict(zip(("sleep_ms", "wake_weights_ms", "wake_kv_ms"), medians, strict=True))
+        figures[name]["sleep_wake_ms"] = round(statistics.median(sum(r) for r in kept), 3)
+    figures["wrapped_minus_own_ms"] = round(
+        figures["wrapped"]["sleep_wake_ms"] - figures["own"]["sleep_wake_ms"], 3
+    )
+    figures["target_met"] = figures["wrapped_minus_own_ms"] <= SLEEP_WAKE_TARGET_MS
+    return figures

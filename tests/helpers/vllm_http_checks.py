@@ -326,3 +326,27 @@ def _typed(error: BaseException | None, kinds: tuple[type[Any], ...]) -> Any:
             return error
         error, seen = error.__cause__ or error.__context__, seen + 1
     return None
+
+
+def own_and_wrapped(rig: Rig, cycles: int = 10) -> dict[str, Any]:
+    """The server's own routes (/sleep?level=2&mode=abort, /wake_up?tags=weights, then kv_cache, over
+    the client's connection) next to the rollout actor's sleep and wakes (`vllm_gpu.own_and_wrapped`);
+    then set A through our sync, which must serve its first tokens again."""
+    from tests.helpers.vllm_gpu import own_and_wrapped as side_by_side
+
+    request = rig.engine._request
+    own = {
+        "sleep": lambda: request("POST", "/sleep?level=2&mode=abort", None),
+        "wake_weights": lambda: request("POST", "/wake_up?tags=weights", None),
+        "wake_kv": lambda: request("POST", "/wake_up?tags=kv_cache", None),
+    }
+    figures = side_by_side(own, rig.actor, cycles)
+    rig.actor.sleep()
+    rig.actor.wake_up(["weights"])
+    rig.version += 1
+    rig.sender.send(rig.version, rig.sets["A"].items())
+    rig.actor.wake_up(["kv_cache"])
+    tokens = rig.actor.generate(rig.prompts, min_weight_version=rig.version)
+    figures["same_tokens_as_A"] = tokens == rig.tokens["A"]
+    assert figures["same_tokens_as_A"], figures
+    return figures

@@ -52,6 +52,13 @@ class VLLMRolloutActor(RolloutActor):
             )
         discarded = VLLM_TAGS if adapter.sleep_level == 2 else ("kv_cache",)
         kwargs.setdefault("discard_on_release", discarded)
+        # vLLM's sleep pauses its scheduler (abort) and clears its caches before it releases, and a
+        # subset is refused here before the lifecycle starts: the sleep sends no pause or flush first.
+        kwargs.setdefault(
+            "pause_in_release",
+            kwargs.get("generation_mode", "abort") == "abort"
+            and callable(getattr(built, "pause_with_release", None)),
+        )
         super().__init__(built, **kwargs)
         self.memory_audit.memory = VLLMMemory(built)
 

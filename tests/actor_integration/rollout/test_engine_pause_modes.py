@@ -33,3 +33,27 @@ class TestPauseModes:
         """A typo is refused at construction, listing every mode EngineGeneration takes."""
         with pytest.raises(ValueError, match="abort_then_in_place"):
             EngineGeneration(ReferenceEngine(CONFIG), mode="abort_in_place")
+
+
+class TestPauseInRelease:
+    """An engine whose release pauses itself (vLLM's sleep): the sleep's pause sends nothing."""
+
+    class _SleepPauses(ReferenceEngine):
+        def pause_with_release(self) -> None:
+            self.calls.append("pause_with_release")
+
+    def test_the_pause_tells_the_engine_and_sends_no_pause_or_flush(self):
+        engine = self._SleepPauses(CONFIG)
+        dropped = []
+        EngineGeneration(engine, pause_in_release=True, on_pause=lambda: dropped.append(1)).pause()
+        assert engine.calls == ["pause_with_release"] and dropped == [1]  # the rollout's handles still drop
+
+    @pytest.mark.parametrize("mode", ["in_place", "retract", ABORT_THEN_IN_PLACE])
+    def test_only_in_abort_mode(self, mode):
+        """A release pauses in abort mode: a pause that keeps requests cannot be folded into it."""
+        with pytest.raises(ValueError, match="pause_in_release needs mode 'abort'"):
+            EngineGeneration(self._SleepPauses(CONFIG), mode=mode, pause_in_release=True)
+
+    def test_only_for_an_engine_that_can(self):
+        with pytest.raises(ValueError, match="an engine with pause_with_release"):
+            EngineGeneration(ReferenceEngine(CONFIG), pause_in_release=True)

@@ -57,8 +57,10 @@ class TestCycles:
             -sum(n for t, n in sizes.items() if t not in fake.sleeping_tags)
         )
         actor.sleep(["weights", "kv_cache"])
-        assert fake.sleeps == [0, 2]  # the generation pause, then one sleep of both tags
-        assert fake.calls.count("sleep") == 2 and fake.sleeping_tags == {"weights", "kv_cache"}
+        # one sleep of both tags, in abort mode: vLLM's sleep pauses and clears the caches itself, so
+        # no generation pause (a level-0 sleep) or prefix-cache reset goes before it
+        assert fake.sleeps == [2] and fake.calls.count("reset_prefix_cache") == 0
+        assert fake.calls.count("sleep") == 1 and fake.sleeping_tags == {"weights", "kv_cache"}
         assert [(m.tag, m.expected_bytes, m.measured_bytes) for m in actor.memory_audit.measurements] == [
             ("weights", 4096 + 256, 4096 + 256),
             ("kv_cache", 0, 0),
@@ -194,7 +196,8 @@ def test_a_delegating_wrapper_is_driven_as_its_adapter_and_every_call_goes_throu
     wrapper = Delegating(make_engine(sleep_level=1))
     actor = VLLMRolloutActor(wrapper, log_dir=str(tmp_path))
     actor.sleep()
-    assert fake.sleeps == [0, 1] and "release_memory_occupation" in wrapper.seen  # one sleep, through it
+    # one sleep, through it (vLLM's sleep pauses first: no level-0 pause before it)
+    assert fake.sleeps == [1] and "release_memory_occupation" in wrapper.seen
     assert actor.lifecycle.policy.discard_on_release == ("kv_cache",)  # the wrapped engine's level 1
     with pytest.raises(TypeError, match="drives VLLMEngine or VLLMHTTPEngine, got Delegating"):
         VLLMRolloutActor(Delegating(object()), log_dir=str(tmp_path))

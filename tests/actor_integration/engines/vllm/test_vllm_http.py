@@ -39,13 +39,10 @@ def test_a_colocated_cycle_through_the_server_with_the_workers_receiver(server, 
         assert len(actor.generate(PROMPTS, max_new_tokens=3)[1]) == 3
     assert engine.served_weight_version() == "3"
     paths = {r.split("?")[0] for r in server.requests}
-    assert {
-        "POST /sleep",
-        "POST /wake_up",
-        "POST /pause",
-        "POST /resume",
-        "POST /reset_prefix_cache",
-    } <= paths
+    assert {"POST /sleep", "POST /wake_up", "POST /resume"} <= paths
+    # vLLM's /sleep pauses (abort) and clears the caches itself: the sleep sends no /pause (which
+    # waits 20 ms after pausing) and no /reset_prefix_cache before it
+    assert not {"POST /pause", "POST /reset_prefix_cache"} & paths
     assert "POST /sleep?level=2&mode=abort" in server.requests
     assert (
         "POST /wake_up?tags=weights" in server.requests and "POST /wake_up?tags=kv_cache" in server.requests

@@ -117,6 +117,19 @@ def test_3b_a_killer_the_client_sends_fails_the_check(
     assert engine.generate(PROMPTS, max_new_tokens=NEW_TOKENS) == rig.tokens["A"]
 
 
+def test_3c_own_routes_and_the_wrapped_sleep_side_by_side(rig: checks.Rig) -> None:
+    """The GPU test's side-by-side runs on the fake server: both sides time three calls per cycle,
+    and set A serves its tokens again after."""
+    figures = checks.own_and_wrapped(rig, cycles=3)
+    assert figures["cycles"] == 3 and figures["same_tokens_as_A"]
+    assert (
+        set(figures["own"])
+        == set(figures["wrapped"])
+        == {"sleep_ms", "wake_weights_ms", "wake_kv_ms", "sleep_wake_ms"}
+    )
+    assert isinstance(figures["target_met"], bool) and figures["target_ms"] == 3.0
+
+
 def test_4_a_killed_server_is_a_typed_error_within_the_deadline(rig: checks.Rig) -> None:
     figures = checks.killed_server(rig, deadline_s=10.0)
     print(f"\n{figures}")
