@@ -56,7 +56,9 @@ class Event(str, enum.Enum):
     ROUTER = "rollout.router"  # a framework's engine actor took its server out of the router, or put it back
     ABSORBED = "rollout.absorbed"  # a framework's call the engine actor answered without sending it (and why)
     SERVER_DIED = (
-        "rollout.server_died"  # a process of a framework's engine server exited: which, and what was killed
+        # a rollout engine's process exited (a framework's engine server, or an in-process engine's
+        # scheduler or EngineCore): which, during which call, and what was killed
+        "rollout.server_died"
     )
 
     def __str__(self) -> str:

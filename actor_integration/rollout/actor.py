@@ -19,11 +19,13 @@ whole; the weight version stays the last one loaded either way.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from actor_integration.backends.release_audit import AuditedMemory
+from actor_integration.errors import EngineDiedError
 from actor_integration.rollout.engine import (
     EngineGeneration,
     EngineMemory,
@@ -39,7 +41,8 @@ from actor_integration.weight_sync.receiver import VersionGate, WeightReceiver
 from actor_integration.weight_sync.wire import CorruptBucketError, RankPayload, WrittenWeightsError
 from lifecycle import Contents, Hooks, LifecyclePolicy, State
 from lifecycle.errors import LifecycleError
-from lifecycle.events import log_path
+from lifecycle.events import flush_logs, log_path
+from lifecycle.logs import Event
 
 ROLLOUT_TAGS = ("weights", "kv_cache")
 ROLLOUT_POLICY = LifecyclePolicy(
@@ -49,6 +52,25 @@ ROLLOUT_POLICY = LifecyclePolicy(
     model_tag=None,
     destroy_process_groups=False,
 )
+
+
+T = TypeVar("T")
+
+
+def _watched(method: Callable[..., T]) -> Callable[..., T]:
+    """A call that reaches the engine: an engine whose process died (`EngineDiedError`) is logged
+    once, as a server actor's is (`rollout.server_died`: what exited, which call found it), so that
+    `lifecycle check` names it; the error goes on to the caller."""
+
+    @functools.wraps(method)
+    def call(self: RolloutActor, *args: Any, **kwargs: Any) -> T:
+        try:
+            return method(self, *args, **kwargs)
+        except EngineDiedError as exc:
+            self._log_engine_died(exc)
+            raise
+
+    return call
 
 
 class RolloutActor:
@@ -85,6 +107,7 @@ class RolloutActor:
                 f"RolloutActor: the engine {type(built).__name__} lacks {missing} (see RolloutEngine)"
             )
         self.engine: RolloutEngine = built
+        self._engine_died_logged = False
         self.receiver = receiver if receiver is not None else WeightReceiver()
         self.gate = VersionGate(committed=getattr(built, "weight_version", None))
         self.max_new_tokens = max_new_tokens
@@ -132,10 +155,24 @@ class RolloutActor:
 
     # ------------------------------------------------------------------ lifecycle
 
+    def _log_engine_died(self, exc: EngineDiedError) -> None:
+        if self._engine_died_logged:
+            return
+        self._engine_died_logged = True
+        fields = {k: exc.fields.get(k) for k in ("process", "pid", "exitcode", "call")}
+        try:
+            label = str(self.engine.describe().get("engine") or "")  # type: ignore[attr-defined]
+        except Exception:  # the engine's description is a courtesy: the death is logged regardless
+            label = type(self.engine).__name__
+        self.lifecycle.event(Event.SERVER_DIED, "error", label=label, url=None, **fields)
+        flush_logs(timeout=2.0)  # the job may stop on this: the event is on disk first
+
+    @_watched
     def sleep(self, tags: Sequence[str] | None = None) -> None:
         """Pause generation and release `tags` (None: every tag) through the machine."""
         self.lifecycle.sleep(tags)
 
+    @_watched
     def wake_up(self, tags: Sequence[str] | None = None) -> None:
         """Resume `tags` (None: every tag) through the machine; generation resumes once all are back."""
         self.lifecycle.wake_up(tags)
@@ -149,6 +186,7 @@ class RolloutActor:
         path = log_path()
         return None if path is None else str(path)
 
+    @_watched
     def lifecycle_recover(self, target: str = "AWAKE") -> dict[str, Any]:
         """Recover from FAILED to `target` ("AWAKE" or "PAUSED"); returns the snapshot after."""
         self.lifecycle.recover(State(target))
@@ -168,6 +206,7 @@ class RolloutActor:
 
     # ------------------------------------------------------------------ serving
 
+    @_watched
     def generate(
         self,
         prompts: Sequence[Sequence[int]],
@@ -186,6 +225,7 @@ class RolloutActor:
     def _generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[list[int]]:
         return self.engine.generate(prompts, max_new_tokens=max_new_tokens)
 
+    @_watched
     def update_weights(self, version: int, payloads: list[RankPayload]) -> dict[str, Any]:
         """Load one round of a versioned update (the coordinator's `engine_call` lands here)."""
         self._unopened = True

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import io
+import json
 from pathlib import Path
 from typing import Any
 
@@ -233,6 +234,24 @@ class TestTheActor:
         assert not core.is_alive()
         with pytest.raises(EngineDiedError, match="EngineCore"):
             rollout.generate([[1, 2, 3]])
+        with pytest.raises(EngineDiedError, match="EngineCore"):
+            rollout.sleep()
+        # logged once, as a server actor's death is, and named by `lifecycle check`
+        from lifecycle import flush_logs
+        from lifecycle.checker import LogChecker
+
+        flush_logs()
+        path = Path(rollout.lifecycle_log_path())
+        lines = path.read_text().splitlines()
+        died = [json.loads(line) for line in lines if '"rollout.server_died"' in line]
+        assert [(d["process"], d["pid"], d["call"], d["label"]) for d in died] == [
+            ("EngineCore", core.pid, "generate", "vllm")
+        ]
+        run = LogChecker()
+        run.feed(str(path), lines)
+        assert run.finish() == []
+        (line,) = run.engines_died()
+        assert f"rank 0 rollout: its engine vllm died: EngineCore (pid {core.pid}" in line
 
     def test_kill_engine_without_an_engine_process_says_so(self, fake, vllm_tree, tmp_path):
         rollout = demo_rollout(fake, vllm_tree, tmp_path)  # EngineCore in the actor's process
