@@ -197,31 +197,32 @@ class SleepGuard:
                 "in vLLM (vllm #15483, #45326). Wake every tag first.",
                 tags=asleep,
             )
-        if self.layers_unloaded is not None:
+        why, version = self._unservable()
+        if why is not None:
             raise WeightsDiscardedError(
-                f"{self.engine}: {self.layers_unloaded}; vLLM has no weights to generate with. Load a whole "
-                "weight version first.",
-                engine=self.engine,
-                level=self.level,
-                weight_version=None,
+                f"{self.engine}: {why}", engine=self.engine, level=self.level, weight_version=version
+            )
+
+    def _unservable(self) -> tuple[str | None, int | None]:
+        """Why the resident weights cannot be served (None: they can), and the version concerned."""
+        if self.layers_unloaded is not None:
+            return (
+                f"{self.layers_unloaded}; vLLM has no weights to generate with. Load a whole weight version first.",
+                None,
             )
         if self.weights_discarded:
-            raise WeightsDiscardedError(
-                f"{self.engine}: the weights were discarded by a level-2 sleep and not reloaded; vLLM would "
-                "generate gibberish without an error (vllm #29341, #15254, #54235). Load a whole weight "
-                "version first.",
-                engine=self.engine,
-                level=self.level,
-                weight_version=None,
+            return (
+                "the weights were discarded by a level-2 sleep and not reloaded; vLLM would generate gibberish "
+                "without an error (vllm #29341, #15254, #54235). Load a whole weight version first.",
+                None,
             )
         if self.weights_mixed is not None:
-            raise WeightsDiscardedError(
-                f"{self.engine}: version {self.weights_mixed} was loaded in part (a later round failed); "
-                "load a whole version before generating",
-                engine=self.engine,
-                level=self.level,
-                weight_version=self.weights_mixed,
+            return (
+                f"version {self.weights_mixed} was loaded in part (a later round failed); load a whole version "
+                "before generating",
+                self.weights_mixed,
             )
+        return None, None
 
     @contextlib.contextmanager
     def generating(self) -> Iterator[None]:
