@@ -32,6 +32,7 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -256,11 +257,24 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    return run_shapes(args, run_shape, "slime", "sglang", _version)
+
+
+def run_shapes(
+    args: argparse.Namespace,
+    shape_run: Callable[[str, argparse.Namespace], dict[str, Any]],
+    baseline: str,
+    engine: str,
+    version: Callable[[], str],
+) -> int:
+    """A sync bench's run on GPU 0 (this one's and bench_vllm_sync's): each shape's row, the table
+    beside `baseline`, the JSON (`--out`, with the engine's version under `engine`); 1 where an
+    engine's weights differ from the trainer's."""
     torch.cuda.set_device(0)
-    rows = [run_shape(s, args) for s in args.shape_list]
-    print_rows(rows, "slime")
+    rows = [shape_run(s, args) for s in args.shape_list]
+    print_rows(rows, baseline)
     if args.out is not None:
-        args.out.write_text(json.dumps({"rows": rows, "sglang": rows and _version()}, indent=2))
+        args.out.write_text(json.dumps({"rows": rows, engine: version()}, indent=2))
     return 0 if all(r["identical_engine_weights"] for r in rows) else 1
 
 

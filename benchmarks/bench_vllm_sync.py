@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import functools
 import importlib.util
-import json
 import os
 import statistics
 import sys
@@ -146,16 +145,13 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    import torch
+    return int(helpers.run_shapes(args, run_shape, "vllm", "vllm", _vllm_version))
 
-    torch.cuda.set_device(0)
-    rows = [run_shape(s, args) for s in args.shape_list]
-    helpers.print_rows(rows, "vllm")
-    if args.out is not None:
-        import vllm
 
-        args.out.write_text(json.dumps({"rows": rows, "vllm": vllm.__version__}, indent=2))
-    return 0 if all(r["identical_engine_weights"] for r in rows) else 1
+def _vllm_version() -> str:
+    import vllm
+
+    return str(vllm.__version__)
 
 
 if __name__ == "__main__":  # vLLM's EngineCore is a spawned process: keep the work under main

@@ -3,6 +3,7 @@ one-rank sender and each path's figures (the syncs themselves run on the GPU mac
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -81,3 +82,24 @@ def test_a_wrong_shape_or_count_is_refused_before_any_gpu_work(capsys: pytest.Ca
     with pytest.raises(SystemExit):
         bench.main(["--shapes", "qwen2-1t"])
     assert "unknown shapes ['qwen2-1t']: give directories of configs/ (qwen2-0.5b" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("same", "rc"), [(True, 0), (False, 1)])
+def test_run_shapes_writes_each_row_with_the_engines_version_and_fails_on_differing_weights(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, same: bool, rc: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The run both sync benches share: a row per shape, the table beside the baseline, the JSON with the
+    engine's version under its name, and exit 1 where an engine's weights differ from the trainer's."""
+    monkeypatch.setattr(bench.torch.cuda, "set_device", lambda index: None)  # the GPU's, on the machine
+    args = bench.parse_sync_arguments("t", ["--shapes", "qwen2-0.5b", "--out", str(tmp_path / "out.json")])
+    figures = {"gb": 1.0, "d2d_ms": 0.5, "d2d_gbps": 2.0, "ours_over_vllm": 2.0, "ours_breakdown_ms": {}}
+    figures.update(bench.path_figures(1_000_000_000, ours=[0.002], vllm=[0.004]))
+
+    def shape_run(shape: str, given: Any) -> dict[str, Any]:
+        assert given is args
+        return {"shape": shape, **figures, "identical_engine_weights": same}
+
+    assert bench.run_shapes(args, shape_run, "vllm", "vllm", lambda: "0.26.0") == rc
+    written = json.loads((tmp_path / "out.json").read_text())
+    assert written["vllm"] == "0.26.0" and [r["shape"] for r in written["rows"]] == ["qwen2-0.5b"]
+    assert "vllm ms" in capsys.readouterr().out
