@@ -1,16 +1,26 @@
 """The summary table of `scripts/gpu_check.sh`: one row per step, pass or fail, its headline figure.
 
     python3 scripts/gpu_check_table.py WORK STEP...
+    python3 scripts/gpu_check_table.py --merge [--steps "STEP ..."] TABLE.md...
 
 Reads what `scripts/gpu_sglang.sh` left in WORK: `summary.txt` (one "name rc=N Ts" line per command
-it ran), each command's log and the figures the benchmarks and GPU tests wrote as JSON. Standard
+it ran), each command's log and the figures the benchmarks and GPU tests wrote as JSON; the table
+ends with the id of the code that ran (`scripts/code_id.py`, kept in WORK/code-id). Standard
 library only: it runs on the GPU machine before anything is installed.
+
+`--merge`, here: the tables that several device calls brought back (from one machine or several, one
+session or several) joined into one, each step's latest row, and whether every step passed on the
+code of this tree. Exit 0 only when every step named (default: every step of the tables) passed and
+every table ran this tree's code; a table without its code line, or with another, counts for
+nothing. `scripts/gpu_vllm.sh`'s and `scripts/gpu_slime.sh`'s tables merge the same way.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -181,9 +191,118 @@ def main(argv: list[str]) -> int:
     install = commands.get("install")
     if install is not None:
         rows.append(f"| (install) | {'pass' if install[0] == 0 else 'FAIL'} | {install[1]} | |")
+    kept = work / "code-id"
+    rows.append(kept.read_text().strip() if kept.is_file() else "code: not recorded")
     print("\n".join(rows))
     return 0
 
 
+# --- joining the tables of several calls ----------------------------------------------------------
+CODE_LINE = re.compile(r"^code ([0-9a-f]{12}) \((\d+) files\)$")
+
+
+def read_table(path: Path) -> tuple[list[list[str]], str | None]:
+    """The step rows of one table (its cells) and its code line."""
+    rows, code = [], None
+    for raw in path.read_text(errors="replace").splitlines():
+        text = raw.strip()
+        if CODE_LINE.match(text):
+            code = text
+        elif text.startswith("|") and text.endswith("|"):
+            cells = [c.strip() for c in text.strip("|").split("|")]
+            if cells[0] not in ("step", "") and not set(cells[0]) <= set("-: "):
+                rows.append(cells)
+    return rows, code
+
+
+def verdict_of(result: str) -> str | None:
+    """pass, fail, or None (not run); gpu_check's "pass"/"FAIL", the other scripts' exit codes."""
+    if result == "not run" or not result:
+        return None
+    return "pass" if result in ("pass", "0") else "fail"
+
+
+def this_tree() -> str:
+    spec = importlib.util.spec_from_file_location("code_id", Path(__file__).resolve().parent / "code_id.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return str(module.line())
+
+
+def git_head() -> str:
+    repo = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True
+        )
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=repo, capture_output=True, text=True)
+    except OSError:
+        return "no git"
+    if head.returncode != 0:
+        return "no git"
+    return f"HEAD {head.stdout.strip()}" + (
+        ", with uncommitted changes" if dirty.stdout.strip() else ", clean"
+    )
+
+
+def merge(paths: list[Path], expected: list[str], tree: str) -> tuple[list[str], bool]:
+    """The joined table's lines, and whether every expected step passed on the tree's code."""
+    latest: dict[str, tuple[list[str], Path]] = {}
+    problems = []
+    for path in paths:
+        rows, code = read_table(path)
+        if code != tree:
+            problems.append(f"{path}: ran {code or 'code not recorded'}, not this tree's")
+            continue
+        for cells in rows:
+            if cells[0] in ("(install)", "install") or verdict_of(cells[1]) is None:
+                continue
+            latest[cells[0]] = (cells, path)
+    order = expected or list(latest)
+    out = ["| step | result | s | headline | table |", "|---|---|---|---|---|"]
+    for step in order:
+        if step not in latest:
+            out.append(f"| {step} | not run | | | |")
+            continue
+        cells, path = latest[step]
+        result = "pass" if verdict_of(cells[1]) == "pass" else f"FAIL ({cells[1]})"
+        seconds = cells[2] if len(cells) > 2 else ""
+        headline = cells[3] if len(cells) > 3 else ""
+        out.append(f"| {step} | {result} | {seconds} | {headline} | {path.parent.name}/{path.name} |")
+    failed = [s for s in order if s in latest and verdict_of(latest[s][0][1]) != "pass"]
+    missing = [s for s in order if s not in latest]
+    ok = bool(order) and not failed and not missing
+    out += [f"this tree: {tree}; {git_head()}", *problems]
+    if ok:
+        out.append(
+            f"every step passed on this tree's code ({len(order)} steps, {len({p for _c, p in latest.values()})} table(s))"
+        )
+    else:
+        out.append(
+            "NOT every step passed on this tree's code:"
+            + (f" failed {' '.join(failed)};" if failed else "")
+            + (f" not run on it {' '.join(missing)}" if missing else "")
+        )
+    return out, ok
+
+
+def main_merge(argv: list[str]) -> int:
+    expected: list[str] = []
+    if argv[:1] == ["--steps"]:
+        expected, argv = argv[1].split(), argv[2:]
+    if not argv:
+        print("usage: gpu_check_table.py --merge [--steps 'STEP ...'] TABLE.md...", file=sys.stderr)
+        return 2
+    missing = [a for a in argv if not Path(a).is_file()]
+    if missing:
+        print(f"gpu_check_table.py --merge: no such table: {' '.join(missing)}", file=sys.stderr)
+        return 2
+    lines, ok = merge([Path(a) for a in argv], expected, this_tree())
+    print("\n".join(lines))
+    return 0 if ok else 1
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    args = sys.argv[1:]
+    sys.exit(main_merge(args[1:]) if args[:1] == ["--merge"] else main(args))

@@ -33,6 +33,9 @@
 # GPU_SLIME_STEPS names the steps of this call. State in $WORK (default /tmp/gpu-slime) on the warm
 # machine; the table (gpu-slime.md), the imports' output and the job logs (gpu-slime-logs.tgz) land
 # in $OUT each call.
+# The table ends with the id of the code that ran (scripts/code_id.py; other code than the steps done
+# before on the machine runs them again); tables of several calls or machines join with
+# `python3 scripts/gpu_check_table.py --merge --steps "plain wrapped budget" TABLE.md...`.
 set -u
 here="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$here" || exit 1
@@ -63,6 +66,7 @@ for s in "${steps[@]}"; do
     }
 done
 for s in ${GPU_SLIME_REDO:-}; do sed -i "/^$s\$/d" "$WORK/done" 2>/dev/null; done
+python3 scripts/code_id.py --pin "$WORK" # other code than the steps done on this machine: they run again
 
 finish() { # the table, and what comes back (its loop must not touch the caller's step and rc)
     local s line rc secs
@@ -78,6 +82,7 @@ finish() { # the table, and what comes back (its loop must not touch the caller'
                 echo "| $s | not run | |"
             fi
         done
+        cat "$WORK/code-id" 2>/dev/null
     } | tee "$WORK/gpu-slime.md"
     if [[ -n ${OUT:-} ]]; then
         cp "$WORK/gpu-slime.md" "$OUT/"

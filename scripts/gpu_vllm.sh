@@ -36,6 +36,9 @@
 #   report    the table of every step so far (also written at the end of every call)
 # GPU_VLLM_STEPS names the steps (default "imports tests http demo vime bench report"); a step runs once (its rc is
 # in the table); GPU_VLLM_REDO="tests" runs it again.
+# The table ends with the id of the code that ran (scripts/code_id.py; other code than the steps done
+# before on the machine runs them again). Tables of several calls or machines, joined here:
+#   python3 scripts/gpu_check_table.py --merge --steps "tests http vime bench" /work/.device/N/gpu-vllm.md ...
 # What comes back in $OUT each call: gpu-vllm.md (the table), this call's step logs, and
 # gpu-vllm-logs.tgz (every log so far, the tests' figures, the demo's logs). State in $WORK (default
 # /tmp/gpu-vllm) on the warm machine.
@@ -70,6 +73,7 @@ for s in "${steps[@]}"; do
     }
 done
 for s in ${GPU_VLLM_REDO:-}; do sed -i "/^$s\$/d" "$WORK/done" 2>/dev/null; done
+"$PY" scripts/code_id.py --pin "$WORK" # other code than the steps done on this machine: they run again
 
 finish() { # the table, and what comes back (its loop must not touch the caller's step and rc)
     local s line rc secs
@@ -88,6 +92,7 @@ finish() { # the table, and what comes back (its loop must not touch the caller'
             fi
         done
         grep -h "^attention:" "$WORK"/*.log 2>/dev/null | sort -u | sed 's/^/    /'
+        cat "$WORK/code-id" 2>/dev/null
     } >"$WORK/gpu-vllm.md"
     cat "$WORK/gpu-vllm.md"
     if [[ -n ${OUT:-} ]]; then

@@ -70,3 +70,89 @@ def test_the_kill_demos_row_names_the_process_the_demo_killed(table, tmp_path):
     headline = table.demo_headline(tmp_path, "demo_sglang_kill")
     assert headline.startswith("demo OK")
     assert headline.endswith("killed SGLang's scheduler at step 2: EngineDiedError after 0.4 s")
+
+
+# --- joining the tables of several calls -----------------------------------------------------------
+TREE = "code 0123456789ab (400 files)"
+
+
+def table_file(path: Path, rows: list[str], code: str | None = TREE) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = ["| step | result | s | headline |", "|---|---|---|---|", *rows]
+    path.write_text("\n".join(lines + ([code] if code else [])) + "\n")
+    return path
+
+
+def test_tables_of_two_machines_on_the_same_code_join_and_pass(table, tmp_path):
+    first = table_file(
+        tmp_path / "3/gpu-check.md",
+        [
+            "| bench | pass | 100 | ours 21 ms |",
+            "| demo | FAIL | 90 | demo FAILED |",
+            "| slime | not run | | |",
+        ],
+    )
+    second = table_file(
+        tmp_path / "7/gpu-check.md",
+        [
+            "| demo | pass | 200 | demo OK |",
+            "| slime | pass | 190 | 8 passed |",
+            "| (install) | pass | 33 | |",
+        ],
+    )
+    lines, ok = table.merge([first, second], ["bench", "demo", "slime"], TREE)
+    assert ok
+    assert lines[2] == "| bench | pass | 100 | ours 21 ms | 3/gpu-check.md |"
+    assert lines[3] == "| demo | pass | 200 | demo OK | 7/gpu-check.md |"  # the later row wins
+    assert lines[4] == "| slime | pass | 190 | 8 passed | 7/gpu-check.md |"
+    assert lines[5].startswith(f"this tree: {TREE}; ")
+    assert lines[-1] == "every step passed on this tree's code (3 steps, 2 table(s))"
+
+
+def test_a_table_of_other_code_or_none_counts_for_nothing(table, tmp_path):
+    good = table_file(tmp_path / "1/gpu-check.md", ["| bench | pass | 100 | x |"])
+    other = table_file(
+        tmp_path / "2/gpu-check.md", ["| demo | pass | 200 | y |"], code="code ffffffffffff (399 files)"
+    )
+    bare = table_file(tmp_path / "3/gpu-check.md", ["| kill | pass | 117 | z |"], code=None)
+    lines, ok = table.merge([good, other, bare], ["bench", "demo", "kill"], TREE)
+    assert not ok
+    assert "| demo | not run | | | |" in lines and "| kill | not run | | | |" in lines
+    assert f"{other}: ran code ffffffffffff (399 files), not this tree's" in lines
+    assert f"{bare}: ran code not recorded, not this tree's" in lines
+    assert lines[-1] == "NOT every step passed on this tree's code: not run on it demo kill"
+
+
+def test_a_failed_step_fails_the_join_and_the_other_scripts_tables_join_too(table, tmp_path):
+    vllm = tmp_path / "5/gpu-vllm.md"
+    vllm.parent.mkdir()
+    vllm.write_text(
+        "| step | rc | seconds |\n| --- | --- | --- |\n| install | 0 | 10 |\n| tests | 0 | 81 |\n| vime | 1 | 68 |\n"
+        f"| bench | not run | |\n    attention: FLASH_ATTN\n{TREE}\n"
+    )
+    lines, ok = table.merge([vllm], ["tests", "vime", "bench"], TREE)
+    assert not ok
+    assert "| tests | pass | 81 |  | 5/gpu-vllm.md |" in lines
+    assert "| vime | FAIL (1) | 68 |  | 5/gpu-vllm.md |" in lines
+    assert lines[-1] == "NOT every step passed on this tree's code: failed vime; not run on it bench"
+
+
+def test_the_merge_command_compares_with_this_tree(table, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(table, "this_tree", lambda: TREE)
+    path = table_file(tmp_path / "1/gpu-check.md", ["| bench | pass | 100 | x |"])
+    assert table.main_merge(["--steps", "bench", str(path)]) == 0
+    assert (
+        capsys.readouterr().out.splitlines()[-1]
+        == "every step passed on this tree's code (1 steps, 1 table(s))"
+    )
+    assert table.main_merge(["--steps", "bench demo", str(path)]) == 1
+    assert table.main_merge([str(tmp_path / "none.md")]) == 2
+
+
+def test_the_table_on_the_machine_ends_with_the_code_that_ran(table, tmp_path, capsys):
+    ran(tmp_path, None)
+    table.main([str(tmp_path), "areal"])
+    assert capsys.readouterr().out.splitlines()[-1] == "code: not recorded"
+    (tmp_path / "code-id").write_text(TREE + "\n")
+    table.main([str(tmp_path), "areal"])
+    assert capsys.readouterr().out.splitlines()[-1] == TREE
