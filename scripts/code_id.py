@@ -7,8 +7,7 @@
                                             what differs is printed
 
 The device machine gets a copy of the working tree without git, so the id is taken from the files
-themselves: everything under ROOTS and the FILES beside them, caches left out. Documentation is
-not in it, so a note written after a run does not change the code the run ran. A table that carries
+themselves: everything under ROOTS and the FILES beside them, caches left out. A table that carries
 this line can be told apart from one that ran other code, and tables from several machines or
 sessions can be joined (`scripts/gpu_check_table.py --merge`) only when they ran the same code.
 Standard library only: it runs on the GPU machine before anything is installed.
@@ -21,8 +20,11 @@ import json
 import sys
 from pathlib import Path
 
-ROOTS = ("lifecycle", "actor_integration", "benchmarks", "scripts", "tests", "configs")
-FILES = ("pyproject.toml", "Makefile")
+# What a GPU run loads or runs: the product, the benchmarks, the scripts, the GPU tests and the test
+# helpers and configuration they import. The CPU-only tests (tests/lifecycle, tests/actor_integration,
+# tests/scripts, ...) and the docs are not in it: a CPU test or a note added after a run leaves the id.
+ROOTS = ("lifecycle", "actor_integration", "benchmarks", "scripts", "tests/gpu", "tests/helpers", "configs")
+FILES = ("pyproject.toml", "Makefile", "tests/__init__.py", "tests/conftest.py")
 SKIP_DIRS = {"__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache", ".hypothesis"}
 REPO = Path(__file__).resolve().parent.parent
 

@@ -25,17 +25,19 @@ def repo(tmp_path: Path) -> Path:
         "pyproject.toml": "[project]\n",
         "docs/measurements.md": "# figures\n",
         "README.md": "# read me\n",
+        "tests/lifecycle/test_machine.py": "def test(): pass\n",
     }.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
     return tmp_path
 
 
-def test_the_id_covers_the_code_and_not_the_docs_or_the_caches(code_id, repo):
+def test_the_id_covers_the_code_and_the_gpu_tests_not_the_docs_the_cpu_tests_or_the_caches(code_id, repo):
     first = code_id.line(repo)
     assert first.startswith("code ") and first.endswith("(5 files)")
     (repo / "docs/measurements.md").write_text("# figures, a note written after the run\n")
     (repo / "README.md").write_text("changed\n")
+    (repo / "tests/lifecycle/test_machine.py").write_text("def test_more(): pass\n")
     (repo / "lifecycle/__pycache__").mkdir()
     (repo / "lifecycle/__pycache__/machine.cpython-312.pyc").write_bytes(b"\0")
     (repo / "tests/gpu/x.pyc").write_bytes(b"\0")
