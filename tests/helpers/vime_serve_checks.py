@@ -174,6 +174,10 @@ def cycle(
     }
 
 
+def rounded(row: dict[str, float]) -> dict[str, float]:
+    return {key: round(value, 3) for key, value in row.items()}
+
+
 def medians(rows: list[dict[str, float]]) -> dict[str, float]:
     """Each figure's median over the cycles after the first (the first warms connections and kernels);
     `sleep_wake_ms`: release + both resumes; `with_trainer_ms`: and the trainer's pause and continue."""
@@ -188,12 +192,19 @@ def medians(rows: list[dict[str, float]]) -> dict[str, float]:
 
 
 def own_and_wrapped(rig: Rig, cycles: int) -> dict[str, Any]:
-    """vime's own class, then the wrapped one, `cycles` each on the same server: each call timed, the
-    medians side by side. The wrap moves the trainer's pause into its sleep and the continue to the end
-    of onload_kv (absorbing the trainer's), so the like-for-like figure is `with_trainer_ms`."""
-    own = [cycle(rig, rig.plain, "AB"[i % 2]) for i in range(cycles)]
-    wrapped = [cycle(rig, rig.engine, "AB"[i % 2]) for i in range(cycles)]
+    """vime's own class and the wrapped one on the same server, a cycle of each in turn (`cycles`
+    each, so that a drift of the machine's speed falls on both alike): each call timed, the medians
+    side by side, and every cycle's figures (`rows`). The wrap moves the trainer's pause into its sleep
+    and the continue to the end of onload_kv (absorbing the trainer's), so the like-for-like figure is
+    `with_trainer_ms`."""
+    own, wrapped = [], []
+    for i in range(cycles):
+        own.append(cycle(rig, rig.plain, "AB"[i % 2]))
+        wrapped.append(cycle(rig, rig.engine, "AB"[i % 2]))
     figures: dict[str, Any] = {"cycles": cycles, "own": medians(own), "wrapped": medians(wrapped)}
+    figures["rows"] = {
+        name: [rounded(row) for row in rows] for name, rows in (("own", own), ("wrapped", wrapped))
+    }
     for key in ("sleep_wake_ms", "with_trainer_ms"):
         figures[f"wrapped_minus_own_{key}"] = round(figures["wrapped"][key] - figures["own"][key], 3)
     figures["state"] = {

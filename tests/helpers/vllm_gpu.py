@@ -55,9 +55,10 @@ SLEEP_WAKE_TARGET_MS = 3.0  # issue 48: the rollout's sleep + wake within 3 ms o
 
 def own_and_wrapped(own: dict[str, Callable[[], Any]], actor: Any, cycles: int = 10) -> dict[str, Any]:
     """`cycles` of the engine's own sleep (level 2), wake of the weights and wake of the KV cache
-    (`own`: "sleep", "wake_weights", "wake_kv"), then as many through the rollout actor; the medians
-    after the first cycle of each (it warms connections), side by side. A figure next to its target,
-    printed, not asserted (timings on a shared machine)."""
+    (`own`: "sleep", "wake_weights", "wake_kv") and as many through the rollout actor, a cycle of each
+    in turn (a drift of the machine's speed falls on both alike); the medians after the first cycle of
+    each (it warms connections), side by side, and every cycle's figures (`rows`). A figure next to its
+    target, printed, not asserted (timings on a shared machine)."""
     import statistics
     import time
 
@@ -70,9 +71,16 @@ def own_and_wrapped(own: dict[str, Callable[[], Any]], actor: Any, cycles: int =
         return out
 
     wrapped_calls = [actor.sleep, lambda: actor.wake_up(["weights"]), lambda: actor.wake_up(["kv_cache"])]
-    own_rows = [run([own["sleep"], own["wake_weights"], own["wake_kv"]]) for _ in range(cycles)]
-    wrapped_rows = [run(wrapped_calls) for _ in range(cycles)]
+    own_rows: list[list[float]] = []
+    wrapped_rows: list[list[float]] = []
+    for _ in range(cycles):
+        own_rows.append(run([own["sleep"], own["wake_weights"], own["wake_kv"]]))
+        wrapped_rows.append(run(wrapped_calls))
     figures: dict[str, Any] = {"cycles": cycles, "target_ms": SLEEP_WAKE_TARGET_MS}
+    figures["rows"] = {
+        name: [[round(ms, 3) for ms in row] for row in rows]
+        for name, rows in (("own", own_rows), ("wrapped", wrapped_rows))
+    }
     for name, rows in (("own", own_rows), ("wrapped", wrapped_rows)):
         kept = rows[1:] or rows
         medians = [round(statistics.median(r[i] for r in kept), 3) for i in range(3)]

@@ -83,6 +83,11 @@ def test_1_vimes_own_calls_and_the_wrapped_ones_on_the_same_server(rig: Any) -> 
     print(f"\n{figures}")
     assert figures["state"] == {"state": "AWAKE", "admitted": True, "served_version": str(rig.version)}
     assert figures["own"]["chunks"] == figures["wrapped"]["chunks"] == 2
+    # a cycle of each in turn, every cycle's figures kept
+    assert [len(figures["rows"][side]) for side in ("own", "wrapped")] == [3, 3]
+    assert all(
+        row["chunks"] == 2 and row["release_ms"] > 0 for side in figures["rows"].values() for row in side
+    )
 
 
 def test_2_cycles_under_the_wrap_serve_each_sets_tokens(rig: Any) -> None:
