@@ -57,7 +57,8 @@ gpu-check: $(STAMP)
 
 # slime's own GRPO job on the lent GPU machine (scripts/slime_e2e.sh): lays out the wheel and source
 # parts .gpuw/slime/p1..pN here and prints the device calls (scripts/gpu_slime.sh). SGLANG_GPU,
-# RL_LIFECYCLE_SLIME_SOURCE and RL_LIFECYCLE_MEGATRON_SOURCE name the inputs (scripts/gpu_slime_wheels.sh).
+# RL_LIFECYCLE_SLIME_SOURCE and RL_LIFECYCLE_MEGATRON_SOURCE name the inputs (scripts/gpu_slime_wheels.sh);
+# SLIME_SGLANG=set lays out the same job on SGLang 0.5.17 in .gpuw/slime-sglang-set/ instead.
 gpu-slime-prepare:
 	bash scripts/gpu_slime_wheels.sh
 

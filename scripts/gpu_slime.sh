@@ -48,9 +48,19 @@ if [[ $# -gt 0 ]]; then
 fi
 started=$(date +%s)
 budget=${GPU_SLIME_BUDGET_S:-560}
-WORK=${WORK:-/tmp/gpu-slime}
-SLW=${SLW:-$HOME/slw}
-W=/tmp/slw-parts
+# The set: slime (slime's pins, SGLang 0.5.15.post1) or slime-sglang-set (SGLang's own set, 0.5.17:
+# `SLIME_SGLANG=set make gpu-slime-prepare`), its parts in .gpuw/$SET, each installed and run apart.
+SET=${GPU_SLIME_SET:-slime}
+case $SET in
+slime) SLW=${SLW:-$HOME/slw} ;;
+slime-sglang-set) SLW=${SLW:-$HOME/slw-$SET} ;;
+*)
+    echo "scripts/gpu_slime.sh: GPU_SLIME_SET must be slime or slime-sglang-set, got '$SET'" >&2
+    exit 2
+    ;;
+esac
+WORK=${WORK:-/tmp/gpu-$SET}
+W=/tmp/$SET-parts
 E2E=$WORK/e2e # scripts/slime_e2e.sh's OUT (this call's $OUT is what comes back)
 mkdir -p "$WORK" "$E2E"
 
@@ -106,11 +116,11 @@ install() {
 }
 if [[ -z ${GPU_SLIME_INSTALLED:-} && ! -f $SLW/.installed ]]; then
     mkdir -p "$W"
-    for d in .gpuw/slime/p*; do [[ -d $d ]] && cp "$d"/* "$W"/; done
+    for d in .gpuw/$SET/p*; do [[ -d $d ]] && cp "$d"/* "$W"/; done
     parts=$(cat "$W/parts" 2>/dev/null || echo "?")
     have=$(find "$W" -maxdepth 1 -name 'all.tar.part*' | wc -l)
     if [[ $parts != "$have" ]]; then
-        echo "staged $have of $parts parts: call again at once, carrying the next part (.gpuw/slime/p$((have + 1)))"
+        echo "staged $have of $parts parts: call again at once, carrying the next part (.gpuw/$SET/p$((have + 1)))"
         exit 0
     fi
     t0=$SECONDS
@@ -136,7 +146,7 @@ export RAY_USAGE_STATS_ENABLED=0 RAY_AUTH_MODE=disabled WANDB_MODE=offline
 # decode CUDA graphs are off: with the triton backend their capture took 75 s of each job's start
 # (they do capture under torch_memory_saver's preload hook: seen on the first run).
 export SLIME_E2E_EXTRA_ARGS=${SLIME_E2E_EXTRA_ARGS:---sglang-attention-backend triton --sglang-sampling-backend pytorch --sglang-disable-cuda-graph}
-[[ -f .gpuw/slime/tvmffi.tgz && ! -d $SLW/tvmffi ]] && mkdir -p "$SLW/tvmffi" && tar -xzf .gpuw/slime/tvmffi.tgz -C "$SLW/tvmffi"
+[[ -f .gpuw/$SET/tvmffi.tgz && ! -d $SLW/tvmffi ]] && mkdir -p "$SLW/tvmffi" && tar -xzf ".gpuw/$SET/tvmffi.tgz" -C "$SLW/tvmffi"
 
 imports() { # each module slime's driver and workers start from, on its own: every failure is listed
     python3 - <<'EOF'

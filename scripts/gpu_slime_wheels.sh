@@ -20,6 +20,9 @@
 # scripts/gpu_wheels.sh); RL_LIFECYCLE_SLIME_SOURCE and RL_LIFECYCLE_MEGATRON_SOURCE a clone or git
 # directory of slime and of NVIDIA's Megatron-LM holding those commits.
 # The device calls it prints at the end are scripts/gpu_slime.sh's (see its header).
+# SLIME_SGLANG=set lays out the same job on SGLang's own set instead of slime's pins (sglang,
+# sglang-kernel and flashinfer-python at $SGLANG_GPU/wheels.txt's versions: 0.5.17), in
+# .gpuw/slime-sglang-set/ (run with GPU_SLIME_SET=slime-sglang-set); the downloads are shared.
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$here"
@@ -29,8 +32,16 @@ SLIME_GIT=${RL_LIFECYCLE_SLIME_SOURCE:?set RL_LIFECYCLE_SLIME_SOURCE to a slime 
 MEGATRON_GIT=${RL_LIFECYCLE_MEGATRON_SOURCE:?set RL_LIFECYCLE_MEGATRON_SOURCE to a Megatron-LM clone or git directory (1dcf0daf)}
 SLIME_COMMIT=624b824a
 MEGATRON_COMMIT=1dcf0dafa884ad52ffb243625717a3471643e087 # slime 624b824a's docker/Dockerfile MEGATRON_COMMIT
-D=.gpuw/slime
-mkdir -p "$D/full"
+case ${SLIME_SGLANG:-pinned} in
+pinned) D=.gpuw/slime ;;
+set) D=.gpuw/slime-sglang-set ;;
+*)
+    echo "SLIME_SGLANG must be pinned (slime's SGLang 0.5.15.post1, the default) or set (SGLang's own set), got '$SLIME_SGLANG'" >&2
+    exit 2
+    ;;
+esac
+FULL=.gpuw/slime/full # every wheel as downloaded, for both
+mkdir -p "$FULL"
 rm -rf "$D/wheels" "$D/src" "$D"/p* "$D/all.tar"
 mkdir -p "$D/wheels/site" "$D/wheels/np1" "$D/src"
 
@@ -38,6 +49,9 @@ mkdir -p "$D/wheels/site" "$D/wheels/np1" "$D/src"
 list=$(mktemp)
 trap 'rm -f "$list"' EXIT
 grep -v '^#' scripts/gpu_slime_wheels.txt | grep . >"$list"
+if [[ $D == .gpuw/slime-sglang-set ]]; then # SGLang's own versions of what slime pins
+    sed -i -E '/^(sglang|sglang-kernel|flashinfer-python)==/d' "$list"
+fi
 norm() { tr 'A-Z_.' 'a-z--' <<<"$1"; }
 ours=" $(cut -d= -f1 "$list" | while read -r n; do printf '%s ' "$(norm "$n")"; done)"
 grep -v '^#' "$SGLANG_GPU/wheels.txt" | grep . | while IFS=$'\t' read -r spec _; do
@@ -47,15 +61,15 @@ done >>"$list"
 platforms=()
 for p in manylinux_2_34 manylinux_2_28 manylinux_2_27 manylinux_2_26 manylinux_2_24 manylinux_2_17 manylinux2014 \
     manylinux1 manylinux_2_5; do platforms+=(--platform "${p}_x86_64"); done
-fetch() { # fetch SPEC: the wheel's file name in $D/full (downloaded once)
+fetch() { # fetch SPEC: the wheel's file name in $FULL (downloaded once)
     local spec=$1 name file
     name=$(norm "${spec%%==*}")
-    file=$(find "$D/full" -maxdepth 1 -name '*.whl' -printf '%f\n' | sort | while read -r f; do
+    file=$(find "$FULL" -maxdepth 1 -name '*.whl' -printf '%f\n' | sort | while read -r f; do
         [[ $(norm "${f%%-*}") == "$name" && ${f#*-} == "${spec##*==}-"* ]] && echo "$f"
     done | head -1)
     if [[ -z $file ]]; then
         pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp --abi cp312 \
-            --abi abi3 --abi none "${platforms[@]}" --platform any "$spec" -d "$D/full" >&2 2>/dev/null ||
+            --abi abi3 --abi none "${platforms[@]}" --platform any "$spec" -d "$FULL" >&2 2>/dev/null ||
             { echo "pip download $spec failed" >&2; return 1; }
         fetch "$spec"
         return
@@ -68,14 +82,14 @@ while IFS=$'\t' read -r spec where; do
     file=$(fetch "$spec")
     out="$D/wheels/$where/$file"
     case $(norm "${spec%%==*}") in
-    sglang-kernel) python3 "$SGLANG_GPU/strip_wheel.py" "$D/full/$file" "$out" 'sgl_kernel/flash_ops*' \
+    sglang-kernel) python3 "$SGLANG_GPU/strip_wheel.py" "$FULL/$file" "$out" 'sgl_kernel/flash_ops*' \
         'sgl_kernel/flashmla_ops*' 'sgl_kernel/infllm_ops*' 'sgl_kernel/sm100/*' >/dev/null ;;
-    xgrammar) python3 "$SGLANG_GPU/strip_wheel.py" "$D/full/$file" "$out" 'xgrammar/lib/libxgrammar.a' >/dev/null ;;
+    xgrammar) python3 "$SGLANG_GPU/strip_wheel.py" "$FULL/$file" "$out" 'xgrammar/lib/libxgrammar.a' >/dev/null ;;
     # Ray's Java jar and the dashboard's source maps (as scripts/gpu_wheels.sh strips them)
-    ray) python3 "$SGLANG_GPU/strip_wheel.py" "$D/full/$file" "$out" 'ray/jars/*' \
+    ray) python3 "$SGLANG_GPU/strip_wheel.py" "$FULL/$file" "$out" 'ray/jars/*' \
         'ray/dashboard/client/build/static/js/*.map' >/dev/null ;;
-    wandb) python3 "$SGLANG_GPU/strip_wheel.py" "$D/full/$file" "$out" 'wandb/bin/*' >/dev/null ;;
-    *) cp "$D/full/$file" "$out" ;;
+    wandb) python3 "$SGLANG_GPU/strip_wheel.py" "$FULL/$file" "$out" 'wandb/bin/*' >/dev/null ;;
+    *) cp "$FULL/$file" "$out" ;;
     esac
 done <"$list"
 # The kernel must be the CUDA 13 build (the image's torch is cu130): its sm90 library links libcudart.so.13.
@@ -124,9 +138,11 @@ for part in "$D"/p*; do echo "$n" >"$part/parts"; done # the device side knows w
 rm -f "$D/all.tar"
 echo "$n parts of <= ${part_mib} MiB ($(du -shc "$D"/p* | tail -1 | cut -f1) in all):"
 du -sh "$D"/p*
+command="bash scripts/gpu_slime.sh"
+[[ $D == .gpuw/slime ]] || command="GPU_SLIME_SET=${D#.gpuw/} $command"
 echo "Next session, back to back (the machine is given back 30 s after a call):"
 for k in $(seq "$n"); do
-    echo "  run(carry=[\"$D/p$k\"], command=\"bash scripts/gpu_slime.sh\", timeout_s=600)"
+    echo "  run(carry=[\"$D/p$k\"], command=\"$command\", timeout_s=600)"
 done
 echo "  then again with carry=[] until its table says every step ran (imports, model, plain, wrapped, report)"
 exit "$closure_rc"
