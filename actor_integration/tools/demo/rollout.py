@@ -22,6 +22,7 @@ from actor_integration.models.tiny import TinyLMConfig
 from actor_integration.rollout.actor import RolloutActor
 from actor_integration.rollout.reference import ReferenceEngine
 from actor_integration.rollout.server_watch import pid_alive
+from actor_integration.tools.demo.options import PROMPT_LEN, PROMPTS
 from lifecycle import configure_logging, flush_logs
 from lifecycle.faults import FaultInjector
 
@@ -130,20 +131,8 @@ class DemoSGLangRollout(_EngineRollout):
         def build() -> Any:
             from actor_integration.engines.sglang.engine import SGLangEngine
 
-            return SGLangEngine(
-                model_path=config_dir,
-                load_format="dummy",
-                skip_tokenizer_init=True,
-                enable_memory_saver=True,
-                mem_fraction_static=mem_fraction,
-                attention_backend="triton",
-                sampling_backend="pytorch",
-                context_length=2048,
-                dtype="bfloat16",
-                tp_size=1,
-                random_seed=seed,
-                call_timeout_s=timeout_s,
-            )
+            arguments = sglang_arguments(config_dir, mem_fraction=mem_fraction, seed=seed)
+            return SGLangEngine(call_timeout_s=timeout_s, **arguments)
 
         super().__init__(build, rank=rank, out=out)
 
@@ -154,6 +143,28 @@ class DemoSGLangRollout(_EngineRollout):
     def engine_process(self) -> tuple[str, int]:
         pids = self.served.scheduler_pids
         return "scheduler", int(pids[0] if pids else self.served.describe()["processes"]["scheduler_0"])
+
+
+def sglang_arguments(config_dir: str, *, mem_fraction: float, seed: int) -> dict[str, Any]:
+    """`sglang.Engine`'s arguments for the demo: the trainer's Qwen model with dummy weights, the
+    memory saver on, `mem_fraction` of the GPU (`mem_fraction_static`), the triton attention and
+    pytorch sampling backends (no kernel JIT at start), CUDA graphs captured for the demo's batches
+    only (`PROMPTS`, `PROMPT_LEN`)."""
+    return {
+        "model_path": config_dir,
+        "load_format": "dummy",
+        "skip_tokenizer_init": True,
+        "enable_memory_saver": True,
+        "mem_fraction_static": mem_fraction,
+        "attention_backend": "triton",
+        "sampling_backend": "pytorch",
+        "context_length": 2048,
+        "dtype": "bfloat16",
+        "tp_size": 1,
+        "random_seed": seed,
+        "cuda_graph_max_bs_decode": PROMPTS,
+        "cuda_graph_max_bs_prefill": PROMPTS * PROMPT_LEN,
+    }
 
 
 def vllm_arguments(config_dir: str, *, mem_fraction: float, seed: int) -> dict[str, Any]:

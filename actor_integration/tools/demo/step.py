@@ -24,7 +24,7 @@ from typing import Any
 
 from actor_integration.actors.ray_group import LifecycleGroup
 from actor_integration.errors import EngineDiedError, GroupCallError, NodeLostError
-from actor_integration.tools.demo.options import ENGINE_NAMES
+from actor_integration.tools.demo.options import ENGINE_NAMES, PROMPT_LEN, PROMPTS
 from actor_integration.tools.demo.placement import Placement
 from actor_integration.tools.demo.progress import Progress
 from lifecycle.errors import IllegalTransitionError, InvalidWeightsError
@@ -33,8 +33,6 @@ from lifecycle.errors import IllegalTransitionError, InvalidWeightsError
 # clear_memory, the communicators kept), and of those the ones a wake runs.
 WAKE_HOOKS = frozenset({"memory.resume", "process_groups.reload"})
 BUDGET_SKIPS = frozenset({"clear_memory", "process_groups.destroy", "memory.pause"}) | WAKE_HOOKS
-
-PROMPTS, PROMPT_LEN = 8, 8
 
 
 @dataclass

@@ -370,6 +370,14 @@ class TestFromSource:
         }
         assert wanted <= fields
 
+    def test_the_demos_engine_arguments_exist(self, sglang_tree):
+        """`lifecycle demo --engine sglang` builds its engine with these (CUDA graphs for its batches only)."""
+        from actor_integration.tools.demo.rollout import sglang_arguments
+
+        arguments = sglang_arguments("/models/tiny", mem_fraction=0.15, seed=0)
+        assert arguments["cuda_graph_max_bs_decode"] == 8 and arguments["cuda_graph_max_bs_prefill"] == 64
+        assert set(arguments) - sglang_tree.server_args_fields() == set()
+
     def test_sglangs_failure_handling_is_where_the_adapter_takes_it_over(self, sglang_tree):
         """The watchdog keeps `_processes`, `_names` and has `stop`; the tokenizer manager builds
         its signal handler from `self.signal_handler_class`, whose SIGQUIT handler kills the tree."""
