@@ -48,6 +48,29 @@ class TestCycles:
         state = actor.lifecycle_state()
         assert state["state"] == "AWAKE"
 
+    def test_a_sleep_asks_the_workers_to_release_only_after_a_round_reached_them(
+        self, fake, actor, monkeypatch
+    ):
+        """Dropping the trainer's buffers is a call into every worker (1-3 ms on a GPU): the first sleep
+        makes it (an engine built before may hold some), a later one only after a round reached them."""
+        calls: list[str] = []
+        rpc = fake.rpc
+        monkeypatch.setattr(fake, "rpc", lambda method, args: (calls.append(method), rpc(method, args))[1])
+        sender = shm_sender_into(actor, bucket_bytes=1 << 10)
+        actor.sleep()
+        assert calls.count("lifecycle_release") == 1
+        colocated_sync(actor, sender, 1, weights(1))
+        actor.sleep()
+        assert calls.count("lifecycle_release") == 2  # the round opened the trainer's buffers
+        actor.wake_up(["weights"])
+        actor.wake_up(["kv_cache"])
+        actor.sleep()
+        assert calls.count("lifecycle_release") == 2  # nothing reached the workers since
+        colocated_sync(actor, sender, 2, weights(2))
+        assert actor.generate(PROMPTS, max_new_tokens=4)
+        actor.sleep()
+        assert calls.count("lifecycle_release") == 3
+
     def test_a_sleep_of_both_tags_is_one_vllm_sleep_through_the_audit(self, fake, actor):
         """The lifecycle's two pauses go over together (`VLLMMemory.pause_tags` through the release
         audit): vLLM is asked to sleep once, and the audit's first record carries what it freed (both
