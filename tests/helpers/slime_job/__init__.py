@@ -175,7 +175,19 @@ def write_job(
 class RayHead:
     """`ray start --head --block` in a session of its own: a fake GPU on this CPU machine."""
 
-    def __init__(self, root: Path, *, cpus: int, gpus: int = 1) -> None:
+    def __init__(self, root: Path, *, cpus: int, gpus: int = 1, attempts: int = 3) -> None:
+        # The port is free when picked, not when Ray binds it: another process on the machine (a
+        # second test run) can take it in between. Ray then fails to start its GCS ("Address already
+        # in use"); the head is started again on other ports.
+        for attempt in range(1, attempts + 1):
+            try:
+                self._start(root, cpus=cpus, gpus=gpus)
+                return
+            except RuntimeError as error:
+                if attempt == attempts or "Failed to start GCS" not in str(error):
+                    raise
+
+    def _start(self, root: Path, *, cpus: int, gpus: int) -> None:
         self.port = free_port()
         self.temp = Path(f"/tmp/rlj{os.getpid()}_{self.port}")  # Ray's socket paths must stay short
         self.log = root / "ray-head.log"
