@@ -40,12 +40,12 @@ REFERENCE_ONLY = {"hidden": 256, "layers": 4}  # the reference model's shape opt
 MEM_FRACTION = 0.15  # a real engine's share of its GPU unless --mem-fraction says otherwise
 # What each real engine's --mem-fraction is, and what --kill-engine kills there.
 ENGINE_FRACTION = {"sglang": "SGLang's mem_fraction_static", "vllm": "vLLM's gpu_memory_utilization"}
+ENGINE_PROCESS = {"sglang": "SGLang's scheduler", "vllm": "vLLM's EngineCore process"}
 # What each step generates from: PROMPTS prompts of PROMPT_LEN random tokens. A real SGLang engine
 # captures its CUDA graphs for those sizes only (decode batches up to PROMPTS, prefills up to
 # PROMPTS * PROMPT_LEN tokens), not for the 256-512 sequences and 8192-token prefills SGLang sizes
-# them for on an 80 GB GPU: with those the engine took 183 s to start on an H100.
+# them for on an 80 GB GPU (with those, the engine's first start on an H100 took 183 s).
 PROMPTS, PROMPT_LEN = 8, 8
-ENGINE_PROCESS = {"sglang": "SGLang's scheduler", "vllm": "vLLM's EngineCore process"}
 
 
 def refuse(message: str) -> NoReturn:
