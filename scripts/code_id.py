@@ -53,9 +53,13 @@ def code_id(listed: dict[str, str]) -> str:
     return digest.hexdigest()[:12]
 
 
-def line(repo: Path = REPO) -> str:
-    listed = manifest(repo)
+def describe(listed: dict[str, str]) -> str:
+    """The line a table ends with: "code ID (N files)"."""
     return f"code {code_id(listed)} ({len(listed)} files)"
+
+
+def line(repo: Path = REPO) -> str:
+    return describe(manifest(repo))
 
 
 def changed(before: dict[str, str], now: dict[str, str]) -> list[str]:
@@ -74,7 +78,7 @@ def pin(work: Path, repo: Path = REPO) -> bool:
     work.mkdir(parents=True, exist_ok=True)
     kept, kept_manifest = work / "code-id", work / "code-manifest.json"
     now = manifest(repo)
-    now_line = f"code {code_id(now)} ({len(now)} files)"
+    now_line = describe(now)
     before_line = kept.read_text().strip() if kept.is_file() else None
     before = json.loads(kept_manifest.read_text()) if kept_manifest.is_file() else {}
     kept.write_text(now_line + "\n")

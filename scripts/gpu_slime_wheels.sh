@@ -32,9 +32,10 @@ SLIME_GIT=${RL_LIFECYCLE_SLIME_SOURCE:?set RL_LIFECYCLE_SLIME_SOURCE to a slime 
 MEGATRON_GIT=${RL_LIFECYCLE_MEGATRON_SOURCE:?set RL_LIFECYCLE_MEGATRON_SOURCE to a Megatron-LM clone or git directory (1dcf0daf)}
 SLIME_COMMIT=624b824a
 MEGATRON_COMMIT=1dcf0dafa884ad52ffb243625717a3471643e087 # slime 624b824a's docker/Dockerfile MEGATRON_COMMIT
+unpinned="" # slime's pins left to SGLang's set
 case ${SLIME_SGLANG:-pinned} in
 pinned) D=.gpuw/slime ;;
-set) D=.gpuw/slime-sglang-set ;;
+set) D=.gpuw/slime-sglang-set unpinned="sglang|sglang-kernel|flashinfer-python" ;;
 *)
     echo "SLIME_SGLANG must be pinned (slime's SGLang 0.5.15.post1, the default) or set (SGLang's own set), got '$SLIME_SGLANG'" >&2
     exit 2
@@ -49,9 +50,7 @@ mkdir -p "$D/wheels/site" "$D/wheels/np1" "$D/src"
 list=$(mktemp)
 trap 'rm -f "$list"' EXIT
 grep -v '^#' scripts/gpu_slime_wheels.txt | grep . >"$list"
-if [[ $D == .gpuw/slime-sglang-set ]]; then # SGLang's own versions of what slime pins
-    sed -i -E '/^(sglang|sglang-kernel|flashinfer-python)==/d' "$list"
-fi
+[[ -z $unpinned ]] || sed -i -E "/^($unpinned)==/d" "$list" # SGLang's own versions of what slime pins
 norm() { tr 'A-Z_.' 'a-z--' <<<"$1"; }
 ours=" $(cut -d= -f1 "$list" | while read -r n; do printf '%s ' "$(norm "$n")"; done)"
 grep -v '^#' "$SGLANG_GPU/wheels.txt" | grep . | while IFS=$'\t' read -r spec _; do
