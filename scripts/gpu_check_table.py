@@ -141,6 +141,24 @@ def areal_headline(work: Path) -> str:
     return "; ".join(parts)
 
 
+def framework_rollout_headline(work: Path, framework: str) -> str:
+    """slime's or miles' engine on SGLang's server: the wrapped sleep + wake beside the framework's own
+    (cycles in turn) against issue 48's 3 ms, and our sender's sync beside the framework's push."""
+    parts = []
+    beside = figures(work, f"{framework}_rollout_side_by_side")
+    if "wrapped_minus_own_sleep_wake_ms" in beside:
+        met = {True: "met", False: "MISSED"}.get(beside.get("target_met"), "?")
+        parts.append(
+            f"sleep + wake own {beside['own']['sleep_wake_ms']} ms, wrapped {beside['wrapped']['sleep_wake_ms']} ms "
+            f"({beside['wrapped_minus_own_sleep_wake_ms']:+} ms, target <= {beside.get('target_ms', 3.0)}: {met})"
+        )
+    sync = figures(work, f"{framework}_rollout_our_sender")
+    if sync.get("ours_sync_ms") and sync.get("own_sync_ms"):
+        ratio = round(sync["own_sync_ms"] / sync["ours_sync_ms"], 2)
+        parts.append(f"sync ours {sync['ours_sync_ms']} ms, own push {sync['own_sync_ms']} ms ({ratio}x)")
+    return "; ".join(parts)
+
+
 def headline(work: Path, step: str) -> str:
     if step == "bench":
         return bench_headline(work)
@@ -154,11 +172,25 @@ def headline(work: Path, step: str) -> str:
         extra = ""
         if cycles:
             extra = f"; {cycles.get('cycles')} cycles, load paths {cycles.get('load_paths')}, read back {cycles.get('digests')}"
+        beside = figures(work, "sglang_sleep_wake_vs_own")
+        if "difference_ms" in beside:
+            extra += (
+                f"; sleep + wake ours {beside.get('ours_ms_median')} ms, SGLang's own "
+                f"{beside.get('sglang_own_ms_median')} ms ({beside['difference_ms']:+} ms)"
+            )
         return pytest_line(log(work, COMMANDS[step][0])) + extra
     if step == "wsync":
         return pytest_line(log(work, COMMANDS[step][0]))
     if step in ("slime", "miles"):
-        return f"{pytest_line(log(work, COMMANDS[step][0]))}; {check_line(log(work, COMMANDS[step][1]))}"
+        return "; ".join(
+            p
+            for p in (
+                pytest_line(log(work, COMMANDS[step][0])),
+                framework_rollout_headline(work, step),
+                check_line(log(work, COMMANDS[step][1])),
+            )
+            if p
+        )
     if step == "areal":
         extra = areal_headline(work)
         return "; ".join(

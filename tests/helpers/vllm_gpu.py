@@ -55,39 +55,33 @@ SLEEP_WAKE_TARGET_MS = 3.0  # issue 48: the rollout's sleep + wake within 3 ms o
 
 def own_and_wrapped(own: dict[str, Callable[[], Any]], actor: Any, cycles: int = 10) -> dict[str, Any]:
     """`cycles` of the engine's own sleep (level 2), wake of the weights and wake of the KV cache
-    (`own`: "sleep", "wake_weights", "wake_kv") and as many through the rollout actor, a cycle of each
-    in turn (a drift of the machine's speed falls on both alike); the medians after the first cycle of
-    each (it warms connections), side by side, and every cycle's figures (`rows`). A figure next to its
-    target, printed, not asserted (timings on a shared machine)."""
-    import statistics
+    (`own`: "sleep", "wake_weights", "wake_kv") and as many through the rollout actor, in turn
+    (`side_by_side.alternate`: the medians after the first cycle of each, every cycle's figures in
+    `rows`). A figure next to its target, printed, not asserted (timings on a shared machine)."""
     import time
 
-    def run(calls: list[Callable[[], Any]]) -> list[float]:
-        out = []
-        for call in calls:
-            started = time.perf_counter()
-            call()
-            out.append((time.perf_counter() - started) * 1e3)
-        return out
+    from tests.helpers.side_by_side import alternate
 
-    wrapped_calls = [actor.sleep, lambda: actor.wake_up(["weights"]), lambda: actor.wake_up(["kv_cache"])]
-    own_rows: list[list[float]] = []
-    wrapped_rows: list[list[float]] = []
-    for _ in range(cycles):
-        own_rows.append(run([own["sleep"], own["wake_weights"], own["wake_kv"]]))
-        wrapped_rows.append(run(wrapped_calls))
-    figures: dict[str, Any] = {"cycles": cycles, "target_ms": SLEEP_WAKE_TARGET_MS}
-    figures["rows"] = {
-        name: [[round(ms, 3) for ms in row] for row in rows]
-        for name, rows in (("own", own_rows), ("wrapped", wrapped_rows))
-    }
-    for name, rows in (("own", own_rows), ("wrapped", wrapped_rows)):
-        kept = rows[1:] or rows
-        medians = [round(statistics.median(r[i] for r in kept), 3) for i in range(3)]
-        figures[name] = dict(zip(("sleep_ms", "wake_weights_ms", "wake_kv_ms"), medians, strict=True))
-        figures[name]["sleep_wake_ms"] = round(statistics.median(sum(r) for r in kept), 3)
-    figures["wrapped_minus_own_ms"] = round(
-        figures["wrapped"]["sleep_wake_ms"] - figures["own"]["sleep_wake_ms"], 3
+    phases = ("sleep_ms", "wake_weights_ms", "wake_kv_ms")
+
+    def timed(calls: list[Callable[[], Any]]) -> Callable[[int], dict[str, float]]:
+        def cycle(_: int) -> dict[str, float]:
+            out = {}
+            for phase, call in zip(phases, calls, strict=True):
+                started = time.perf_counter()
+                call()
+                out[phase] = (time.perf_counter() - started) * 1e3
+            return out
+
+        return cycle
+
+    figures = alternate(
+        timed([own["sleep"], own["wake_weights"], own["wake_kv"]]),
+        timed([actor.sleep, lambda: actor.wake_up(["weights"]), lambda: actor.wake_up(["kv_cache"])]),
+        cycles,
+        totals={"sleep_wake_ms": phases},
     )
+    figures["target_ms"] = SLEEP_WAKE_TARGET_MS
+    figures["wrapped_minus_own_ms"] = figures.pop("wrapped_minus_own_sleep_wake_ms")
     figures["target_met"] = figures["wrapped_minus_own_ms"] <= SLEEP_WAKE_TARGET_MS
     return figures

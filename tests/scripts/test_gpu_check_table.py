@@ -59,6 +59,50 @@ def test_without_the_figures_the_row_has_the_test_and_the_check_only(table, tmp_
     )
 
 
+def test_a_frameworks_row_gives_the_side_by_side_against_its_target_and_the_sync_ratio(
+    table, tmp_path, capsys
+):
+    (tmp_path / "summary.txt").write_text("test_miles_rollout_gpu rc=0 200s\nmiles_rollout_check rc=0 1s\n")
+    (tmp_path / "test_miles_rollout_gpu.log").write_text("======= 9 passed in 190.0s =======\n")
+    (tmp_path / "miles_rollout_check.log").write_text(
+        "lifecycle check: 1 file(s), 9 event(s), 1 machine(s): clean\n"
+    )
+    (tmp_path / "miles_rollout_side_by_side.json").write_text(
+        json.dumps(
+            {
+                "own": {"sleep_wake_ms": 50.0},
+                "wrapped": {"sleep_wake_ms": 54.25},
+                "wrapped_minus_own_sleep_wake_ms": 4.25,
+                "target_ms": 3.0,
+                "target_met": False,
+            }
+        )
+    )
+    (tmp_path / "miles_rollout_our_sender.json").write_text(
+        json.dumps({"ours_sync_ms": 20.0, "own_sync_ms": 41.0})
+    )
+    assert table.main([str(tmp_path), "miles"]) == 0
+    row = capsys.readouterr().out.splitlines()[2]
+    assert row.startswith(
+        "| miles | pass | 201 | 9 passed in 190.0s; sleep + wake own 50.0 ms, wrapped 54.25 ms "
+    )
+    assert (
+        "(+4.25 ms, target <= 3.0: MISSED); sync ours 20.0 ms, own push 41.0 ms (2.05x); lifecycle check"
+        in row
+    )
+
+
+def test_the_tests_row_gives_the_offline_engines_sleep_and_wake_beside_sglangs_own(table, tmp_path, capsys):
+    (tmp_path / "summary.txt").write_text("test_sglang_gpu rc=0 70s\n")
+    (tmp_path / "test_sglang_gpu.log").write_text("======= 5 passed in 65.0s =======\n")
+    (tmp_path / "sglang_sleep_wake_vs_own.json").write_text(
+        json.dumps({"ours_ms_median": 31.38, "sglang_own_ms_median": 38.93, "difference_ms": -7.55})
+    )
+    assert table.main([str(tmp_path), "tests"]) == 0
+    row = capsys.readouterr().out.splitlines()[2]
+    assert row.endswith("5 passed in 65.0s; sleep + wake ours 31.38 ms, SGLang's own 38.93 ms (-7.55 ms) |")
+
+
 def test_the_kill_demos_row_names_the_process_the_demo_killed(table, tmp_path):
     """The demo's report line as it prints it (`killed SGLang's scheduler at step N: ...`)."""
     (tmp_path / "demo_sglang_kill.log").write_text(

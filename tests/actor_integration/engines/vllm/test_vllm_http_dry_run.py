@@ -129,7 +129,12 @@ def test_3c_own_routes_and_the_wrapped_sleep_side_by_side(rig: checks.Rig) -> No
     )
     assert isinstance(figures["target_met"], bool) and figures["target_ms"] == 3.0
     assert [len(figures["rows"][side]) for side in ("own", "wrapped")] == [3, 3]
-    assert all(len(row) == 3 and min(row) > 0 for side in figures["rows"].values() for row in side)
+    assert all(
+        set(row) == {"sleep_ms", "wake_weights_ms", "wake_kv_ms", "sleep_wake_ms"} and min(row.values()) > 0
+        for side in figures["rows"].values()
+        for row in side
+    )
+    assert figures["order"] == ["own", "wrapped", "wrapped", "own", "own", "wrapped"]
 
 
 def test_4_a_killed_server_is_a_typed_error_within_the_deadline(rig: checks.Rig) -> None:
