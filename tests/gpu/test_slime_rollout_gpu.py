@@ -250,21 +250,22 @@ def rig(request: pytest.FixtureRequest) -> Any:
     router.close()
 
 
-def own_cycle(plain: Any, named: dict[str, Any], version: int) -> dict[str, float]:
-    """The framework's calls on its plain class, timed: offload, onload_weights, the trainer's pause,
-    flush, push and continue, onload_kv."""
+def timed_cycle(actor: Any, named: dict[str, Any], version: int) -> dict[str, float]:
+    """The rollout manager's and trainer's calls on `actor` (the plain class or the wrapped one),
+    timed: offload, onload_weights, the trainer's pause, flush, push and continue (on the wrapped
+    engine absorbed: the server continues at the end of onload_kv), onload_kv."""
     t0 = time.perf_counter()
-    plain.release_memory_occupation()
+    actor.release_memory_occupation()
     t1 = time.perf_counter()
-    plain.resume_memory_occupation(tags=["weights"])
+    actor.resume_memory_occupation(tags=["weights"])
     t2 = time.perf_counter()
-    plain.pause_generation()
-    plain.flush_cache()
-    push = own_push(plain, named, version)
+    actor.pause_generation()
+    actor.flush_cache()
+    push = own_push(actor, named, version)
     t25 = time.perf_counter()
-    plain.continue_generation()
+    actor.continue_generation()
     t3 = time.perf_counter()
-    plain.resume_memory_occupation(tags=REST)
+    actor.resume_memory_occupation(tags=REST)
     t4 = time.perf_counter()
     return {
         "release_ms": (t1 - t0) * 1e3,
@@ -280,7 +281,7 @@ def test_1_the_frameworks_own_calls_on_the_server(rig: Any) -> None:
     timed (the baseline)."""
     plain, sets = rig["plain"], rig["sets"]
     plain.time_http_requests()
-    rows = [own_cycle(plain, sets["A" if cycle % 2 else "B"], 1000 + cycle) for cycle in range(6)]
+    rows = [timed_cycle(plain, sets["A" if cycle % 2 else "B"], 1000 + cycle) for cycle in range(6)]
     figures: dict[str, Any] = {k: round(statistics.median(r[k] for r in rows[1:]), 2) for k in rows[0]}
     add_sleep_wake(figures)
     figures["requests"] = plain.http_request_times()  # the actor's own HTTP requests, all six cycles
@@ -289,30 +290,12 @@ def test_1_the_frameworks_own_calls_on_the_server(rig: Any) -> None:
 
 
 def one_cycle(rig: Any, name: str) -> dict[str, float]:
-    """The rollout manager's and trainer's calls on the wrapped engine, timed."""
-    engine = rig["engine"]
+    """The rollout manager's and trainer's calls on the wrapped engine, timed, set `name` pushed as
+    the next version."""
     rig["version"] += 1
-    t0 = time.perf_counter()
-    engine.release_memory_occupation()  # offload
-    t1 = time.perf_counter()
-    engine.resume_memory_occupation(tags=["weights"])  # onload_weights
-    t2 = time.perf_counter()
-    engine.pause_generation()
-    engine.flush_cache()
-    push = own_push(engine, rig["sets"][name], rig["version"])
-    t25 = time.perf_counter()
-    engine.continue_generation()  # absorbed: the server continues at the end of onload_kv
-    t3 = time.perf_counter()
-    engine.resume_memory_occupation(tags=REST)  # onload_kv
-    t4 = time.perf_counter()
+    timing = timed_cycle(rig["engine"], rig["sets"][name], rig["version"])
     rig["version_set"] = {**rig.get("version_set", {}), str(rig["version"]): name}
-    return {
-        "release_ms": (t1 - t0) * 1e3,
-        "resume_weights_ms": (t2 - t1) * 1e3,
-        "resume_kv_ms": (t4 - t3) * 1e3,
-        "push_ms": push,
-        "continue_ms": (t3 - t25) * 1e3,
-    }
+    return timing
 
 
 def add_sleep_wake(figures: dict[str, Any]) -> None:
@@ -406,7 +389,7 @@ def test_2b_the_frameworks_own_cycle_and_the_wrapped_one_in_turn(rig: Any) -> No
     sleep_wake = ("release_ms", "resume_weights_ms", "resume_kv_ms")
     names = [("A", "B")[i % 2] for i in range(SIDE_BY_SIDE_CYCLES)]
     figures = alternate(
-        lambda i: own_cycle(rig["plain"], rig["sets"][names[i]], 50_000 + i),
+        lambda i: timed_cycle(rig["plain"], rig["sets"][names[i]], 50_000 + i),
         lambda i: one_cycle(rig, names[i]),
         SIDE_BY_SIDE_CYCLES,
         totals={"sleep_wake_ms": sleep_wake, "sleep_wake_continue_ms": (*sleep_wake, "continue_ms")},
