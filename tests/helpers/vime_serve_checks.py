@@ -192,21 +192,21 @@ def medians(rows: list[dict[str, float]]) -> dict[str, float]:
 
 
 def own_and_wrapped(rig: Rig, cycles: int) -> dict[str, Any]:
-    """vime's own class and the wrapped one on the same server, a cycle of each in turn
-    (`side_by_side.alternate`: `cycles` each, the pair's first alternating, so that a drift of the
-    machine's speed falls on both alike): each call timed, the medians side by side, and every
-    cycle's figures (`rows`). `sleep_wake_ms`: release + both resumes; the wrap moves the trainer's
-    pause into its sleep and the continue to the end of onload_kv (absorbing the trainer's), so the
-    like-for-like figure is `with_trainer_ms` (and the pause and continue)."""
-    from tests.helpers.side_by_side import alternate
-
-    sleep_wake = ("release_ms", "resume_weights_ms", "resume_kv_ms")
-    figures = alternate(
-        lambda i: cycle(rig, rig.plain, "AB"[i % 2]),
-        lambda i: cycle(rig, rig.engine, "AB"[i % 2]),
-        cycles,
-        totals={"sleep_wake_ms": sleep_wake, "with_trainer_ms": (*sleep_wake, "pause_ms", "continue_ms")},
-    )
+    """vime's own class and the wrapped one on the same server, a cycle of each in turn (`cycles`
+    each, so that a drift of the machine's speed falls on both alike): each call timed, the medians
+    side by side, and every cycle's figures (`rows`). The wrap moves the trainer's pause into its sleep
+    and the continue to the end of onload_kv (absorbing the trainer's), so the like-for-like figure is
+    `with_trainer_ms`."""
+    own, wrapped = [], []
+    for i in range(cycles):
+        own.append(cycle(rig, rig.plain, "AB"[i % 2]))
+        wrapped.append(cycle(rig, rig.engine, "AB"[i % 2]))
+    figures: dict[str, Any] = {"cycles": cycles, "own": medians(own), "wrapped": medians(wrapped)}
+    figures["rows"] = {
+        name: [rounded(row) for row in rows] for name, rows in (("own", own), ("wrapped", wrapped))
+    }
+    for key in ("sleep_wake_ms", "with_trainer_ms"):
+        figures[f"wrapped_minus_own_{key}"] = round(figures["wrapped"][key] - figures["own"][key], 3)
     figures["state"] = {
         k: rig.engine.lifecycle_state().get(k) for k in ("state", "admitted", "served_version")
     }
