@@ -13,15 +13,20 @@ ranks, or writes anything else makes the plan incomplete, and the loaders keep r
 The next arrival of the layout checks the plan once: it replays the copies, digests what they
 wrote, runs the loaders over the same bytes and digests again; the plan is used from then on only
 if the two digests are equal (a loader that also changes a parameter in place after its copy, for
-one, fails this). Replay rebuilds every view from the model's current parameters and the round's
-current buckets, so parameters remapped or buffers reopened since the recording are followed.
+one, fails this). Replay takes the round's current buckets, and the parameters' views where the
+parameters are now: the views of the last replay are kept while every parameter the plan writes
+stays at its address (torch_memory_saver's pause and resume keep it), and made again for a
+parameter remapped since. The copies are one `torch._foreach_copy_`, not a Python `copy_` per
+tensor: on an H100 a replay of a 0.5B model's 290 copies, each view made again and copied one by
+one, took 6.4 ms in the offline engine and 11-12 ms in SGLang's server (2026-12-07).
+Nothing of the buckets is kept between rounds: the trainer's buffers close when the round ends.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -45,6 +50,21 @@ class _Copy:
 class _Plan:
     copies: tuple[_Copy, ...]
     checked: bool = False
+    # The parameters' views the copies write, and the parameters' addresses they were made at.
+    _targets: list[torch.Tensor] = field(default_factory=list, repr=False)
+    _at: tuple[int, ...] = ()
+
+    def targets(self, model: Any) -> list[torch.Tensor]:
+        """The view of its parameter each copy writes, in the plan's order: those of the last call
+        while every parameter is where it was then, else made again from the model's parameters."""
+        params = dict(model.named_parameters())
+        at = tuple(params[c.param].data_ptr() for c in self.copies)
+        if at != self._at or not self._targets:
+            self._targets = [
+                params[c.param].data.as_strided(c.shape, c.dst_stride, c.dst_offset) for c in self.copies
+            ]
+            self._at = at
+        return self._targets
 
 
 class LoadPlans:
@@ -87,14 +107,9 @@ class LoadPlans:
         plan = self._plans.get(key)
         if plan is None:
             return None
-        params = dict(model.named_parameters())
         return [
-            (
-                params[c.param].data.as_strided(c.shape, c.dst_stride, c.dst_offset),
-                c.bucket,
-                c.src_offset * c.dtype.itemsize,
-            )
-            for c in plan.copies
+            (view, c.bucket, c.src_offset * c.dtype.itemsize)
+            for view, c in zip(plan.targets(model), plan.copies, strict=True)
         ]
 
     def forget(self) -> None:
@@ -158,18 +173,17 @@ def _plan(
 
 
 def _replay(model: Any, plan: _Plan, regions: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    params = dict(model.named_parameters())
+    targets = plan.targets(model)
     typed: dict[tuple[int, torch.dtype], torch.Tensor] = {}
-    views = []
+    sources = []
+    for c in plan.copies:
+        source = typed.get((c.bucket, c.dtype))
+        if source is None:
+            source = typed[(c.bucket, c.dtype)] = regions[c.bucket].view(c.dtype)
+        sources.append(source.as_strided(c.shape, c.src_stride, c.src_offset))
     with torch.no_grad():
-        for c in plan.copies:
-            source = typed.get((c.bucket, c.dtype))
-            if source is None:
-                source = typed[(c.bucket, c.dtype)] = regions[c.bucket].view(c.dtype)
-            dst = params[c.param].data.as_strided(c.shape, c.dst_stride, c.dst_offset)
-            dst.copy_(source.as_strided(c.shape, c.src_stride, c.src_offset))
-            views.append(dst)
-    return views
+        torch._foreach_copy_(targets, sources)
+    return list(targets)
 
 
 def _digest(views: Sequence[torch.Tensor]) -> torch.Tensor:

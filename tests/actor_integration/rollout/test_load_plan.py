@@ -78,6 +78,51 @@ class TestReplay:
         assert plans.load(model, "layout", *round_of(3)) == REPLAYED
         assert torch.equal(model.qkv, loaders_only(3).qkv)
 
+    def test_a_replay_is_one_foreach_copy_over_views_kept_while_the_parameters_stay(self, monkeypatch):
+        """The parameters' views are made once and kept while the parameters stay at their addresses
+        (as torch_memory_saver keeps them); the copies are one `torch._foreach_copy_`, no
+        `Tensor.copy_` per tensor."""
+        plans, model = LoadPlans(), FusedModel()
+        for seed in (1, 2):
+            plans.load(model, "layout", *round_of(seed))
+        calls: list[int] = []
+        foreach = torch._foreach_copy_
+
+        def counted(targets, sources, **kwargs):
+            calls.append(len(targets))
+            return foreach(targets, sources, **kwargs)
+
+        per_tensor: list[object] = []
+        copy = torch.Tensor.copy_
+        monkeypatch.setattr(torch, "_foreach_copy_", counted)
+        monkeypatch.setattr(
+            torch.Tensor, "copy_", lambda t, *a, **k: per_tensor.append(t) or copy(t, *a, **k)
+        )
+        before = plans.written(model, "layout")
+        assert plans.load(model, "layout", *round_of(3)) == REPLAYED
+        after = plans.written(model, "layout")
+        assert calls == [4] and per_tensor == []
+        assert [v for v, _b, _o in before] == [v for v, _b, _o in after] and all(
+            a is b for (a, _x, _y), (b, _p, _q) in zip(before, after, strict=True)
+        )
+        monkeypatch.undo()
+        assert torch.equal(model.qkv, loaders_only(3).qkv) and torch.equal(model.o, loaders_only(3).o)
+
+    def test_a_plan_keeps_no_bucket_between_rounds(self):
+        """The trainer's buffers close when the round ends: nothing of a round's buckets is held."""
+        import gc
+        import weakref
+
+        plans, model = LoadPlans(), FusedModel()
+        for seed in (1, 2, 3):
+            named, regions = round_of(seed)
+            plans.load(model, "layout", named, regions)
+            plans.written(model, "layout")
+            held = [weakref.ref(r.untyped_storage()) for r in regions]
+            del named, regions
+            gc.collect()
+            assert all(ref() is None for ref in held), seed
+
     def test_each_layout_has_its_own_plan(self):
         plans, model = LoadPlans(), FusedModel()
         assert plans.load(model, "a", *round_of(1)) == RECORDED
