@@ -2,11 +2,11 @@
 
 `alternate` runs a cycle of each in turn, the pair's first one alternating (own then wrapped, then
 wrapped then own), so that a drift of the machine's speed, or a cost the first cycle of a pair pays
-after the other's, falls on both alike; the last pair ends with the wrapped cycle, so that what runs
-after finds the engine as the wrapped actor last left it. It keeps every cycle's figures (`rows`) and gives the medians
-after the first cycle of each side (it warms connections), with the wrapped-minus-own difference of
-the totals asked for. The GPU tests print the difference next to its target, never assert it
-(timings on a shared machine).
+after the other's, falls on both alike; the last pair ends with the wrapped cycle, so that what
+runs after finds the engine as the wrapped actor last left it. It keeps every cycle's figures
+(`rows`) and gives the medians after the first cycle of each side (it warms connections), with the
+wrapped-minus-own difference of the totals asked for. The GPU tests print the difference next to
+its target, never assert it (timings on a shared machine).
 """
 
 from __future__ import annotations
