@@ -59,7 +59,7 @@ class _Plan:
         while every parameter is where it was then, else made again from the model's parameters."""
         params = dict(model.named_parameters())
         at = tuple(params[c.param].data_ptr() for c in self.copies)
-        if at != self._at or not self._targets:
+        if at != self._at:  # a plan has copies, so its first call always differs from ()
             self._targets = [
                 params[c.param].data.as_strided(c.shape, c.dst_stride, c.dst_offset) for c in self.copies
             ]
