@@ -207,6 +207,13 @@ class WrittenWeightsError(WeightSyncError):
     written (always true)."""
 
 
+class EngineWeightsCheckError(WeightSyncError):
+    """After a weight update, the engines' weights differ from what the same push writes again
+    (slime's `/weights_checker` compare after a snapshot, a scramble and the push repeated: a tensor
+    the push leaves unwritten, or a push writing other values each time). Field: version (the
+    trainer's weight version)."""
+
+
 # ---------------------------------------------------------------------- rollout engines (SGLang)
 
 

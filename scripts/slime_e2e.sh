@@ -34,7 +34,9 @@
 # tiny Qwen2 made here (scripts/make_tiny_qwen2.py: no hub), a generated prompt set, slime's reward
 # `random` (no network; GRPO gets advantages on a random model), --check-weight-update-equal (slime
 # checks the first push only), tensorboard offline. "wrapped" differs from "plain" by
-# the runtime env alone: the launch switch's hook and RL_LIFECYCLE_WRAP=trainer,rollout.
+# the runtime env alone: the launch switch's hook, RL_LIFECYCLE_WRAP=trainer,rollout, and
+# RL_LIFECYCLE_CHECK_WEIGHTS=every (every later push checked with slime's own calls: its cost is in
+# the wrapped step time, and apart in perf/lifecycle_weights_check_time).
 #
 # Faults inside the job (not in `all`; each a wrapped job of FAULT_STEPS rollouts, default 3, that
 # must stop on a typed error): "fault-hook" sets RL_LIFECYCLE_FAULT=$FAULT_HOOK (default
@@ -134,16 +136,19 @@ runtime_env() {  # runtime_env NAME [LOGS [EXTRA]]: the job's runtime env JSON i
   fi
 }
 
-job() {  # job NAME [wrapped]: one run of slime's train.py; its output in $OUT/NAME.log. NAME budget:
-  # wrapped with RL_LIFECYCLE_MEMORY_BUDGET=rollout, its logs in $OUT/lifecycle-logs-budget
+job() {  # job NAME [wrapped]: one run of slime's train.py; its output in $OUT/NAME.log. wrapped: with
+  # RL_LIFECYCLE_CHECK_WEIGHTS=every (each later push checked as slime checks the first). NAME budget:
+  # wrapped with RL_LIFECYCLE_MEMORY_BUDGET=rollout (no check), its logs in $OUT/lifecycle-logs-budget
   local name="$1" wrapped="${2:-}"
   need_sources
   slime_args "$name"
   local RUNTIME runtime
   if [ "$name" = budget ]; then
     runtime_env "$name" "$OUT/lifecycle-logs-budget" ', "RL_LIFECYCLE_MEMORY_BUDGET": "rollout"'
+  elif [ -n "$wrapped" ]; then  # every push after slime's checked first one checked too
+    runtime_env "$name" "$OUT/lifecycle-logs" ', "RL_LIFECYCLE_CHECK_WEIGHTS": "every"'
   else
-    runtime_env "$name" ${wrapped:+"$OUT/lifecycle-logs"}
+    runtime_env "$name"
   fi
   runtime=$RUNTIME
   ray_up "$name"

@@ -12,7 +12,8 @@ Prints markdown. slime reports step N's `perf/sleep_time` from the sleep that en
 timer is read before the post-train sleep), so a row's sleep is the previous step's.
 
 Targets of issue 47 it prints beside the figures: slime's own sleep + wake at least 10x lower
-wrapped; step time wrapped no higher than plain; slime's weight check answered 200 every time.
+wrapped; step time wrapped no higher than plain; slime's weight check answered 200 every time, and
+the lifecycle's check of every later push (`RL_LIFECYCLE_CHECK_WEIGHTS=every`, the wrapped job) equal.
 Standard library only: it runs wherever the logs are (the GPU machine, or here on fetched logs).
 """
 
@@ -26,7 +27,15 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-__all__ = ["main", "memory_after_sleep", "metrics", "report", "trainer_sleeps", "weight_checks"]
+__all__ = [
+    "main",
+    "memory_after_sleep",
+    "metrics",
+    "push_checks",
+    "report",
+    "trainer_sleeps",
+    "weight_checks",
+]
 
 PERF_KEYS = (
     "perf/sleep_time",
@@ -41,6 +50,8 @@ TRAIN_KEYS = ("train/loss", "train/grad_norm")
 _METRICS = re.compile(r" - (perf|rollout|step) (\d+): (\{.*\})\s*$")
 _MEMORY = re.compile(r"\[Rank 0\] Memory-Usage after offload model: (\{.*\})\s*$")
 _CHECKER = re.compile(r'"POST /weights_checker HTTP/1\.1" (\d+)')
+_PUSH_CHECK = re.compile(r"\[rl-lifecycle\] weights check, update (\d+): equal \(([\d.]+) ms")
+_CHECK_ERROR = re.compile(r"EngineWeightsCheckError: (.*)")
 
 
 def metrics(lines: Iterable[str]) -> dict[str, dict[int, dict[str, float]]]:
@@ -73,6 +84,18 @@ def memory_after_sleep(lines: Iterable[str]) -> list[float]:
 def weight_checks(lines: Iterable[str]) -> list[int]:
     """The HTTP status of each of slime's `/weights_checker` calls (snapshot, reset, compare)."""
     return [int(m.group(1)) for line in lines if (m := _CHECKER.search(line))]
+
+
+def push_checks(lines: Iterable[str]) -> tuple[list[tuple[int, float]], list[str]]:
+    """`RL_LIFECYCLE_CHECK_WEIGHTS=every`'s checks in a job's output: (update, ms) of each found equal,
+    and the first line of each `EngineWeightsCheckError` (a push found different)."""
+    equal, different = [], []
+    for line in lines:
+        if match := _PUSH_CHECK.search(line):
+            equal.append((int(match.group(1)), float(match.group(2))))
+        elif match := _CHECK_ERROR.search(line):
+            different.append(match.group(1)[:300])
+    return equal, list(dict.fromkeys(different))
 
 
 def trainer_sleeps(jsonl: Path) -> list[tuple[str, float, list[tuple[str, float]]]]:
@@ -145,6 +168,17 @@ def report(out: Path, job: str = "wrapped") -> str:
         checks = weight_checks(text[name])
         verdict = "all 200" if checks and all(code == 200 for code in checks) else "NOT all 200"
         rows.append(f"- slime's /weights_checker calls, {name}: {len(checks)} ({verdict})")
+    equal, different = push_checks(text["wrapped"])
+    if equal or different:
+        updates = sorted({update for update, _ in equal})
+        ms = sorted(m for _, m in equal)
+        rows.append(
+            f"- the lifecycle's check of every push (RL_LIFECYCLE_CHECK_WEIGHTS=every), {job}: "
+            f"{len(updates)} update(s) equal ({', '.join(map(str, updates))}"
+            + (f"; {ms[len(ms) // 2]:.1f} ms median each" if ms else "")
+            + f"), {len(different)} different"
+            + "".join(f"\n  - {line}" for line in different)
+        )
     for name in ("plain", "wrapped"):
         rows.append(
             f"- GPU memory used after each trainer sleep (GB), {name}: {memory_after_sleep(text[name])}"

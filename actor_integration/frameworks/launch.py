@@ -71,6 +71,7 @@ from lifecycle.table import Hook
 
 __all__ = [
     "BUDGET_VARIABLE",
+    "CHECK_WEIGHTS_VARIABLE",
     "FAULT_VARIABLE",
     "HALVES",
     "MILES",
@@ -97,6 +98,9 @@ WRAP_VARIABLE = "RL_LIFECYCLE_WRAP"
 FAULT_VARIABLE = "RL_LIFECYCLE_FAULT"
 PREFLIGHT_VARIABLE = "RL_LIFECYCLE_PREFLIGHT"
 BUDGET_VARIABLE = "RL_LIFECYCLE_MEMORY_BUDGET"  # read by the framework's trainer adapter (`memory_budget`)
+CHECK_WEIGHTS_VARIABLE = (
+    "RL_LIFECYCLE_CHECK_WEIGHTS"  # read by the framework's trainer adapter (`weights_check`)
+)
 HALVES = ("trainer", "rollout")
 PREFLIGHT_MODES = ("error", "warn", "off")
 
@@ -137,6 +141,8 @@ class FrameworkLaunch:
     # "module:function" (environ, args=None) -> str | None: the trainer's RL_LIFECYCLE_MEMORY_BUDGET checked at
     # install (its value) and where the preflight runs (the job's flags); None: the framework's trainer has none
     memory_budget: str | None = None
+    # the same for RL_LIFECYCLE_CHECK_WEIGHTS (the trainer's check of every weight update); None: none
+    weights_check: str | None = None
     machine: str = "actor_integration.tools.preflight:describe_ray_cluster"  # "module:function" () -> Machine
 
     def halves(self) -> tuple[str, ...]:
@@ -184,6 +190,7 @@ SLIME = FrameworkLaunch(
     ),
     job_needs="actor_integration.tools.preflight:slime_job_needs",
     memory_budget="actor_integration.frameworks.slime.budget:check_budget",
+    weights_check="actor_integration.frameworks.slime.weights_check:check_setting",
 )
 
 MILES = FrameworkLaunch(
@@ -299,7 +306,7 @@ def install(launch: FrameworkLaunch, environ: Mapping[str, str] | None = None) -
             variable=PREFLIGHT_VARIABLE,
         )
     fault = parse_fault_variable(env.get(FAULT_VARIABLE), launch, halves)
-    budget = _check_budget_variable(launch, halves, env)
+    settings = _trainer_settings(launch, halves, env)
     chosen = [r for r in launch.replacements if r.half in halves]
     _require_modules(launch, chosen)
     with _LOCK:
@@ -310,7 +317,7 @@ def install(launch: FrameworkLaunch, environ: Mapping[str, str] | None = None) -
             armed = fault if fault is not None and fault.role == replacement.half else None
             _FINDER.after_import(replacement.defined_in, functools.partial(_guard, launch, replacement))
             _FINDER.after_import(replacement.module, functools.partial(_replace, launch, replacement, armed))
-        if launch.preflight_at is not None and (mode != "off" or budget is not None):
+        if launch.preflight_at is not None and (mode != "off" or settings):
             module, _, function = launch.preflight_at.partition(":")
             _FINDER.after_import(module, functools.partial(_preflight_first, launch, function, mode, env))
         for module, watch in launch.engine_watch if "rollout" in halves else ():
@@ -319,7 +326,7 @@ def install(launch: FrameworkLaunch, environ: Mapping[str, str] | None = None) -
         f"{launch.framework} job: {WRAP_VARIABLE}={','.join(halves)}: "
         + "; ".join(f"{r.name} ({r.runs}) from {r.module}" for r in chosen)
         + " under the lifecycle"
-        + (f"; {budget}" if budget is not None else "")
+        + "".join(f"; {line}" for line in settings)
         + (
             f"; {FAULT_VARIABLE}={fault.role}:{fault.hook}@{fault.step}: call {fault.step} of {fault.hook} "
             f"raises in every {fault.role} actor (testing only)"
@@ -534,35 +541,45 @@ def _module_file(root: Path, parts: list[str]) -> bool:
 # ---------------------------------------------------------------------------------------------- preflight
 
 
-def _check_budget_variable(
-    launch: FrameworkLaunch, halves: tuple[str, ...], env: Mapping[str, str]
-) -> str | None:
-    """`RL_LIFECYCLE_MEMORY_BUDGET`'s value, refused where nothing would read it (never ignored in silence)."""
-    value = (env.get(BUDGET_VARIABLE) or "").strip()
-    if not value or value.lower() == "off":
-        return None
-    if launch.memory_budget is None:
-        raise LaunchConfigError(
-            f"{BUDGET_VARIABLE}={value!r}: {launch.framework}'s trainer adapter has no memory budget (slime's has); "
-            f"its every sleep releases everything. Unset {BUDGET_VARIABLE}",
-            framework=launch.framework,
-            variable=BUDGET_VARIABLE,
-        )
-    if "trainer" not in halves:
-        raise LaunchConfigError(
-            f"{BUDGET_VARIABLE}={value!r} plans the wrapped trainer's sleep, and {WRAP_VARIABLE}={','.join(halves)} "
-            f"leaves the trainer {launch.framework}'s own: add 'trainer' to {WRAP_VARIABLE} or unset {BUDGET_VARIABLE}",
-            framework=launch.framework,
-            variable=BUDGET_VARIABLE,
-        )
-    return cast("str | None", _resolve(launch.memory_budget)(env))
+def _trainer_settings(launch: FrameworkLaunch, halves: tuple[str, ...], env: Mapping[str, str]) -> list[str]:
+    """The trainer adapter's settings the job sets (`RL_LIFECYCLE_MEMORY_BUDGET`, `RL_LIFECYCLE_CHECK_WEIGHTS`),
+    each checked, refused where nothing would read it (never ignored in silence): a line for each that is on."""
+    lines = []
+    for variable, checker, what in (
+        (
+            BUDGET_VARIABLE,
+            launch.memory_budget,
+            "memory budget (slime's has); its every sleep releases everything",
+        ),
+        (CHECK_WEIGHTS_VARIABLE, launch.weights_check, "weights check (slime's has)"),
+    ):
+        value = (env.get(variable) or "").strip()
+        if not value or value.lower() == "off":
+            continue
+        if checker is None:
+            raise LaunchConfigError(
+                f"{variable}={value!r}: {launch.framework}'s trainer adapter has no {what}. Unset {variable}",
+                framework=launch.framework,
+                variable=variable,
+            )
+        if "trainer" not in halves:
+            raise LaunchConfigError(
+                f"{variable}={value!r} is read by the wrapped trainer, and {WRAP_VARIABLE}={','.join(halves)} leaves "
+                f"the trainer {launch.framework}'s own: add 'trainer' to {WRAP_VARIABLE} or unset {variable}",
+                framework=launch.framework,
+                variable=variable,
+            )
+        line = _resolve(checker)(env)
+        if line is not None:
+            lines.append(cast("str", line))
+    return lines
 
 
 def _preflight_first(
     launch: FrameworkLaunch, function: str, mode: str, env: Mapping[str, str], module: ModuleType
 ) -> None:
     """`module.function(args, ...)` (where the rollout manager starts the engines, before the trainers are
-    created) runs the preflight first (unless `mode` is off), and the memory budget's check of the flags."""
+    created) runs the preflight first (unless `mode` is off), and the trainer settings' checks of the flags."""
     original = getattr(module, function, None)
     if not callable(original) or getattr(original, "_rl_lifecycle_preflight", False):
         return
@@ -571,10 +588,13 @@ def _preflight_first(
     def checked(args: Any, *rest: Any, **kwargs: Any) -> Any:
         from actor_integration.tools.preflight import check_job
 
-        if launch.memory_budget is not None:
-            line = _resolve(launch.memory_budget)(env, args)
+        for checker, what in (
+            (launch.memory_budget, "memory budget"),
+            (launch.weights_check, "weights check"),
+        ):
+            line = _resolve(checker)(env, args) if checker is not None else None
             if line is not None:
-                say(f"{launch.framework} memory budget: {line}")
+                say(f"{launch.framework} {what}: {line}")
         needs = (
             _resolve(launch.job_needs)(args, framework=launch.framework)
             if launch.job_needs and mode != "off"

@@ -296,10 +296,12 @@ class RolloutManager:
     def __init__(self, engines: list[Any] | None = None) -> None:
         self.engines = engines if engines is not None else self.colocated_engines()
         self.new_engines = 1
+        self.snapshot: Any = None
         for name in (
             "get_updatable_engines_and_lock",
             "clear_updatable_num_new_engines",
             "set_train_parallel_config",
+            "check_weights",
         ):
             setattr(self, name, types.SimpleNamespace(remote=getattr(self, f"_{name}")))
 
@@ -308,11 +310,13 @@ class RolloutManager:
         return ["engine0"]
 
     def _get_updatable_engines_and_lock(self) -> tuple[Any, ...]:
-        count = len(self.engines)
+        # One manager in slime, one per rank here: rank 0 clears the count after the connect, so every
+        # rank's next call sees none new.
+        count, new, self.new_engines = len(self.engines), self.new_engines, 0
         return (
             self.engines,
             "lock",
-            self.new_engines,
+            new,
             [dist.get_world_size()] * count,
             [0] * count,
             [{}] * count,
@@ -323,6 +327,23 @@ class RolloutManager:
 
     def _set_train_parallel_config(self, config: dict[str, Any]) -> None:
         self.record.setdefault("parallel_config", []).append(config)
+
+    def _check_weights(self, action: str) -> list[Any]:
+        """slime's `check_weights(action)` over the engine's `/weights_checker`: the engine holds what the
+        last push wrote (`record["engine"]`'s last checksum); a scramble leaves it random."""
+        engine = self.record["engine"]
+        self.record.setdefault("weights_checker", []).append(action)
+        held = engine[-1]["checksum"] if engine else None
+        if action == "snapshot":
+            self.snapshot = held
+        elif action == "reset_tensors":
+            engine.append({"version": "reset", "checksum": "random"})
+        elif action == "compare":
+            if held != self.snapshot:  # SGLang answers 400; slime's _make_request raises with its text
+                raise RuntimeError(f"400 Client Error: weights differ: {held!r} != {self.snapshot!r}")
+        else:
+            raise ValueError(f"Unsupported action={action!r}")
+        return [None] * len(self.engines)
 
 
 class UpdateWeightFromTensor:

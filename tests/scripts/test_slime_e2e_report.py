@@ -118,3 +118,29 @@ def test_the_budget_job_beside_plain(report_module: ModuleType, tmp_path: Path) 
     assert "run scripts/slime_e2e.sh plain and budget first" in report_module.report(
         tmp_path / "none", "budget"
     )
+
+
+def test_the_check_of_every_push_is_counted_and_a_difference_named(
+    report_module: ModuleType, tmp_path: Path
+) -> None:
+    """What the wrapped trainer says of each push it checks (`RL_LIFECYCLE_CHECK_WEIGHTS=every`)."""
+    (tmp_path / "plain.log").write_text(job_log([1.0], [0.4], [3.0], [200]))
+    said = (
+        "(MegatronTrainRayActor pid=7) [rl-lifecycle] weights check, update {}: equal ({} ms: snapshot, ...)"
+    )
+    lines = [said.format(2, 80.5), said.format(3, 60.25), said.format(4, 70.0)]
+    error = (
+        "ray.exceptions.RayTaskError(EngineWeightsCheckError): EngineWeightsCheckError: weight update 5: the "
+        "engines' weights differ"
+    )
+    (tmp_path / "wrapped.log").write_text(
+        job_log([0.1], [0.1], [2.0], [200]) + "\n".join([*lines, error, error])
+    )
+    text = report_module.report(tmp_path)
+    assert (
+        "- the lifecycle's check of every push (RL_LIFECYCLE_CHECK_WEIGHTS=every), wrapped: 3 update(s) equal "
+        "(2, 3, 4; 70.0 ms median each), 1 different\n  - weight update 5: the engines' weights differ"
+        in text
+    )
+    (tmp_path / "wrapped.log").write_text(job_log([0.1], [0.1], [2.0], [200]))
+    assert "check of every push" not in report_module.report(tmp_path)

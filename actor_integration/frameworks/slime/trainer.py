@@ -50,6 +50,7 @@ from actor_integration.backends.routing_replay import RoutingReplayClear
 from actor_integration.backends.tms_env import is_true
 from actor_integration.frameworks.registry_groups import RegistryProcessGroups, registry, require
 from actor_integration.frameworks.slime.budget import budget_mode, rollout_need_bytes
+from actor_integration.frameworks.slime.weights_check import check_mode, checked_push
 from actor_integration.frameworks.stand_ins import (
     body_owner,
     pipeline_parallel_size,
@@ -228,10 +229,14 @@ class SlimeLifecycleMixin(LifecycleMixin):
     """
 
     lifecycle_communicators: Communicators | str = Communicators.DESTROY
+    _lifecycle_pushes: int = (
+        0  # the wrapped update_weights calls so far (the weights check skips slime's own)
+    )
 
     # Set by slime's TrainRayActor.init / defined by MegatronTrainRayActor.
     args: Any
     role: str
+    rollout_manager: Any
     _switch_model: Callable[[str], None]
 
     def configure_lifecycle(
@@ -295,7 +300,26 @@ class SlimeLifecycleMixin(LifecycleMixin):
     def update_weights(self, *args: Any, **kwargs: Any) -> Any:
         if self._slime_skips("update_weights"):
             return self._super_method("update_weights")[0](*args, **kwargs)
-        return super().update_weights(*args, **kwargs)
+        result = super().update_weights(*args, **kwargs)
+        self._lifecycle_pushes += 1
+        if self._lifecycle_checks_push():
+            updater = getattr(self, "weight_updater", None)
+            timer = vars(sys.modules[body_owner(self).__module__]).get("Timer")
+            checked_push(
+                lambda: super(SlimeLifecycleMixin, self).update_weights(*args, **kwargs),
+                manager=self.rollout_manager,
+                lead=dist.get_rank() == 0,
+                version=int(getattr(updater, "weight_version", self._lifecycle_pushes)),
+                timer=timer() if callable(timer) else None,
+            )
+        return result
+
+    def _lifecycle_checks_push(self) -> bool:
+        """`RL_LIFECYCLE_CHECK_WEIGHTS=every` (`frameworks.slime.weights_check`): the actor's pushes, but the
+        first where slime's own `--check-weight-update-equal` checks it against the checkpoint."""
+        if self.role != "actor" or check_mode() == "off":
+            return False
+        return self._lifecycle_pushes > 1 or not getattr(self.args, "check_weight_update_equal", False)
 
     # ------------------------------------------------------------------ configuration
 

@@ -241,6 +241,57 @@ class TestMemoryBudgetVariable:
         )
 
 
+class TestWeightsCheckVariable:
+    """`RL_LIFECYCLE_CHECK_WEIGHTS`: checked before any GPU work like the budget, never ignored in silence."""
+
+    SLIME_CHECK = "actor_integration.frameworks.slime.weights_check:check_setting"
+
+    def test_the_launch_reads_slimes_variable(self) -> None:
+        from actor_integration.frameworks.slime.weights_check import CHECK_VARIABLE
+
+        assert launch.CHECK_WEIGHTS_VARIABLE == CHECK_VARIABLE
+        assert launch.SLIME.weights_check == self.SLIME_CHECK and launch.MILES.weights_check is None
+
+    def test_a_framework_whose_trainer_has_none_refuses_it(self) -> None:
+        with pytest.raises(LaunchConfigError, match=r"miles's trainer adapter has no weights check .*Unset"):
+            launch.install(launch.MILES, {"RL_LIFECYCLE_CHECK_WEIGHTS": "every"})
+
+    def test_a_bad_value_is_refused_at_install(self, framework: str) -> None:
+        fw = dataclasses.replace(launch_for(framework), weights_check=self.SLIME_CHECK)
+        with pytest.raises(LaunchConfigError, match=r"RL_LIFECYCLE_CHECK_WEIGHTS='first': use 'every'"):
+            launch.install(fw, {"RL_LIFECYCLE_CHECK_WEIGHTS": "first"})
+        assert not [name for name in launch.replaced() if name.startswith(f"{framework}.")]
+
+    def test_without_the_trainer_wrapped_it_is_refused(self, framework: str) -> None:
+        fw = dataclasses.replace(launch_for(framework), weights_check=self.SLIME_CHECK)
+        with pytest.raises(
+            LaunchConfigError, match=r"RL_LIFECYCLE_WRAP=rollout leaves the trainer .* add 'trainer'"
+        ):
+            launch.install(fw, {"RL_LIFECYCLE_CHECK_WEIGHTS": "every", "RL_LIFECYCLE_WRAP": "rollout"})
+
+    @pytest.mark.parametrize("flag", ["debug_train_only", "debug_rollout_only"])
+    def test_a_job_that_pushes_nothing_is_refused_before_an_engine_starts(
+        self, framework: str, flag: str
+    ) -> None:
+        fw = dataclasses.replace(launch_for(framework), weights_check=self.SLIME_CHECK)
+        launch.install(fw, {"RL_LIFECYCLE_CHECK_WEIGHTS": "every", "RL_LIFECYCLE_PREFLIGHT": "off"})
+        rollout = __import__(f"{framework}.rollout", fromlist=["start_servers"])
+        with pytest.raises(LaunchConfigError, match=f"--{flag.replace('_', '-')} pushes none"):
+            rollout.start_servers(_Args(gpus=1, **{flag: True}))
+
+    def test_the_job_says_what_it_checks(self, framework: str, capsys: pytest.CaptureFixture[str]) -> None:
+        fw = dataclasses.replace(launch_for(framework), weights_check=self.SLIME_CHECK)
+        launch.install(fw, {"RL_LIFECYCLE_CHECK_WEIGHTS": "every"})
+        assert "; RL_LIFECYCLE_CHECK_WEIGHTS=every" in capsys.readouterr().err
+        rollout = __import__(f"{framework}.rollout", fromlist=["start_servers"])
+        assert isinstance(rollout.start_servers(_Args(gpus=1, check_weight_update_equal=True)), FakeLifecycle)
+        assert (
+            f"[rl-lifecycle] {framework} weights check: RL_LIFECYCLE_CHECK_WEIGHTS=every: each weight update is "
+            "pushed twice and compared with slime's /weights_checker (the first by slime's own "
+            "--check-weight-update-equal)" in capsys.readouterr().err
+        )
+
+
 class TestFaultVariable:
     """`RL_LIFECYCLE_FAULT`: the demo's `--inject-fault` grammar, read by the same parser, checked
     against the halves the job wraps and the hooks each half's machine calls."""

@@ -77,6 +77,8 @@ def _worker(
     if variant.startswith("debug:"):
         flag = variant.removeprefix("debug:")
         return _debug_run(_classes(actor_module)["lifecycle"](world_size, rank, "127.0.0.1", port), flag)
+    if variant.startswith("check:"):
+        return _check_run(_classes(actor_module)["lifecycle"](world_size, rank, "127.0.0.1", port), variant)
     if variant == "ray_group":
         return _ray_group_run(actor_module, _classes(actor_module)["lifecycle"])
     if variant == "pp4":
@@ -135,6 +137,55 @@ def _debug_run(actor: Any, flag: str) -> dict[str, Any]:
     out["lifecycle_state"] = _error(actor.lifecycle_state)
     out["engine"] = list(RECORD["engine"])
     out["stand_in_calls"] = actor.__dict__.get("_lifecycle_stand_in_calls", [])
+    return out
+
+
+def _check_run(actor: Any, variant: str) -> dict[str, Any]:
+    """`RL_LIFECYCLE_CHECK_WEIGHTS=every` through slime's loop: the first push, two train steps each with
+    its push; `check:stale` makes the trainer's second push of each update write nothing."""
+    import torch.distributed as dist
+
+    from actor_integration.frameworks.slime.weights_check import CHECK_VARIABLE
+    from tests.helpers.slime_source import RECORD, RolloutManager, UpdateWeightFromTensor
+
+    os.environ[CHECK_VARIABLE] = "every"
+    if variant == "check:stale":
+        push = UpdateWeightFromTensor.update_weights
+        calls = [0]
+
+        def stale(self: Any) -> None:
+            calls[0] += 1
+            if calls[0] % 2:  # the update itself; the check's push after it writes nothing
+                push(self)
+            else:
+                self.weight_version += 1
+
+        UpdateWeightFromTensor.update_weights = stale  # type: ignore[method-assign]
+    actor.init(slime_args(2), "actor")
+    actor.set_rollout_manager(RolloutManager())
+    timer = sys.modules["slime.backends.megatron_utils.actor"].Timer()
+    out: dict[str, Any] = {"updates": [], "rank": dist.get_rank()}
+    # One update where the check fails: rank 0 raises, and the other ranks (as in slime's job, where the
+    # driver's ray.get then stops it) must not wait for it in a train step.
+    for step in range(1 if variant == "check:stale" else 3):
+        if step:
+            actor.train(step, rollout(step))
+        before = dict(timer.log_dict())
+        error = _error(actor.update_weights)
+        out["updates"].append(
+            {
+                "error": error,
+                "update_weights_s": timer.log_dict().get("update_weights", 0.0)
+                - before.get("update_weights", 0.0),
+                "check_s": timer.log_dict().get("lifecycle_weights_check", 0.0)
+                - before.get("lifecycle_weights_check", 0.0),
+            }
+        )
+        if error:
+            break
+    out["versions"] = [e["version"] for e in RECORD["engine"]]
+    out["weights_checker"] = RECORD.get("weights_checker", [])
+    out["state"] = actor.lifecycle_state()["state"]
     return out
 
 
@@ -352,6 +403,28 @@ class TestSlimesInstrumentation:
                 assert report[f"perf/lifecycle_sleep_{hook}_time"] >= 0
             assert report["perf/lifecycle_wake_memory_resume_time"] >= 0
         assert not any(k.startswith("perf/lifecycle_") for r in self._logged(perf["slime"]) for k in r)
+
+
+class TestWeightsCheck:
+    """`RL_LIFECYCLE_CHECK_WEIGHTS=every` on slime's own actor: every push checked with slime's calls."""
+
+    def test_every_push_is_pushed_again_between_snapshot_reset_and_compare(self) -> None:
+        results = _run("check:every")
+        for result in results:
+            assert [u["error"] for u in result["updates"]] == [None] * 3
+            assert result["state"] == "PAUSED"
+            for update in result["updates"]:  # slime's update_weights timer keeps the first push only
+                assert update["check_s"] > 0 and update["update_weights_s"] < update["check_s"] + 1.0
+        (lead,) = [r for r in results if r["rank"] == 0]
+        assert lead["weights_checker"] == ["snapshot", "reset_tensors", "compare"] * 3
+        assert lead["versions"] == [1, "reset", 2, 3, "reset", 4, 5, "reset", 6]
+        assert [r["weights_checker"] for r in results if r["rank"] != 0] == [[]]
+
+    def test_a_push_that_writes_nothing_stops_the_job_with_the_version(self) -> None:
+        results = _run("check:stale")
+        (lead,) = [r for r in results if r["rank"] == 0]
+        assert lead["updates"][0]["error"].startswith("EngineWeightsCheckError: weight update 1: ")
+        assert "weights differ: 'random'" in lead["updates"][0]["error"]
 
 
 class TestDebugModes:
