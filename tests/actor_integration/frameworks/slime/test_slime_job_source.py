@@ -128,6 +128,36 @@ class TestSlimesOwnJobUnderTheLaunchSwitch(LaunchSwitchJobSuite):
             )
 
 
+class TestEveryPushChecked:
+    """`RL_LIFECYCLE_CHECK_WEIGHTS=every` in the job's runtime env, with slime's `--check-weight-update-equal`:
+    slime's driver checks the first push; the wrapped actor each later one, through slime's own
+    RolloutManager.check_weights and SGLangEngine's `/weights_checker` requests (the fake server answers
+    them; a difference found is `EngineWeightsCheckError`, tests/.../test_slime_source.py)."""
+
+    @pytest.fixture(scope="class")
+    def ran(self, stage: Any) -> slime_job.JobRun:
+        result, _ = _run(stage, "--check-weight-update-equal", env={"RL_LIFECYCLE_CHECK_WEIGHTS": "every"})
+        return result
+
+    def test_the_job_says_so_and_runs_to_its_end(self, ran: slime_job.JobRun) -> None:
+        assert ran.returncode == 0, ran.output[-8000:]
+        assert (
+            "RL_LIFECYCLE_CHECK_WEIGHTS=every: each weight update is pushed twice and compared" in ran.output
+        )
+        assert "the first by slime's own --check-weight-update-equal" in ran.output
+
+    def test_each_push_after_slimes_first_is_checked_once(self, ran: slime_job.JobRun) -> None:
+        checked = [int(v) for v in re.findall(r"weights check, update (\d+): equal", ran.output)]
+        assert checked == [2, 4], ran.output[-8000:]  # pushes 2 and 3 of the job; each check pushes once more
+
+    def test_the_checks_time_is_its_own_in_slimes_perf_metrics(self, ran: slime_job.JobRun) -> None:
+        """slime reports its timers at each train: the check after step 0's push is in step 1's report (as
+        that push's perf/update_weights_time is), none before it."""
+        first, second = suite.perf_reports(ran.output)
+        assert "perf/lifecycle_weights_check_time" not in first
+        assert second["perf/lifecycle_weights_check_time"] > 0 and second["perf/update_weights_time"] > 0
+
+
 class TestRefusals(RefusalsSuite):
     def refused(self, stage: Any) -> tuple[slime_job.JobRun, Any]:
         return _run(stage, wrap="actor")
