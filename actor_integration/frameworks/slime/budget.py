@@ -24,11 +24,11 @@ switch installs in each worker, the flags where the rollout manager is about to 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from typing import Any
 
 from actor_integration.errors import LaunchConfigError
+from actor_integration.frameworks.settings import choice
 
 __all__ = ["BUDGET_MODES", "BUDGET_VARIABLE", "budget_mode", "check_budget", "rollout_need_bytes"]
 
@@ -38,15 +38,8 @@ BUDGET_MODES = ("off", "rollout")
 
 def budget_mode(environ: Mapping[str, str] | None = None) -> str:
     """`off` or `rollout`, from `RL_LIFECYCLE_MEMORY_BUDGET` (unset or empty: `off`)."""
-    env = os.environ if environ is None else environ
-    value = env.get(BUDGET_VARIABLE, "").strip().lower() or "off"
-    if value not in BUDGET_MODES:
-        raise LaunchConfigError(
-            f"{BUDGET_VARIABLE}={env.get(BUDGET_VARIABLE)!r}: use 'rollout' (each trainer sleep frees only what "
-            "the colocated engines need) or 'off' (slime's full sleep; the default when unset)",
-            variable=BUDGET_VARIABLE,
-        )
-    return value
+    use = "use 'rollout' (each trainer sleep frees only what the colocated engines need) or 'off' (slime's full "
+    return choice(BUDGET_VARIABLE, BUDGET_MODES, use + "sleep; the default when unset)", environ)
 
 
 def rollout_need_bytes(args: Any, device_total_bytes: int) -> int:

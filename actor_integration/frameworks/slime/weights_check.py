@@ -29,13 +29,13 @@ whose trainer is not wrapped, `--debug-train-only` or `--debug-rollout-only` (no
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from actor_integration.errors import EngineWeightsCheckError, LaunchConfigError
 from actor_integration.frameworks.job_output import say
+from actor_integration.frameworks.settings import choice
 
 __all__ = [
     "CHECK_MODES",
@@ -53,15 +53,8 @@ CHECK_TIMER = "lifecycle_weights_check"  # slime reports it as perf/lifecycle_we
 
 def check_mode(environ: Mapping[str, str] | None = None) -> str:
     """`off` or `every`, from `RL_LIFECYCLE_CHECK_WEIGHTS` (unset or empty: `off`)."""
-    env = os.environ if environ is None else environ
-    value = env.get(CHECK_VARIABLE, "").strip().lower() or "off"
-    if value not in CHECK_MODES:
-        raise LaunchConfigError(
-            f"{CHECK_VARIABLE}={env.get(CHECK_VARIABLE)!r}: use 'every' (slime's weight-update check after each "
-            "push) or 'off' (the default when unset)",
-            variable=CHECK_VARIABLE,
-        )
-    return value
+    use = "use 'every' (slime's weight-update check after each push) or 'off' (the default when unset)"
+    return choice(CHECK_VARIABLE, CHECK_MODES, use, environ)
 
 
 def check_setting(environ: Mapping[str, str], args: Any = None) -> str | None:
