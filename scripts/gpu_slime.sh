@@ -24,7 +24,8 @@
 #             the fault jobs' results where they ran
 # and optional steps, not in the default list (name them in GPU_SLIME_STEPS, after model; before report):
 #   budget    scripts/slime_e2e.sh budget: wrapped with RL_LIFECYCLE_MEMORY_BUDGET=rollout (the trainer's
-#             sleep frees only what SGLang needs); report puts it beside plain too
+#             sleep frees only what SGLang needs), every push checked as in wrapped; report puts it
+#             beside plain too
 #   fault-hook scripts/slime_e2e.sh fault-hook: RL_LIFECYCLE_FAULT fails a trainer hook mid-job; the job
 #             must stop on LifecycleFailedError naming the rank, the transition and the residency
 #   fault-kill scripts/slime_e2e.sh fault-kill: SGLang's scheduler SIGKILLed mid-rollout; the job must

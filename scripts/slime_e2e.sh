@@ -138,15 +138,16 @@ runtime_env() {  # runtime_env NAME [LOGS [EXTRA]]: the job's runtime env JSON i
 
 job() {  # job NAME [wrapped]: one run of slime's train.py; its output in $OUT/NAME.log. wrapped: with
   # RL_LIFECYCLE_CHECK_WEIGHTS=every (each later push checked as slime checks the first). NAME budget:
-  # wrapped with RL_LIFECYCLE_MEMORY_BUDGET=rollout (no check), its logs in $OUT/lifecycle-logs-budget
+  # the same with RL_LIFECYCLE_MEMORY_BUDGET=rollout, its logs in $OUT/lifecycle-logs-budget
   local name="$1" wrapped="${2:-}"
   need_sources
   slime_args "$name"
   local RUNTIME runtime
+  local check=', "RL_LIFECYCLE_CHECK_WEIGHTS": "every"'  # every push after slime's checked first one
   if [ "$name" = budget ]; then
-    runtime_env "$name" "$OUT/lifecycle-logs-budget" ', "RL_LIFECYCLE_MEMORY_BUDGET": "rollout"'
-  elif [ -n "$wrapped" ]; then  # every push after slime's checked first one checked too
-    runtime_env "$name" "$OUT/lifecycle-logs" ', "RL_LIFECYCLE_CHECK_WEIGHTS": "every"'
+    runtime_env "$name" "$OUT/lifecycle-logs-budget" ', "RL_LIFECYCLE_MEMORY_BUDGET": "rollout"'"$check"
+  elif [ -n "$wrapped" ]; then
+    runtime_env "$name" "$OUT/lifecycle-logs" "$check"
   else
     runtime_env "$name"
   fi
