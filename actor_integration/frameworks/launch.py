@@ -98,9 +98,8 @@ WRAP_VARIABLE = "RL_LIFECYCLE_WRAP"
 FAULT_VARIABLE = "RL_LIFECYCLE_FAULT"
 PREFLIGHT_VARIABLE = "RL_LIFECYCLE_PREFLIGHT"
 BUDGET_VARIABLE = "RL_LIFECYCLE_MEMORY_BUDGET"  # read by the framework's trainer adapter (`memory_budget`)
-CHECK_WEIGHTS_VARIABLE = (
-    "RL_LIFECYCLE_CHECK_WEIGHTS"  # read by the framework's trainer adapter (`weights_check`)
-)
+# read by the framework's trainer adapter (`weights_check`)
+CHECK_WEIGHTS_VARIABLE = "RL_LIFECYCLE_CHECK_WEIGHTS"
 HALVES = ("trainer", "rollout")
 PREFLIGHT_MODES = ("error", "warn", "off")
 
@@ -147,6 +146,14 @@ class FrameworkLaunch:
 
     def halves(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(r.half for r in self.replacements))
+
+    def trainer_settings(self) -> tuple[tuple[str, str | None, str, str], ...]:
+        """The trainer adapter's opt-in settings: (variable, its checker or None, its name, what a
+        framework without it does instead), read at install and where the preflight runs."""
+        return (
+            (BUDGET_VARIABLE, self.memory_budget, "memory budget", "its every sleep releases everything"),
+            (CHECK_WEIGHTS_VARIABLE, self.weights_check, "weights check", "its pushes go unchecked"),
+        )
 
 
 # The hooks each half's machine may call: a trainer's (routing replay only with slime's flag), and an
@@ -545,20 +552,14 @@ def _trainer_settings(launch: FrameworkLaunch, halves: tuple[str, ...], env: Map
     """The trainer adapter's settings the job sets (`RL_LIFECYCLE_MEMORY_BUDGET`, `RL_LIFECYCLE_CHECK_WEIGHTS`),
     each checked, refused where nothing would read it (never ignored in silence): a line for each that is on."""
     lines = []
-    for variable, checker, what in (
-        (
-            BUDGET_VARIABLE,
-            launch.memory_budget,
-            "memory budget (slime's has); its every sleep releases everything",
-        ),
-        (CHECK_WEIGHTS_VARIABLE, launch.weights_check, "weights check (slime's has)"),
-    ):
+    for variable, checker, what, instead in launch.trainer_settings():
         value = (env.get(variable) or "").strip()
         if not value or value.lower() == "off":
             continue
         if checker is None:
             raise LaunchConfigError(
-                f"{variable}={value!r}: {launch.framework}'s trainer adapter has no {what}. Unset {variable}",
+                f"{variable}={value!r}: {launch.framework}'s trainer adapter has no {what} (slime's has); "
+                f"{instead}. Unset {variable}",
                 framework=launch.framework,
                 variable=variable,
             )
@@ -588,10 +589,7 @@ def _preflight_first(
     def checked(args: Any, *rest: Any, **kwargs: Any) -> Any:
         from actor_integration.tools.preflight import check_job
 
-        for checker, what in (
-            (launch.memory_budget, "memory budget"),
-            (launch.weights_check, "weights check"),
-        ):
+        for _, checker, what, _ in launch.trainer_settings():
             line = _resolve(checker)(env, args) if checker is not None else None
             if line is not None:
                 say(f"{launch.framework} {what}: {line}")

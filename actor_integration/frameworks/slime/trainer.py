@@ -229,9 +229,8 @@ class SlimeLifecycleMixin(LifecycleMixin):
     """
 
     lifecycle_communicators: Communicators | str = Communicators.DESTROY
-    _lifecycle_pushes: int = (
-        0  # the wrapped update_weights calls so far (the weights check skips slime's own)
-    )
+    # The wrapped update_weights calls so far (the weights check leaves the first to slime's own).
+    _lifecycle_pushes: int = 0
 
     # Set by slime's TrainRayActor.init / defined by MegatronTrainRayActor.
     args: Any
@@ -251,11 +250,15 @@ class SlimeLifecycleMixin(LifecycleMixin):
             lifecycle.expect(need_bytes)
         return lifecycle
 
+    def _slime_actor_globals(self) -> Mapping[str, Any]:
+        """The globals of slime's actor module (its `Timer`, `print_memory`, ...)."""
+        return vars(sys.modules[body_owner(self).__module__])
+
     def lifecycle_timer_feed(self) -> TimerFeed | None:
         """slime's `Timer` fed from the machine, and slime's memory printout after each sleep and wake
         (`print_memory("after offload model")`, `("after wake_up model")`); None where slime's actor
         module has no `Timer`."""
-        namespace = vars(sys.modules[body_owner(self).__module__])
+        namespace = self._slime_actor_globals()
         timer, print_memory = namespace.get("Timer"), namespace.get("print_memory")
         if timer is None:
             return None
@@ -304,7 +307,7 @@ class SlimeLifecycleMixin(LifecycleMixin):
         self._lifecycle_pushes += 1
         if self._lifecycle_checks_push():
             updater = getattr(self, "weight_updater", None)
-            timer = vars(sys.modules[body_owner(self).__module__]).get("Timer")
+            timer = self._slime_actor_globals().get("Timer")
             checked_push(
                 lambda: super(SlimeLifecycleMixin, self).update_weights(*args, **kwargs),
                 manager=self.rollout_manager,
@@ -384,8 +387,7 @@ class SlimeLifecycleMixin(LifecycleMixin):
         return SlimeProcessGroups(communicators=self.lifecycle_communicators)
 
     def lifecycle_hooks(self) -> Hooks:
-        actor_module = sys.modules[body_owner(self).__module__]
-        replay = getattr(actor_module, "RoutingReplay", None) if self.args.use_routing_replay else None
+        replay = self._slime_actor_globals().get("RoutingReplay") if self.args.use_routing_replay else None
         return Hooks(
             memory=self.lifecycle_memory(),
             process_groups=self.lifecycle_process_groups(),
