@@ -65,10 +65,11 @@ W=/tmp/$SET-parts
 E2E=$WORK/e2e # scripts/slime_e2e.sh's OUT (this call's $OUT is what comes back)
 mkdir -p "$WORK" "$E2E"
 
-# Usual seconds of each step, as seen on an H100 on 2026-12-06 (imports 28-37, model 11-17, wrapped
-# 229 and plain 177 with 5 steps and SGLang's CUDA graphs off), with room to spare; the fault jobs'
-# are estimates (not yet run on a GPU).
-declare -A usual=([imports]=60 [model]=40 [plain]=300 [wrapped]=300 [report]=30 [budget]=300 [fault-hook]=240 [fault-kill]=240)
+# Usual seconds of each step, as seen on an H100 (2026-12-06: imports 28-37, model 11-17; 2026-12-07,
+# 6 steps, SGLang's CUDA graphs off, every push checked in wrapped and budget: model 20, plain 291,
+# budget 212, wrapped 259, fault-kill 241 with 3 steps), with room to spare; fault-hook's is an
+# estimate (not yet run on a GPU: it stops at rollout 1's train, after fault-kill's kill point).
+declare -A usual=([imports]=60 [model]=40 [plain]=320 [wrapped]=290 [report]=30 [budget]=250 [fault-hook]=250 [fault-kill]=260)
 read -r -a steps <<<"${GPU_SLIME_STEPS:-imports model plain wrapped report}"
 for s in "${steps[@]}"; do
     [[ -n ${usual[$s]:-} ]] || {

@@ -1,13 +1,12 @@
 #!/usr/bin/env bash
 # slime's own GRPO job on one GPU, plain and under the lifecycle's launch switch, side by side.
 #
-# STATUS: ran on one H100 on 2026-12-06 (scripts/gpu_slime.sh, SGLang 0.5.15.post1, 5 steps, SGLang's
-# CUDA graphs off): plain and wrapped both finished every step; docs/measurements.md has the table.
-# Its launch, flags and driver order are also what
+# STATUS: ran on one H100 (scripts/gpu_slime.sh, SGLang 0.5.15.post1, SGLang's CUDA graphs off) on
+# 2026-12-06 (5 steps, plain and wrapped) and on 2026-12-07 (6 steps, lr 1e-4, the reward `random`):
+# plain, wrapped and budget finished every step, every push checked equal, and fault-kill stopped on
+# EngineDiedError with nothing left running; docs/measurements.md has the tables. fault-hook has not
+# run on a GPU. Its launch, flags and driver order are also what
 # tests/actor_integration/frameworks/slime/test_slime_job_source.py runs on a CPU with stand-ins.
-# Changed since that run, not yet run on a GPU: the reward (`math` gave 0 on the random model, so
-# GRPO's loss and gradient were 0 and the weights never changed; `random` gives advantages), the
-# learning rate (1e-6 -> 1e-4, so that bf16 weights move each step), the fault jobs and `budget`.
 #
 # Usage (on the GPU machine, from the repository root):
 #   SLIME_DIR=/path/to/slime MEGATRON_DIR=/path/to/Megatron-LM \
@@ -251,28 +250,24 @@ fault_job() {  # fault_job fault-hook|fault-kill: a wrapped job that must stop o
   [ "$rc" -ne 0 ] && [ -n "$typed" ] && [ -z "$left" ] && { [ "$name" = fault-hook ] || [ -n "$killed" ]; }
 }
 
-report() {  # slime's own perf metrics per step, plain beside wrapped, and lifecycle check on the logs;
-  # then the fault jobs' results, where they ran
-  local rc=0
-  if [ -f "$OUT/plain.log" ] && [ -f "$OUT/wrapped.log" ]; then
-    side_by_side || rc=$?
-  fi
+report() {  # slime's own perf metrics per step, plain beside each wrapped job that ran (wrapped, budget),
+  # and lifecycle check on that job's logs; then the fault jobs' results, where they ran
+  local rc=0 job logs compared=""
+  for job in wrapped budget; do
+    [ -f "$OUT/plain.log" ] && [ -f "$OUT/$job.log" ] || continue
+    logs="$OUT/lifecycle-logs"
+    [ "$job" = wrapped ] || logs="$OUT/lifecycle-logs-$job"
+    "$PY" "$REPO/scripts/slime_e2e_report.py" "$OUT" "$job" || rc=$?
+    "$PY" -m actor_integration.tools.cli check "$logs" || rc=$?
+    compared="$compared $job"
+  done
+  [ -n "$compared" ] || echo "report: nothing to put side by side in $OUT: run plain and wrapped (or budget) first"
   for name in fault-hook fault-kill; do
     [ -f "$OUT/$name.result" ] || continue
     echo "=== $name"
     cat "$OUT/$name.result"
   done
   return "$rc"
-}
-
-side_by_side() {  # slime's own figures per step, plain beside wrapped (scripts/slime_e2e_report.py), and
-  # lifecycle check on the wrapped job's logs
-  "$PY" "$REPO/scripts/slime_e2e_report.py" "$OUT"
-  "$PY" -m actor_integration.tools.cli check "$OUT/lifecycle-logs"
-  if [ -f "$OUT/budget.log" ]; then  # plain beside the job under the memory budget
-    "$PY" "$REPO/scripts/slime_e2e_report.py" "$OUT" budget
-    "$PY" -m actor_integration.tools.cli check "$OUT/lifecycle-logs-budget"
-  fi
 }
 
 case "${1:-all}" in

@@ -131,7 +131,7 @@ def report(out: Path, job: str = "wrapped") -> str:
         "",
     ]
     keys = (*PERF_KEYS, *ROLLOUT_KEYS, *TRAIN_KEYS)
-    rows.append("| step | " + " | ".join(keys) + " | sleep + wake, plain / wrapped |")
+    rows.append("| step | " + " | ".join(keys) + f" | sleep + wake, plain / {job} |")
     rows.append("|" + " --- |" * (len(keys) + 2))
     ratios, slower = [], []
     for step in steps:
@@ -155,19 +155,19 @@ def report(out: Path, job: str = "wrapped") -> str:
     finite = [r for r in ratios if not math.isnan(r)]
     rows += [
         "",
-        f"- steps: plain {len(plain['perf'])}, wrapped {len(wrapped['perf'])}",
-        "- sleep + wake, plain over wrapped: "
+        f"- steps: plain {len(plain['perf'])}, {job} {len(wrapped['perf'])}",
+        f"- sleep + wake, plain over {job}: "
         + (f"{min(finite):.1f}x to {max(finite):.1f}x" if finite else "no steps")
         + " (target: at least 10x every step: "
         + ("met" if finite and min(finite) >= 10 else "MISSED")
         + ")",
-        "- step time wrapped no higher than plain: "
+        f"- step time {job} no higher than plain: "
         + ("met" if not slower else f"MISSED at step(s) {', '.join(map(str, slower))}"),
     ]
-    for name in ("plain", "wrapped"):
+    for name, label in (("plain", "plain"), ("wrapped", job)):
         checks = weight_checks(text[name])
         verdict = "all 200" if checks and all(code == 200 for code in checks) else "NOT all 200"
-        rows.append(f"- slime's /weights_checker calls, {name}: {len(checks)} ({verdict})")
+        rows.append(f"- slime's /weights_checker calls, {label}: {len(checks)} ({verdict})")
     equal, different = push_checks(text["wrapped"])
     if equal or different:
         updates = sorted({update for update, _ in equal})
@@ -179,9 +179,9 @@ def report(out: Path, job: str = "wrapped") -> str:
             + f"), {len(different)} different"
             + "".join(f"\n  - {line}" for line in different)
         )
-    for name in ("plain", "wrapped"):
+    for name, label in (("plain", "plain"), ("wrapped", job)):
         rows.append(
-            f"- GPU memory used after each trainer sleep (GB), {name}: {memory_after_sleep(text[name])}"
+            f"- GPU memory used after each trainer sleep (GB), {label}: {memory_after_sleep(text[name])}"
         )
     actor_log = (
         out / ("lifecycle-logs" if job == "wrapped" else f"lifecycle-logs-{job}") / "actor-rank0.jsonl"

@@ -75,6 +75,22 @@ def test_a_missed_speed_target_says_so(report_module: ModuleType, tmp_path: Path
     assert "step time wrapped no higher than plain: met" in text
 
 
+def test_the_budget_job_is_named_as_the_budget_job(report_module: ModuleType, tmp_path: Path) -> None:
+    """`report OUT budget` reads budget.log and says so in every line it judges (the H100 run of 2026-12-07
+    printed the budget job's figures under 'wrapped')."""
+    (tmp_path / "plain.log").write_text(job_log([1.0], [0.4], [3.0], [200]))
+    (tmp_path / "wrapped.log").write_text(job_log([0.5], [0.03], [2.0], [200, 200]))
+    (tmp_path / "budget.log").write_text(job_log([0.001], [0.005], [1.5], [200, 200, 200, 200]))
+    text = report_module.report(tmp_path, "budget")
+    assert "sleep + wake, plain / budget |" in text
+    assert "steps: plain 1, budget 1" in text
+    assert "sleep + wake, plain over budget: 233.3x to 233.3x (target: at least 10x every step: met)" in text
+    assert "step time budget no higher than plain: met" in text
+    assert "/weights_checker calls, budget: 4 (all 200)" in text  # budget.log's, not wrapped.log's
+    assert "(GB), budget: [3.68]" in text
+    assert "wrapped" not in text
+
+
 def test_the_wrapped_trainers_sleeps_come_from_the_lifecycle_log(
     report_module: ModuleType, tmp_path: Path
 ) -> None:
