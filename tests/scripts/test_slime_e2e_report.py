@@ -7,6 +7,9 @@ logger head, a Python dict), as they came off the GPU machine's first run of sli
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -160,3 +163,71 @@ def test_the_check_of_every_push_is_counted_and_a_difference_named(
     )
     (tmp_path / "wrapped.log").write_text(job_log([0.1], [0.1], [2.0], [200]))
     assert "check of every push" not in report_module.report(tmp_path)
+
+
+def run_report_step(out: Path) -> subprocess.CompletedProcess[str]:
+    """`scripts/slime_e2e.sh report`, the device's `report` step, on the logs in `out`."""
+    repo = Path(__file__).resolve().parents[2]
+    return subprocess.run(
+        ["bash", str(repo / "scripts" / "slime_e2e.sh"), "report"],
+        env={**os.environ, "OUT": str(out), "PY": sys.executable},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_the_report_step_puts_the_budget_job_beside_plain_without_a_wrapped_job(tmp_path: Path) -> None:
+    """On the H100 of 2026-12-07 the report step ran after plain and budget, before wrapped, and printed
+    nothing: it compared budget only when wrapped.log was there too."""
+    (tmp_path / "plain.log").write_text(job_log([1.0], [0.4], [3.0], [200]))
+    (tmp_path / "budget.log").write_text(job_log([0.001], [0.005], [1.5], [200]))
+    logs = tmp_path / "lifecycle-logs-budget"
+    logs.mkdir()
+    configured = {  # the first line of the budget job's log on the H100, its memory fields left out
+        "event": "lifecycle.configured",
+        "rank": 0,
+        "role": "actor",
+        "step": None,
+        "policy": {
+            "offload_train": True,
+            "destroy_process_groups": True,
+            "auto_wake": True,
+            "model_tag": "actor",
+        },
+        "hooks": [
+            "clear_memory",
+            "memory.budget_check",
+            "memory.pause",
+            "memory.resume",
+            "process_groups.destroy",
+        ],
+        "state": "AWAKE",
+        "residency": {"*": "resident"},
+        "groups": "alive",
+        "contents": {"*": "valid"},
+        "weight_version": None,
+        "communicators": "destroy",
+    }
+    (logs / "actor-rank0.jsonl").write_text(json.dumps(configured) + "\n")
+    done = run_report_step(tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "## slime's own metrics per step, plain / budget" in done.stdout
+    assert "plain / wrapped" not in done.stdout
+    assert "lifecycle check: 1 file(s), 1 event(s), 1 machine(s): clean" in done.stdout + done.stderr
+
+
+def test_the_report_step_fails_on_a_job_without_its_lifecycle_logs(tmp_path: Path) -> None:
+    (tmp_path / "plain.log").write_text(job_log([1.0], [0.4], [3.0], [200]))
+    (tmp_path / "wrapped.log").write_text(job_log([0.5], [0.03], [2.0], [200]))
+    done = run_report_step(tmp_path)
+    assert done.returncode != 0
+    assert "lifecycle-logs does not exist" in done.stderr
+
+
+def test_the_report_step_says_when_there_is_nothing_to_compare(tmp_path: Path) -> None:
+    (tmp_path / "plain.log").write_text(job_log([1.0], [0.4], [3.0], [200]))
+    done = run_report_step(tmp_path)
+    assert done.returncode == 0
+    assert "nothing to put side by side" in done.stdout
