@@ -135,6 +135,11 @@ runtime_env() {  # runtime_env NAME [LOGS [EXTRA]]: the job's runtime env JSON i
   fi
 }
 
+lifecycle_logs() {  # lifecycle_logs NAME: where job NAME's ranks write their lifecycle logs (the wrapped
+  # job's without a suffix, as the runs before the budget and fault jobs wrote them)
+  if [ "$1" = wrapped ]; then echo "$OUT/lifecycle-logs"; else echo "$OUT/lifecycle-logs-$1"; fi
+}
+
 job() {  # job NAME [wrapped]: one run of slime's train.py; its output in $OUT/NAME.log. wrapped: with
   # RL_LIFECYCLE_CHECK_WEIGHTS=every (each later push checked as slime checks the first). NAME budget:
   # the same with RL_LIFECYCLE_MEMORY_BUDGET=rollout, its logs in $OUT/lifecycle-logs-budget
@@ -144,9 +149,9 @@ job() {  # job NAME [wrapped]: one run of slime's train.py; its output in $OUT/N
   local RUNTIME runtime
   local check=', "RL_LIFECYCLE_CHECK_WEIGHTS": "every"'  # every push after slime's checked first one
   if [ "$name" = budget ]; then
-    runtime_env "$name" "$OUT/lifecycle-logs-budget" ', "RL_LIFECYCLE_MEMORY_BUDGET": "rollout"'"$check"
+    runtime_env "$name" "$(lifecycle_logs "$name")" ', "RL_LIFECYCLE_MEMORY_BUDGET": "rollout"'"$check"
   elif [ -n "$wrapped" ]; then
-    runtime_env "$name" "$OUT/lifecycle-logs" "$check"
+    runtime_env "$name" "$(lifecycle_logs "$name")" "$check"
   else
     runtime_env "$name"
   fi
@@ -193,9 +198,10 @@ kill_scheduler_when() {  # kill_scheduler_when LOG: once LOG shows rollout $FAUL
 seconds() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }  # seconds FROM TO
 
 fault_job() {  # fault_job fault-hook|fault-kill: a wrapped job that must stop on a typed error (see the head)
-  local name="$1" log="$OUT/$1.log" logs="$OUT/lifecycle-logs-$1" rc=0 killer="" extra="" expect t0 t1
+  local name="$1" log="$OUT/$1.log" logs rc=0 killer="" extra="" expect t0 t1
   need_sources
   local STEPS="$FAULT_STEPS" RUNTIME
+  logs=$(lifecycle_logs "$name")
   slime_args "$name"
   if [ "$name" = fault-hook ]; then
     extra=$(printf ', "RL_LIFECYCLE_FAULT": "%s"' "$FAULT_HOOK")
@@ -252,13 +258,11 @@ fault_job() {  # fault_job fault-hook|fault-kill: a wrapped job that must stop o
 
 report() {  # slime's own perf metrics per step, plain beside each wrapped job that ran (wrapped, budget),
   # and lifecycle check on that job's logs; then the fault jobs' results, where they ran
-  local rc=0 job logs compared=""
+  local rc=0 job compared=""
   for job in wrapped budget; do
     [ -f "$OUT/plain.log" ] && [ -f "$OUT/$job.log" ] || continue
-    logs="$OUT/lifecycle-logs"
-    [ "$job" = wrapped ] || logs="$OUT/lifecycle-logs-$job"
     "$PY" "$REPO/scripts/slime_e2e_report.py" "$OUT" "$job" || rc=$?
-    "$PY" -m actor_integration.tools.cli check "$logs" || rc=$?
+    "$PY" -m actor_integration.tools.cli check "$(lifecycle_logs "$job")" || rc=$?
     compared="$compared $job"
   done
   [ -n "$compared" ] || echo "report: nothing to put side by side in $OUT: run plain and wrapped (or budget) first"

@@ -118,13 +118,13 @@ def _pair(plain: float, wrapped: float) -> str:
 
 
 def report(out: Path, job: str = "wrapped") -> str:
-    logs = {"plain": out / "plain.log", "wrapped": out / f"{job}.log"}
+    logs = {"plain": out / "plain.log", job: out / f"{job}.log"}
     missing = [str(path) for path in logs.values() if not path.is_file()]
     if missing:
         return f"no job log at {', '.join(missing)}: run scripts/slime_e2e.sh plain and {job} first\n"
     text = {name: path.read_text(errors="replace").splitlines() for name, path in logs.items()}
     got = {name: metrics(lines) for name, lines in text.items()}
-    plain, wrapped = got["plain"], got["wrapped"]
+    plain, wrapped = got["plain"], got[job]
     steps = sorted(set(plain["perf"]) | set(wrapped["perf"]))
     rows = [
         f"## slime's own metrics per step, plain / {job} (seconds; reward and loss as slime logs them)",
@@ -164,11 +164,11 @@ def report(out: Path, job: str = "wrapped") -> str:
         f"- step time {job} no higher than plain: "
         + ("met" if not slower else f"MISSED at step(s) {', '.join(map(str, slower))}"),
     ]
-    for name, label in (("plain", "plain"), ("wrapped", job)):
+    for name in ("plain", job):
         checks = weight_checks(text[name])
         verdict = "all 200" if checks and all(code == 200 for code in checks) else "NOT all 200"
-        rows.append(f"- slime's /weights_checker calls, {label}: {len(checks)} ({verdict})")
-    equal, different = push_checks(text["wrapped"])
+        rows.append(f"- slime's /weights_checker calls, {name}: {len(checks)} ({verdict})")
+    equal, different = push_checks(text[job])
     if equal or different:
         updates = sorted({update for update, _ in equal})
         ms = sorted(m for _, m in equal)
@@ -179,9 +179,9 @@ def report(out: Path, job: str = "wrapped") -> str:
             + f"), {len(different)} different"
             + "".join(f"\n  - {line}" for line in different)
         )
-    for name, label in (("plain", "plain"), ("wrapped", job)):
+    for name in ("plain", job):
         rows.append(
-            f"- GPU memory used after each trainer sleep (GB), {label}: {memory_after_sleep(text[name])}"
+            f"- GPU memory used after each trainer sleep (GB), {name}: {memory_after_sleep(text[name])}"
         )
     actor_log = (
         out / ("lifecycle-logs" if job == "wrapped" else f"lifecycle-logs-{job}") / "actor-rank0.jsonl"
