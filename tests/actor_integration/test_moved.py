@@ -1,6 +1,7 @@
 """0.1's module paths keep working for one release: the same module, one DeprecationWarning."""
 
 import importlib
+import json
 import subprocess
 import sys
 
@@ -12,22 +13,63 @@ from actor_integration._moved import MOVED, MOVED_NAMES, new_name
 pytestmark = pytest.mark.filterwarnings("default:.* moved to actor_integration:DeprecationWarning")
 
 
+# Each old path is imported in a process that has imported nothing of actor_integration yet (this
+# one has imported the new modules already). One interpreter imports torch once and forks a child per
+# path: the children start with torch loaded (most of the 3 s an import of the SGLang modules takes)
+# and none of the project's modules.
+_CHECK_EACH_PATH = """
+import importlib, json, os, sys, traceback, warnings
+import torch  # noqa: F401  (loaded once, before the forks)
+assert not [m for m in sys.modules if m.split('.')[0] == 'actor_integration']
+results = {}
+for old, new_path in json.loads(sys.argv[1]).items():
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        problem = ''
+        try:
+            warnings.simplefilter('always')
+            with warnings.catch_warnings(record=True) as caught:
+                module = importlib.import_module(old)
+            new = importlib.import_module(new_path)
+            assert module is new, (module, new)
+            messages = [str(w.message) for w in caught if w.category is DeprecationWarning]
+            assert any(m.startswith(old + ' moved to ' + new_path) for m in messages), messages
+        except BaseException:
+            problem = traceback.format_exc()
+        os.write(write, problem.encode())
+        os._exit(0)
+    os.close(write)
+    chunks = []
+    while chunk := os.read(read, 65536):
+        chunks.append(chunk)
+    os.close(read)
+    _, status = os.waitpid(pid, 0)
+    problem = b''.join(chunks).decode()
+    results[old] = problem or ('' if status == 0 else f'the child exited with status {status}')
+print(json.dumps(results))
+"""
+
+
+@pytest.fixture(scope="module")
+def old_path_problems():
+    """Each old path -> what went wrong importing it in a fresh process ('' when it is the new module and warned)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _CHECK_EACH_PATH, json.dumps(MOVED)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
 class TestOldPaths:
     @pytest.mark.parametrize("old", sorted(MOVED))
-    def test_an_old_path_is_the_new_module_and_says_where_it_went(self, old):
+    def test_an_old_path_is_the_new_module_and_says_where_it_went(self, old, old_path_problems):
         """Importing an old path warns once with the new path and gives the new module object itself."""
-        code = (
-            "import importlib, warnings\n"
-            "warnings.simplefilter('always')\n"
-            "with warnings.catch_warnings(record=True) as caught:\n"
-            f"    old = importlib.import_module({old!r})\n"
-            f"new = importlib.import_module({MOVED[old]!r})\n"
-            "assert old is new, (old, new)\n"
-            "messages = [str(w.message) for w in caught if w.category is DeprecationWarning]\n"
-            f"assert any(m.startswith({old!r} + ' moved to ' + {MOVED[old]!r}) for m in messages), messages\n"
-        )
-        # A fresh interpreter per path: this one has imported the new modules already.
-        subprocess.run([sys.executable, "-c", code], check=True)
+        assert old_path_problems[old] == "", old_path_problems[old]
 
     def test_a_submodule_under_an_old_package_path_resolves(self):
         """`actor_integration.demo.step` and `actor_integration.process_groups._way` name the moved modules."""
