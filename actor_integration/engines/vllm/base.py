@@ -135,6 +135,7 @@ class VLLMAdapter:
         self.packed = packed
         self._pause_mode = "abort"
         self._paused = False
+        self._resumed_by_wake = False
         self._update_of_rounds: WeightUpdate | None = None
         self.workers: list[dict[str, Any]] = []
         self._memory: dict[str, int] | None = None
@@ -178,6 +179,9 @@ class VLLMAdapter:
         chosen = self.guard.check_resume(tags)
         self._wake(chosen)
         self.guard.resumed(chosen)
+        # vLLM resumes its scheduler itself once every allocation is resident again (EngineCore.wake_up,
+        # 0.26.0): the continue that ends the rollout's wake has nothing left to ask (one round trip less).
+        self._resumed_by_wake = all(self.guard.residency().values())
 
     def _check_idle(self) -> None:
         """Subclasses ask vLLM for requests this adapter did not start."""
@@ -190,6 +194,7 @@ class VLLMAdapter:
         self._pause(vllm_mode)
         self._pause_mode = "abort" if vllm_mode == "wait" else vllm_mode  # what the sleep's own pause does
         self._paused = True
+        self._resumed_by_wake = False
 
     def pause_with_release(self) -> None:
         """Let the next release be the pause: vLLM's sleep pauses its scheduler in the mode given,
@@ -197,9 +202,14 @@ class VLLMAdapter:
         vLLM's keep mode must not carry into a release: requests kept over a released KV cache."""
         self._pause_mode = "abort"
         self._paused = True
+        self._resumed_by_wake = False
 
     def continue_generation(self) -> None:
-        self._resume()
+        """Resume vLLM's scheduling; the first continue after a whole wake asks nothing: that wake
+        already resumed it."""
+        if not self._resumed_by_wake:
+            self._resume()
+        self._resumed_by_wake = False
         self._paused = False
 
     def flush_cache(self) -> bool:

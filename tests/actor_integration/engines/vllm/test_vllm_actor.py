@@ -90,7 +90,8 @@ class TestCycles:
         ]
         calls = len(fake.calls)
         actor.wake_up()
-        assert fake.calls[calls:] == ["wake_up", "wake_up"]  # both tags, then the scheduling
+        # both tags in one wake, which resumes vLLM's scheduling itself: no level-0 wake after it
+        assert fake.calls[calls:] == ["wake_up"] and not fake.paused
         assert not fake.sleeping_tags and not fake.warnings and actor.lifecycle_state()["state"] == "AWAKE"
 
     def test_level_one_keeps_the_weights_and_wakes_without_a_sync(self, fake, make_engine, tmp_path):

@@ -39,7 +39,10 @@ def test_a_colocated_cycle_through_the_server_with_the_workers_receiver(server, 
         assert len(actor.generate(PROMPTS, max_new_tokens=3)[1]) == 3
     assert engine.served_weight_version() == "3"
     paths = {r.split("?")[0] for r in server.requests}
-    assert {"POST /sleep", "POST /wake_up", "POST /resume"} <= paths
+    assert {"POST /sleep", "POST /wake_up"} <= paths
+    # vLLM's wake of the last tag resumes its scheduler itself: the wake's continue sends no /resume,
+    # and the server serves (the fake, as vLLM, refuses a generation while its scheduler is paused)
+    assert "POST /resume" not in paths and not server.fake.paused
     # vLLM's /sleep pauses (abort) and clears the caches itself: the sleep sends no /pause (which
     # waits 20 ms after pausing) and no /reset_prefix_cache before it
     assert not {"POST /pause", "POST /reset_prefix_cache"} & paths
@@ -154,3 +157,24 @@ def test_a_server_asleep_before_the_adapter_came_is_woken_before_it_serves(serve
     assert len(server.requests) == seen
     engine.resume_memory_occupation(None)
     assert len(engine.generate(PROMPTS, max_new_tokens=2)) == 2
+
+
+def test_a_continue_after_an_explicit_pause_asks_the_server_to_resume(server, fake):
+    """Only the continue that ends a whole wake is skipped; a pause of the caller's own is resumed
+    through /resume, and a partial wake leaves the next continue to ask."""
+    engine = engine_at(server)
+    engine.pause_generation("abort")
+    engine.continue_generation()
+    assert server.requests[-1] == "POST /resume" and not fake.paused
+    engine.pause_with_release()
+    engine.release_memory_occupation(None)
+    engine.resume_memory_occupation(["weights"])
+    assert fake.paused  # vLLM keeps scheduling paused until every allocation is back
+    engine.resume_memory_occupation(["kv_cache"])
+    assert not fake.paused
+    seen = len(server.requests)
+    engine.continue_generation()
+    assert len(server.requests) == seen
+    engine.pause_generation("abort")
+    engine.continue_generation()
+    assert server.requests[-1] == "POST /resume"

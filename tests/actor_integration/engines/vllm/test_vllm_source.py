@@ -57,6 +57,17 @@ def test_vllms_sleep_releases_both_tags_and_ignores_a_second_sleep(vllm_tree):
     assert "self.sleeping_tags.remove(tag)" in wake  # a partial wake keeps the other tag asleep
 
 
+def test_a_whole_wake_resumes_vllms_scheduler(vllm_tree):
+    """What lets the adapters skip the /resume (or `resume_generation`) that would end a wake: the
+    engine core resumes its scheduler once the executor holds no tag asleep, and not before."""
+    wake = method(vllm_tree, "vllm.v1.engine.core.EngineCore", "wake_up").node
+    last = wake.body[-1]
+    assert isinstance(last, ast.If) and ast.unparse(last.test) == "not self.model_executor.is_sleeping"
+    assert [ast.unparse(s) for s in last.body] == ["self.resume_scheduler()"]
+    executor = vllm_tree.cls(EXECUTOR)
+    assert "is_sleeping" in executor.instance_attributes()
+
+
 def test_the_pause_modes_are_vllms(vllm_tree):
     assert set(PAUSE_MODES.values()) <= set(literal_choices(vllm_tree, PAUSE_MODE))
     assert "retract" not in literal_choices(vllm_tree, PAUSE_MODE)
