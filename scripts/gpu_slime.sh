@@ -115,6 +115,9 @@ install() {
     python3 -m pip install -q --no-index --no-deps --no-compile --target "$SLW/np1" "$W"/wheels/np1/*.whl || return 1
     if [[ -d $W/src/sglang-patch/sglang ]]; then # slime's SGLang patches, as slime's image has them
         cp -r "$W/src/sglang-patch/sglang/." "$SLW/site/sglang/" || return 1
+        if [[ -f $W/src/sglang-patch/REMOVED ]]; then
+            while read -r gone; do rm -f "$SLW/site/$gone"; done <"$W/src/sglang-patch/REMOVED"
+        fi
         grep -v '^wrote ' "$W/src/sglang-patch/PATCHED"
     fi
     rm -rf "$SLW/src" && mv "$W/src" "$SLW/src" || return 1

@@ -15,8 +15,9 @@ kernels' patched sources do not reach slime's image's binaries either.
 
     python3 scripts/slime_sglang_patch.py --slime GIT --commit COMMIT --wheel sglang-*.whl --out DIR
 
-Writes DIR/sglang/... (the changed and added files) and DIR/PATCHED (what was applied, what was left
-out, each file written); exits 1 if a hunk of a file in the wheel does not apply.
+Writes DIR/sglang/... (the changed and added files), DIR/REMOVED (the package's files a patch deletes,
+one path a line) and DIR/PATCHED (what was applied, what was left out, each file written or
+removed); exits 1 if a hunk of a file in the wheel does not apply.
 """
 
 from __future__ import annotations
@@ -118,7 +119,17 @@ def apply(slime: Path, commit: str, wheel: Path, out: Path) -> list[str]:
             shutil.copy2(path, target)
             report.append(f"wrote {rel}{'' if before.is_file() else ' (new)'}")
             written += 1
-        report.append(f"{written} file(s) to copy over the installed sglang/")
+        removed = [
+            path.relative_to(pristine).as_posix()
+            for path in sorted(pristine.rglob("*"))
+            if path.is_file() and not (tree / path.relative_to(pristine)).exists()
+        ]
+        for rel_path in removed:
+            report.append(f"removed {rel_path}")
+        (out / "REMOVED").write_text("".join(f"{rel_path}\n" for rel_path in removed))
+        report.append(
+            f"{written} file(s) to copy over the installed sglang/, {len(removed)} to delete from it (REMOVED)"
+        )
     return report
 
 

@@ -92,7 +92,23 @@ def test_it_applies_the_package_files_writes_only_those_changed_and_names_what_i
     assert "left out (not in the wheel): sgl-kernel/csrc/kernel.cu" in report
     assert "sglang-top_p.patch: not at this commit, skipped" in report
     assert "wrote sglang/srt/weight_sync/added.py (new)" in report
-    assert "2 file(s) to copy over the installed sglang/" in report
+    assert "2 file(s) to copy over the installed sglang/, 0 to delete from it" in report
+    assert (out / "REMOVED").read_text() == ""
+
+
+def test_a_file_a_patch_deletes_is_listed_for_deletion(tmp_path: Path) -> None:
+    deleted = (
+        "diff --git a/python/sglang/srt/untouched.py b/python/sglang/srt/untouched.py\ndeleted file mode 100644\n"
+        "index 4444444..0000000\n--- a/python/sglang/srt/untouched.py\n+++ /dev/null\n@@ -1 +0,0 @@\n-x = 1\n"
+    )
+    slime, commit = _slime(tmp_path, {"sglang.patch": deleted})
+    out = tmp_path / "out"
+    proc = _run(
+        "--slime", str(slime), "--commit", commit, "--wheel", str(_wheel(tmp_path)), "--out", str(out)
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (out / "REMOVED").read_text() == "sglang/srt/untouched.py\n"
+    assert "removed sglang/srt/untouched.py" in (out / "PATCHED").read_text()
 
 
 def test_later_patches_apply_over_earlier_ones_in_the_dockerfiles_order(tmp_path: Path) -> None:
