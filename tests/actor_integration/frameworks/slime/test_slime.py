@@ -15,8 +15,8 @@ from actor_integration.frameworks.slime import (
     slime_memory_backend,
 )
 from lifecycle import Hooks, Lifecycle, LifecyclePolicy, State
-from lifecycle.events import capture_events
 from lifecycle.errors import IllegalTransitionError, InjectedFault, LifecycleNotConfiguredError
+from lifecycle.events import capture_events
 from lifecycle.faults import FaultInjector, with_faults
 from lifecycle.testing import FakeMemorySaver
 from tests.helpers import slime_like
