@@ -10,7 +10,8 @@
 #   A GPU host of your own with the set installed: GPU_SLIME_INSTALLED=1 SLW=/where/it/is bash scripts/gpu_slime.sh
 #
 # Each call stages the part it carries; once every part is there it installs them (once per machine)
-# into $SLW (default $HOME/slw, apart from scripts/gpu_sglang.sh's $HOME/sgw): site/ for the wheels,
+# into $SLW (default $HOME/slw, apart from scripts/gpu_sglang.sh's $HOME/sgw): site/ for the wheels (on
+# slime's pin, SGLang's package then overlaid with the files slime's SGLang patches change),
 # np1/ for numpy 1.26.4 (slime asserts numpy 1.x), src/ for slime and Megatron-LM. Only the processes
 # of this script get PYTHONPATH=np1:site:repo:slime:Megatron-LM (the image's numpy 2 stays the
 # default elsewhere). Then it
@@ -67,8 +68,8 @@ mkdir -p "$WORK" "$E2E"
 
 # Usual seconds of each step, as seen on an H100 (2026-12-06: imports 28-37, model 11-17; 2026-12-07,
 # 6 steps, SGLang's CUDA graphs off, every push checked in wrapped and budget: model 20, plain 291,
-# budget 212, wrapped 259, fault-kill 241 with 3 steps), with room to spare; fault-hook's is an
-# estimate (not yet run on a GPU: it stops at rollout 1's train, after fault-kill's kill point).
+# budget 212, wrapped 259, fault-kill 241 with 3 steps; later that day fault-hook 225, install 8,
+# model 13), with room to spare.
 declare -A usual=([imports]=60 [model]=40 [plain]=320 [wrapped]=290 [report]=30 [budget]=250 [fault-hook]=250 [fault-kill]=260)
 read -r -a steps <<<"${GPU_SLIME_STEPS:-imports model plain wrapped report}"
 for s in "${steps[@]}"; do
@@ -112,6 +113,13 @@ install() {
     cat "$W"/all.tar.part* | tar -x -C "$W" || return 1
     python3 -m pip install -q --no-index --no-deps --no-compile --target "$SLW/site" "$W"/wheels/site/*.whl || return 1
     python3 -m pip install -q --no-index --no-deps --no-compile --target "$SLW/np1" "$W"/wheels/np1/*.whl || return 1
+    if [[ -d $W/src/sglang-patch/sglang ]]; then # slime's SGLang patches, as slime's image has them
+        cp -r "$W/src/sglang-patch/sglang/." "$SLW/site/sglang/" || return 1
+        if [[ -f $W/src/sglang-patch/REMOVED ]]; then
+            while read -r gone; do rm -f "$SLW/site/$gone"; done <"$W/src/sglang-patch/REMOVED"
+        fi
+        grep -v '^wrote ' "$W/src/sglang-patch/PATCHED"
+    fi
     rm -rf "$SLW/src" && mv "$W/src" "$SLW/src" || return 1
     rm -rf "$W" # installed: the disk the parts held is free again
     touch "$SLW/.installed"

@@ -9,7 +9,9 @@
 #   wheels/   the set to install (site/: SGLang's server, slime's driver and workers, Ray with its
 #             dashboard; np1/: numpy 1.26.4 and scipy 1.17.1, for the processes that import slime)
 #   src/      slime at 624b824a and Megatron-LM's megatron/ at 1dcf0daf, exported with git archive, with
-#             slime's docker/patch/latest/megatron.patch applied as slime's image applies it
+#             slime's docker/patch/latest/megatron.patch (and megatron-sglang-aligned.patch) applied as
+#             slime's image applies them; sglang-patch/: the files slime's docker/patch/latest/sglang*.patch
+#             change in the SGLang wheel's package (scripts/slime_sglang_patch.py), on slime's pin only
 #   p1..pN    the parts to carry, one a device call (<= PART_MIB MiB each, 56 by default: the working
 #             tree travels beside them within the call's 64 MiB)
 # The wheel list is scripts/gpu_slime_wheels.txt over $SGLANG_GPU/wheels.txt (the 0.5.17 set); the two
@@ -41,6 +43,8 @@ set) D=.gpuw/slime-sglang-set unpinned="sglang|sglang-kernel|flashinfer-python" 
     exit 2
     ;;
 esac
+py=python3
+[[ -x .venv/bin/python ]] && py=.venv/bin/python
 FULL=.gpuw/slime/full # every wheel as downloaded, for both
 mkdir -p "$FULL"
 rm -rf "$D/wheels" "$D/src" "$D"/p* "$D/all.tar"
@@ -115,15 +119,31 @@ grep -q '# torch_memory_saver.hook_mode = "torch"' "$D/src/Megatron-LM/megatron/
     echo "slime's megatron.patch did not take (megatron/core/inference/contexts/dynamic_context.py)" >&2
     exit 1
 }
+# Then, as the Dockerfile does when it is there, docker/patch/latest/megatron-sglang-aligned.patch (its
+# FP32 residual-add + RMSNorm boundary, off unless MEGATRON_USE_SGLANG_FUSED_RESIDUAL_RMS=1).
+aligned=""
+if git -C "$SLIME_GIT" show "$SLIME_COMMIT:docker/patch/latest/megatron-sglang-aligned.patch" >"$D/megatron-sglang-aligned.patch" 2>/dev/null; then
+    patch -s -p1 -d "$D/src/Megatron-LM" <"$D/megatron-sglang-aligned.patch"
+    aligned=" + megatron-sglang-aligned.patch"
+fi
 echo "$(git -C "$SLIME_GIT" rev-parse "$SLIME_COMMIT") slime" >"$D/src/COMMITS"
-echo "$(git -C "$MEGATRON_GIT" rev-parse "$MEGATRON_COMMIT") Megatron-LM + slime's docker/patch/latest/megatron.patch" >>"$D/src/COMMITS"
+echo "$(git -C "$MEGATRON_GIT" rev-parse "$MEGATRON_COMMIT") Megatron-LM + slime's docker/patch/latest/megatron.patch$aligned" >>"$D/src/COMMITS"
+# slime's image patches its SGLang too (docker/patch/latest/sglang*.patch over the checkout it installs);
+# on slime's pin the same patches go over the wheel's sglang/, and the files they change travel in
+# src/sglang-patch/ for scripts/gpu_slime.sh's install to copy over the installed package. They are
+# written for 0.5.15.post1: SGLang's own set (SLIME_SGLANG=set) runs unpatched, as no image of slime's has it.
+if [[ -z $unpinned ]]; then
+    "$py" scripts/slime_sglang_patch.py --slime "$SLIME_GIT" --commit "$SLIME_COMMIT" \
+        --wheel "$(ls "$D"/wheels/site/sglang-[0-9]*.whl)" --out "$D/src/sglang-patch"
+    echo "SGLang $(ls "$D"/wheels/site/sglang-[0-9]*.whl | sed 's/.*sglang-\([^-]*\)-.*/\1/') + slime's docker/patch/latest/sglang*.patch (src/sglang-patch/PATCHED)" >>"$D/src/COMMITS"
+fi
 
 echo "wheels: $(find "$D/wheels" -name '*.whl' | wc -l) ($(du -sh "$D/wheels" | cut -f1)); sources: $(du -sh "$D/src" | cut -f1)"
-py=python3
-[[ -x .venv/bin/python ]] && py=.venv/bin/python
 closure_rc=0
+overlay=()
+[[ -d $D/src/sglang-patch ]] && overlay=(--overlay "$D/src/sglang-patch") # what slime's SGLang patches import
 "$py" scripts/slime_import_closure.py --source "$D/src/slime" --source "$D/src/Megatron-LM" --source . \
-    --wheels "$D/wheels" || closure_rc=$?
+    --wheels "$D/wheels" "${overlay[@]}" || closure_rc=$?
 
 tar -cf "$D/all.tar" -C "$D" wheels src
 split -b "${part_mib}m" -d -a 1 "$D/all.tar" "$D/all.tar.part"

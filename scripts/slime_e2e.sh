@@ -4,9 +4,11 @@
 # STATUS: ran on one H100 (scripts/gpu_slime.sh, SGLang 0.5.15.post1, SGLang's CUDA graphs off) on
 # 2026-12-06 (5 steps, plain and wrapped) and on 2026-12-07 (6 steps, lr 1e-4, the reward `random`):
 # plain, wrapped and budget finished every step, every push checked equal, and fault-kill stopped on
-# EngineDiedError with nothing left running; docs/measurements.md has the tables. fault-hook has not
-# run on a GPU. Its launch, flags and driver order are also what
-# tests/actor_integration/frameworks/slime/test_slime_job_source.py runs on a CPU with stand-ins.
+# EngineDiedError with nothing left running; fault-hook (2026-12-07, later) stopped on
+# LifecycleFailedError, nothing left running; docs/measurements.md has the tables. Those runs had
+# SGLang 0.5.15.post1 without slime's SGLang patches (its image applies them; the set now carries
+# them: scripts/slime_sglang_patch.py), not yet run on a GPU with them. Its launch, flags and driver
+# order are also what tests/actor_integration/frameworks/slime/test_slime_job_source.py runs on a CPU with stand-ins.
 #
 # Usage (on the GPU machine, from the repository root):
 #   SLIME_DIR=/path/to/slime MEGATRON_DIR=/path/to/Megatron-LM \

@@ -5,7 +5,7 @@ workers start from (train.py, the trainer actor, the rollout manager, SGLang's e
 server, the router, Megatron's training module, the launch switch), through the sources given with
 --source (directories: the exported slime and Megatron, this repository) and the wheels given with
 --wheels (read inside the .whl files, never installed; only the packages in FOLLOW_WHEELS are walked
-into). Imports inside functions are not followed (they run only on the paths that call them). Each
+into), a module's file in an --overlay directory read instead of its package's own. Imports inside functions are not followed (they run only on the paths that call them). Each
 missing module is reported under the strongest way it is imported: required (unconditional, at load),
 under if (a module-level `if`, mostly a platform test: ROCm, NPU, MUSA, an env switch; and whatever a
 module reached only that way imports), guarded (a `try` whose handler catches ImportError or
@@ -255,6 +255,9 @@ class Sources:
 
     dirs: list[Path] = field(default_factory=list)
     wheels: dict[str, zipfile.ZipFile] = field(default_factory=dict)  # top-level name → wheel
+    # Files laid over an installed package (slime's SGLang patches, say): a module found here is read
+    # from here, wherever else its package comes from.
+    overlays: list[Path] = field(default_factory=list)
     follow_wheels: frozenset[str] = frozenset(FOLLOW_WHEELS)
 
     def add_wheels(self, folder: Path) -> None:
@@ -279,6 +282,12 @@ class Sources:
         """(text, is_package) of a module we follow, or None."""
         rel = module.replace(".", "/")
         top = module.split(".", 1)[0]
+        for overlay in self.overlays:
+            for path, pkg in ((overlay / rel / "__init__.py", True), (overlay / f"{rel}.py", False)):
+                if path.is_file() and (
+                    (top in self.follow_wheels and top in self.wheels) or self._in_dirs(top)
+                ):
+                    return path.read_text(errors="replace"), pkg
         d = self._in_dirs(top)
         if d is not None:
             for path, pkg in ((d / rel / "__init__.py", True), (d / f"{rel}.py", False)):
@@ -376,6 +385,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--source", action="append", type=Path, default=[], help="a directory of modules")
     parser.add_argument("--wheels", action="append", type=Path, default=[], help="a folder of .whl files")
+    parser.add_argument(
+        "--overlay",
+        action="append",
+        type=Path,
+        default=[],
+        help="a directory of files laid over a carried package (read instead of the package's own)",
+    )
     parser.add_argument("--root", action="append", default=None, help="a module to start from (repeat)")
     parser.add_argument(
         "--trace", action="append", default=[], help="print where this top-level module is imported"
@@ -390,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
         "--reached", action="store_true", help="print each carried top-level module the walk reached"
     )
     args = parser.parse_args(argv)
-    sources = Sources(dirs=list(args.source))
+    sources = Sources(dirs=list(args.source), overlays=list(args.overlay))
     for folder in args.wheels:
         sources.add_wheels(folder)
     if args.follow:

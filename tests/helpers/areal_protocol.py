@@ -307,6 +307,42 @@ def cycles(rig: Rig, engine: Any, count: int) -> dict[str, Any]:
     }
 
 
+def side_by_side(rig: Rig, count: int) -> dict[str, Any]:
+    """AReaL's own switch and the wrapped one on the same server, a cycle of each in turn
+    (`tests.helpers.side_by_side.alternate`: the machine's drift falls on both), each cycle loading
+    the other set and checked by a greedy batch. The medians of each (the first cycle of each left
+    out), `wrapped_minus_own_switch_ms`, every cycle in its order, and the cycles that served other
+    tokens."""
+    from tests.helpers.side_by_side import alternate
+
+    wrong: list[dict[str, Any]] = []
+
+    def side(engine: Any, label: str) -> Any:
+        def one(index: int) -> dict[str, float]:
+            name = "B" if rig.loaded == "A" else "A"
+            timing = cycle(rig, engine, name)
+            status, answer = generate(rig)
+            if status != 200 or not served_set(rig, name, answer):
+                wrong.append(
+                    {
+                        "side": label,
+                        "cycle": index,
+                        "set": name,
+                        "status": status,
+                        "answer": str(answer)[:300],
+                    }
+                )
+            return timing
+
+        return one
+
+    figures = alternate(
+        side(rig.plain, "own"), side(rig.wrapped, "wrapped"), count, totals={"switch_ms": ("switch_ms",)}
+    )
+    figures["wrong"] = wrong
+    return figures
+
+
 def released_gib(rig: Rig, engine: Any) -> float | None:
     """The GPU memory the switch to the trainer frees (GiB), then the way back; None without a GPU."""
     if rig.free_gib is None:

@@ -115,6 +115,40 @@ def test_follow_walks_into_the_named_wheels_and_reached_lists_them(
     assert "missing_not_followed" in out and "missing_in_wheel" in out
 
 
+def test_an_overlays_file_is_read_instead_of_the_wheels_own(
+    closure_module: ModuleType, tree: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A patch laid over a carried package is what the job imports: its imports count, the wheel's
+    replaced file's do not; a module the overlay adds is found; an overlay's package no wheel or
+    source carries is not made up."""
+    src, wheels = tree
+    overlay = tmp_path / "overlay"
+    write(overlay / "wheeled" / "inner.py", "import missing_from_the_patch\nimport wheeled.added\n")
+    write(overlay / "wheeled" / "added.py", "import missing_from_an_added_file\n")
+    write(overlay / "nowhere" / "__init__.py", "import missing_never_carried\n")
+    args = [
+        "--source",
+        str(src),
+        "--wheels",
+        str(wheels),
+        "--root",
+        "app",
+        "--root",
+        "nowhere",
+        "--follow",
+        "wheeled",
+    ]
+    closure_module.main([*args, "--overlay", str(overlay)])
+    out = capsys.readouterr().out
+    assert "MISSING (required) missing_from_the_patch" in out
+    assert "MISSING (required) missing_from_an_added_file" in out
+    assert "missing_in_wheel" not in out  # the replaced file's import
+    assert "MISSING (required) nowhere" in out and "missing_never_carried" not in out
+    closure_module.main(args)
+    out = capsys.readouterr().out
+    assert "missing_in_wheel" in out and "missing_from_the_patch" not in out
+
+
 _LAZY_HEAD = """from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from vllm_like.import_utils import LazyLoader

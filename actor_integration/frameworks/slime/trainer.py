@@ -293,12 +293,21 @@ class SlimeLifecycleMixin(LifecycleMixin):
     def train(self, *args: Any, **kwargs: Any) -> Any:
         if self._slime_skips("train"):
             return self._super_method("train")[0](*args, **kwargs)
+        self._lifecycle_step_from(args, kwargs)
         return super().train(*args, **kwargs)
 
     def save_model(self, *args: Any, **kwargs: Any) -> Any:
         if self._slime_skips("save_model"):
             return self._super_method("save_model")[0](*args, **kwargs)
+        self._lifecycle_step_from(args, kwargs)
         return super().save_model(*args, **kwargs)
+
+    def _lifecycle_step_from(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """slime's `train(rollout_id, ...)` and `save_model(rollout_id, ...)` name the step: every
+        lifecycle event from here on (the train, its sleep, the push after it) carries it as `step`."""
+        rollout_id = kwargs.get("rollout_id", args[0] if args else None)
+        if isinstance(rollout_id, int) and not isinstance(rollout_id, bool):
+            self.lifecycle.step = rollout_id
 
     def update_weights(self, *args: Any, **kwargs: Any) -> Any:
         if self._slime_skips("update_weights"):

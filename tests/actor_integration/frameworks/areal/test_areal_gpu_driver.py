@@ -142,6 +142,7 @@ def dry_run(
         out["plain"] = protocol.cycles(rig, rig.plain, 3)
         out["wrapped"] = protocol.cycles(rig, rig.wrapped, 3)
         out["tokens_differ"] = rig.tokens["A"] != rig.tokens["B"]
+        out["side_by_side"] = protocol.side_by_side(rig, 3)
         out["kv"] = protocol.kv_left_released(rig)
         out["recover"] = protocol.recover_without_checkpoint(rig)
         out["ordering"] = protocol.ordering(rig)
@@ -190,6 +191,17 @@ class TestTheDriverOnTheFake:
         assert sent[:3] == ["pause abort", "pause in_place", "flush"], sent
         assert sent.index("release kv_cache") < sent.index("release weights") < sent.index("resume weights")
         assert sent[-2:] == ["resume kv_cache", "continue"], sent
+
+    def test_the_alternated_side_by_side_serves_each_set_on_both_sides_in_turn(self, ran):
+        figures = ran["side_by_side"]
+        assert figures["wrong"] == [], figures["wrong"]
+        assert figures["order"] == ["own", "wrapped", "wrapped", "own", "own", "wrapped"], figures["order"]
+        assert (
+            set(figures["own"]) == set(figures["wrapped"]) >= {"switch_ms", "to_trainer_ms", "to_rollout_ms"}
+        )
+        assert figures["wrapped_minus_own_switch_ms"] == round(
+            figures["wrapped"]["switch_ms"] - figures["own"]["switch_ms"], 3
+        )
 
     def test_the_field_failures_are_absorbed_or_refused_and_the_server_lives(self, ran):
         kv, recover, ordering = ran["kv"], ran["recover"], ran["ordering"]

@@ -16,6 +16,7 @@ from actor_integration.frameworks.slime import (
 )
 from lifecycle import Hooks, Lifecycle, LifecyclePolicy, State
 from lifecycle.errors import IllegalTransitionError, InjectedFault, LifecycleNotConfiguredError
+from lifecycle.events import capture_events
 from lifecycle.faults import FaultInjector, with_faults
 from lifecycle.testing import FakeMemorySaver
 from tests.helpers import slime_like
@@ -122,6 +123,36 @@ class TestTrainedWeightsSurvive:
         actor.train(2)
         actor.update_weights()
         assert actor.pushed == [2]
+
+
+class TestStepNumbers:
+    def test_events_carry_slimes_rollout_id_from_its_train_on(self):
+        """slime's `train(rollout_id)` names the step: the train (with the sleep that ends it) and the
+        push after it carry it; `save_model(rollout_id=...)` sets its own; before the first train, none."""
+        actor = started()  # slime's init ended asleep, before any rollout
+        with capture_events() as events:
+            actor.update_weights()
+            actor.train(3)
+            actor.update_weights()
+            actor.save_model(rollout_id=4)
+        moves = [
+            (e["operation"], e["src"], e["dst"], e["step"])
+            for e in events
+            if e["event"] == "lifecycle.transition"
+        ]
+        assert moves == [
+            ("sync", "PAUSED", "SYNCING", None),
+            ("sync", "SYNCING", "PAUSED", None),
+            ("train", "PAUSED", "AWAKE", 3),
+            ("train", "AWAKE", "PAUSED", 3),
+            ("sync", "PAUSED", "SYNCING", 3),
+            ("sync", "SYNCING", "PAUSED", 3),
+            ("save", "PAUSED", "SAVING", 4),
+            ("save", "SAVING", "PAUSED", 4),
+        ]
+        assert {
+            e["step"] for e in events if e["event"] == "lifecycle.body" and e["operation"] == "train"
+        } == {3}
 
 
 class FaultyHooksActor(LifecycleSlimeActor):
