@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tests.helpers import requests_stand_in
-from tests.helpers.framework_source import FrameworkSource, free_port, stand_in_module
+from tests.helpers.framework_source import FrameworkSource, free_port, import_what_stays, stand_in_module
 from tests.helpers.sglang_server import VERSION_ENV, FakeSGLangServer
 
 OWN_PACKAGES = ("actor_integration.", "lifecycle.", "tests.")
@@ -191,8 +191,7 @@ def installed(
         launch = "spawn"
     if framework not in ENGINE_MODULE or launch not in ("in_process", "spawn"):
         raise ValueError(f"installed({framework!r}, launch={launch!r})")
-    with contextlib.suppress(ImportError):
-        import requests  # noqa: F401 - a real one is imported once and kept (it does not survive a re-import)
+    import_what_stays()
     before = dict(sys.modules)
     children = set(multiprocessing.active_children())
     environ = os.environ.get(VERSION_ENV)
@@ -312,8 +311,7 @@ def start_engine(
 def slime_like_installed() -> Iterator[tuple[types.ModuleType, Any]]:
     """(a module whose `SGLangEngine` is `slime_engine_like.SlimeLikeEngine`, its servers by pid), with
     `requests` stood in; for CI, where slime's source is not reachable. Undone on exit."""
-    with contextlib.suppress(ImportError):
-        import requests  # noqa: F401 - as in `installed`
+    import_what_stays()
     before = dict(sys.modules)
     try:
         if "requests" not in sys.modules:

@@ -103,6 +103,17 @@ def suite_source(cls: type[FrameworkSource], who: str) -> tuple[Any, Any, Any]:
     return source, mark, source_readable
 
 
+def import_what_stays() -> None:
+    """Import the real packages a block of stand-ins must not drop, before it takes its snapshot of
+    `sys.modules` (the block then removes only what was imported inside it): `requests`, which does
+    not survive a re-import, and Ray, which the frameworks' modules import: dropped and imported again,
+    a second copy of Ray's Python modules runs over the one `ray._raylet` the process keeps, and the
+    next `ray.init` in the process segfaults."""
+    for name in ("requests", "ray"):
+        with contextlib.suppress(ImportError):
+            __import__(name)
+
+
 def stand_in_module(name: str, **attrs: Any) -> types.ModuleType:
     """A module named `name` in sys.modules (and as its parent's attribute) holding `attrs`."""
     module = types.ModuleType(name)

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tests.helpers import engine_source, rollout_calls
-from tests.helpers.framework_source import FrameworkSource, ray_stand_in, stand_in_module
+from tests.helpers.framework_source import FrameworkSource, import_what_stays, ray_stand_in, stand_in_module
 from tests.helpers.sglang_server import FakeRouter
 from tests.helpers.sglang_source import SourceTree
 from tests.helpers.vllm_fake import FakeVLLM, Model, weights
@@ -178,8 +178,7 @@ def vime_modules(
     fields vime maps its `--vllm-*` flags onto (`_VLLM_SERVER_FIELDS`: vime reads them from
     `vllm.entrypoints.launchers.cli_args`, which 0.26.0 does not have). Undone on exit, the servers
     `launched` holds closed first."""
-    with contextlib.suppress(ImportError):
-        import requests  # noqa: F401 - a real one is imported once and kept (it does not survive a re-import)
+    import_what_stays()
     before, environ = dict(sys.modules), dict(os.environ)
     try:
         _stand_ins(launched, stand_in_vllm=stand_in_vllm)
