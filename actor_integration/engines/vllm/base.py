@@ -172,6 +172,7 @@ class VLLMAdapter:
         level = self.guard.check_release(tags)
         self._check_idle()
         self._sleep(level, self._pause_mode)
+        self._resumed_by_wake = False  # vLLM's sleep paused its scheduler: a continue must ask again
         self.guard.released()
 
     def resume_memory_occupation(self, tags: Sequence[str] | None = None) -> None:

@@ -178,3 +178,10 @@ def test_a_continue_after_an_explicit_pause_asks_the_server_to_resume(server, fa
     engine.pause_generation("abort")
     engine.continue_generation()
     assert server.requests[-1] == "POST /resume"
+    # a whole wake, then a sleep straight away (no continue between): the sleep paused vLLM again
+    engine.pause_with_release()
+    engine.release_memory_occupation(None)
+    engine.resume_memory_occupation(None)
+    engine.release_memory_occupation(None)
+    engine.continue_generation()
+    assert server.requests[-1] == "POST /resume"
