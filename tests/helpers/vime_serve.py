@@ -385,6 +385,7 @@ def _fake_serve(argv: list[str] | None = None) -> None:
         model=args.model,
         host=args.host,
         port=args.port,
+        engine_log=True,
     )
     print(f"fake vllm serve {args.model} on {server.url}: {' '.join(rest)}", flush=True)
     parent = os.getppid()

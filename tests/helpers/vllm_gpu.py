@@ -4,6 +4,7 @@ and our CUDA IPC sender (tests only)."""
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -53,11 +54,20 @@ def cuda_ipc_sender(engine_call: Callable[..., Any]) -> Any:
 SLEEP_WAKE_TARGET_MS = 3.0  # issue 48: the rollout's sleep + wake within 3 ms of the engine's own calls
 
 
-def own_and_wrapped(own: dict[str, Callable[[], Any]], actor: Any, cycles: int = 10) -> dict[str, Any]:
+def own_and_wrapped(
+    own: dict[str, Callable[[], Any]],
+    actor: Any,
+    cycles: int = 10,
+    *,
+    in_engine_s: Callable[[], float] | None = None,
+) -> dict[str, Any]:
     """`cycles` of the engine's own sleep (level 2), wake of the weights and wake of the KV cache
     (`own`: "sleep", "wake_weights", "wake_kv") and as many through the rollout actor, in turn
     (`side_by_side.alternate`: the medians after the first cycle of each, every cycle's figures in
-    `rows`). A figure next to its target, printed, not asserted (timings on a shared machine)."""
+    `rows`). A figure next to its target, printed, not asserted (timings on a shared machine).
+    `in_engine_s`: the seconds spent so far inside the engine's calls (the HTTP client's requests);
+    given, each phase also has `<phase>_in_engine` (ms), so that what the actor's own process adds
+    (hooks, audit, log) is told apart from a call the engine itself took longer to answer."""
     import time
 
     from tests.helpers.side_by_side import alternate
@@ -68,9 +78,12 @@ def own_and_wrapped(own: dict[str, Callable[[], Any]], actor: Any, cycles: int =
         def cycle(_: int) -> dict[str, float]:
             out = {}
             for phase, call in zip(phases, calls, strict=True):
+                engine_before = in_engine_s() if in_engine_s is not None else 0.0
                 started = time.perf_counter()
                 call()
                 out[phase] = (time.perf_counter() - started) * 1e3
+                if in_engine_s is not None:
+                    out[f"{phase}_in_engine"] = (in_engine_s() - engine_before) * 1e3
             return out
 
         return cycle
@@ -81,6 +94,18 @@ def own_and_wrapped(own: dict[str, Callable[[], Any]], actor: Any, cycles: int =
         cycles,
         totals={"sleep_wake_ms": phases},
     )
+    if in_engine_s is not None:
+        # Each side's median, per phase, of the time outside the engine's calls (the actor's process).
+        figures["outside_engine_ms"] = {
+            side: {
+                phase: round(
+                    statistics.median(r[phase] - r[f"{phase}_in_engine"] for r in figures["rows"][side][1:]),
+                    3,
+                )
+                for phase in phases
+            }
+            for side in ("own", "wrapped")
+        }
     figures["target_ms"] = SLEEP_WAKE_TARGET_MS
     figures["wrapped_minus_own_ms"] = figures.pop("wrapped_minus_own_sleep_wake_ms")
     figures["target_met"] = figures["wrapped_minus_own_ms"] <= SLEEP_WAKE_TARGET_MS

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -119,22 +120,54 @@ def test_3b_a_killer_the_client_sends_fails_the_check(
 
 def test_3c_own_routes_and_the_wrapped_sleep_side_by_side(rig: checks.Rig) -> None:
     """The GPU test's side-by-side runs on the fake server: both sides time three calls per cycle,
-    and set A serves its tokens again after."""
+    each call's time in the client's request and in the server's engine (its log's lines) beside it,
+    with the release audit on and off; set A serves its tokens again after."""
     figures = checks.own_and_wrapped(rig, cycles=3)
     assert figures["cycles"] == 3 and figures["same_tokens_as_A"]
-    assert (
-        set(figures["own"])
-        == set(figures["wrapped"])
-        == {"sleep_ms", "wake_weights_ms", "wake_kv_ms", "sleep_wake_ms"}
+    phases = {"sleep_ms", "wake_weights_ms", "wake_kv_ms"}
+    keys = phases | {f"{p}_in_engine" for p in phases} | {"sleep_wake_ms"}
+    for run in (figures, figures["audit_off"]):
+        assert set(run["own"]) == set(run["wrapped"]) == keys
+        assert [len(run["rows"][side]) for side in ("own", "wrapped")] == [3, 3]
+        assert all(
+            set(row) == keys and min(row.values()) > 0 for side in run["rows"].values() for row in side
+        )
+        assert all(
+            row[p] >= row[f"{p}_in_engine"] for side in run["rows"].values() for row in side for p in phases
+        )
+        assert run["order"] == ["own", "wrapped", "wrapped", "own", "own", "wrapped"]
+        # the own side calls the client's request and nothing else; the wrapped side runs the actor too
+        assert set(run["outside_engine_ms"]) == {"own", "wrapped"}
+        assert run["engine_log"] == "18 sleep/wake lines, one per call", run["engine_log"]
+        for side in ("own", "wrapped"):
+            assert set(run["engine_ms"][side]) == phases
+            assert set(run["net_ms"][side]) == phases | {"sleep_wake_ms"}
+            assert all(ms > 0 for ms in run["net_ms"][side].values())
+        assert isinstance(run["wrapped_minus_own_net_ms"], float)
+        assert isinstance(run["target_met"], bool) and run["target_ms"] == 3.0
+
+
+def test_3d_the_engines_log_lines_are_read_as_vllm_writes_them(tmp_path: Path) -> None:
+    """vLLM 0.26.0's EngineCore lines (as seen in an H100 run's server log) give each call's time, in
+    order; a log missing a line leaves the side-by-side without engine figures, said so."""
+    log = (
+        "(EngineCore pid=1594) INFO 12-07 13:11:37 [abstract.py:327] It took 0.015144 seconds to fall asleep.\n"
+        '(APIServer pid=1530) INFO:     127.0.0.1:47444 - "POST /sleep?level=2&mode=abort HTTP/1.1" 200 OK\n'
+        "(EngineCore pid=1594) INFO 12-07 13:11:37 [abstract.py:345] It took 0.001226 seconds to wake up "
+        "tags ['weights'].\n"
+        "(EngineCore pid=1594) INFO 12-07 13:11:37 [abstract.py:345] It took 0.071909 seconds to wake up "
+        "tags ['kv_cache'].\n"
     )
-    assert isinstance(figures["target_met"], bool) and figures["target_ms"] == 3.0
-    assert [len(figures["rows"][side]) for side in ("own", "wrapped")] == [3, 3]
-    assert all(
-        set(row) == {"sleep_ms", "wake_weights_ms", "wake_kv_ms", "sleep_wake_ms"} and min(row.values()) > 0
-        for side in figures["rows"].values()
-        for row in side
-    )
-    assert figures["order"] == ["own", "wrapped", "wrapped", "own", "own", "wrapped"]
+    assert checks.engine_reported(log) == [
+        ("sleep", pytest.approx(15.144)),
+        ("wake ['weights']", pytest.approx(1.226)),
+        ("wake ['kv_cache']", pytest.approx(71.909)),
+    ]
+    figures = {"order": ["own", "wrapped"], "rows": {"own": [{}], "wrapped": [{}]}}
+    (tmp_path / "serve.log").write_text(log)
+    checks.with_engine_log(figures, tmp_path / "serve.log", 0, deadline_s=0.2)
+    assert figures["engine_log"] == "3 sleep/wake line(s) in the server's log, 6 calls made"
+    assert "net_ms" not in figures
 
 
 def test_4_a_killed_server_is_a_typed_error_within_the_deadline(rig: checks.Rig) -> None:
