@@ -15,11 +15,13 @@ Two differences to mind where a module takes it: a rank has the environment the 
 with, not a later change to `os.environ` (no module that takes it sets one for its ranks); and a rank
 holds megatron-core's objects even where it never imports it, so a full garbage collection walks
 about twice as many objects (0.19 s instead of 0.10 s). test_process_groups.py collects in each of its
-50 cycles on 4 ranks, which would cost more than the imports save: it keeps "spawn".
+50 cycles on 4 ranks, which would cost more than the imports save: that fixture keeps "spawn", its
+other run_world calls take `ranks_forked()`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 from collections.abc import Iterator
 from typing import Any
@@ -45,11 +47,24 @@ class _ForkServerRanks:
         return torch_mp.start_processes(fn, args, nprocs, start_method="forkserver", **kwargs)
 
 
-@pytest.fixture(scope="module")
-def ranks_from_one_import() -> Iterator[None]:
-    """run_world in this module (its module-scoped fixtures too) forks its ranks from the fork server,
-    started once per pytest process; `spawn` again after the module."""
+def fork_server() -> Any:
+    """multiprocessing's "forkserver" context, the server's preload `PRELOAD` (for a test's own processes)."""
     multiprocessing.set_forkserver_preload(PRELOAD)  # the same list wherever set: the first start wins
+    return multiprocessing.get_context("forkserver")
+
+
+@contextlib.contextmanager
+def ranks_forked() -> Iterator[None]:
+    """run_world inside forks its ranks from the fork server (started once per pytest process)."""
+    fork_server()
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(spawn, "mp", _ForkServerRanks)
+        yield
+
+
+@pytest.fixture(scope="module")
+def ranks_from_one_import() -> Iterator[None]:
+    """run_world in this module (its module-scoped fixtures too) forks its ranks from the fork server;
+    `spawn` again after the module."""
+    with ranks_forked():
         yield
