@@ -10,6 +10,8 @@ import json
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,26 +20,74 @@ from tests.helpers.benchmarks import load_benchmark
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "bench_phase_switch.py"
+TIMEOUT_S = 240  # each run's, from its start
 
 
-def run_bench(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """The script with `args`, from `tmp_path`, the repository importable; it must exit 0."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), *args],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env=env,
-        cwd=tmp_path,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc
+class BenchRun:
+    """The script with `args`, from `cwd`, the repository importable, started at once in the
+    background (its output into files, so no pipe fills while nobody reads); `result()` waits for
+    it (TIMEOUT_S from its start), and it must have exited 0."""
+
+    def __init__(self, cwd: Path, *args: str, library: Path | None = None) -> None:
+        self.cwd, self.library = cwd, library  # library: the --nccl-lib given, if any
+        env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+        self.started = time.monotonic()
+        with open(cwd / "stdout.txt", "w") as stdout, open(cwd / "stderr.txt", "w") as stderr:
+            self.proc = subprocess.Popen(
+                [sys.executable, str(SCRIPT), *args], stdout=stdout, stderr=stderr, env=env, cwd=cwd
+            )
+
+    def result(self) -> subprocess.CompletedProcess[str]:
+        try:
+            self.proc.wait(timeout=max(self.started + TIMEOUT_S - time.monotonic(), 0.0))
+        except subprocess.TimeoutExpired:
+            self.stop()
+            raise
+        stdout, stderr = ((self.cwd / name).read_text() for name in ("stdout.txt", "stderr.txt"))
+        proc = subprocess.CompletedProcess(self.proc.args, self.proc.returncode, stdout, stderr)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        return proc
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
 
 
-def test_cpu_smoke_runs_every_column_and_reports_every_hook(tmp_path: Path) -> None:
-    out = tmp_path / "phase.json"
-    proc = run_bench(tmp_path, "--cpu-smoke", "--steps", "3", "--out", str(out))
+@pytest.fixture(scope="module")
+def runs(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, BenchRun]]:
+    """The end-to-end runs of the tests selected in this module, all started when the first of them
+    is needed, side by side. Each keeps about one core busy (one column's process at a time), so on
+    CI's two cores they take about as long as the longest alone, not the sum (about 50 + 46 + 7 s).
+    Each run has its own directory, arguments and deadline, and each test checks only its own."""
+    from tests.helpers.nccl_lib import nccl_library
+
+    selected = {item.originalname for item in request.session.items if item.module is request.module}
+    started: dict[str, BenchRun] = {}
+    if test_cpu_smoke_runs_every_column_and_reports_every_hook.__name__ in selected:
+        cwd = tmp_path_factory.mktemp("phase-smoke")
+        started["smoke"] = BenchRun(cwd, "--cpu-smoke", "--steps", "3", "--out", str(cwd / "phase.json"))
+    if test_nccl_lib_runs_every_process_with_that_library.__name__ in selected:
+        cwd = tmp_path_factory.mktemp("phase-nccl")
+        library = nccl_library(cwd)
+        if library is not None:
+            args = ["--cpu-smoke", "--steps", "2", "--slime-steps", "1", "--ways", "keep", "--no-teardown"]
+            args += ["--nccl-lib", str(library), "--out", str(cwd / "phase.json")]
+            started["nccl"] = BenchRun(cwd, *args, library=library)
+    if test_the_sm_restore_column_runs_through_on_cpu.__name__ in selected:
+        cwd = tmp_path_factory.mktemp("phase-sm")
+        flags = ["--cpu-smoke", "--no-teardown", "--ways", "", "--sm-restore", "--columns", "budget-part-sm"]
+        started["sm"] = BenchRun(cwd, *flags, "--steps", "3", "--out", str(cwd / "sm.json"))
+    yield started
+    for run in started.values():
+        run.stop()
+
+
+def test_cpu_smoke_runs_every_column_and_reports_every_hook(runs: dict[str, BenchRun]) -> None:
+    out = runs["smoke"].cwd / "phase.json"
+    proc = runs["smoke"].result()
     for line in (
         "phase / hook",
         "process_groups.destroy",
@@ -131,19 +181,14 @@ def test_the_steady_lifecycle_is_the_median_of_each_steps_lifecycle() -> None:
     assert round(summary["steady"]["lifecycle"], 3) == 0.972
 
 
-def test_nccl_lib_runs_every_process_with_that_library(tmp_path: Path) -> None:
+def test_nccl_lib_runs_every_process_with_that_library(runs: dict[str, BenchRun]) -> None:
     """--nccl-lib re-runs the script with the library in LD_PRELOAD: the report and each column's
     process name the loaded NCCL (2.30.7, the wheel's), as the H200 runs need for suspend."""
-    import pytest
-
-    from tests.helpers.nccl_lib import nccl_library
-
-    library = nccl_library(tmp_path)
-    if library is None:
+    if "nccl" not in runs:  # `runs` found no library (tests.helpers.nccl_lib.nccl_library)
         pytest.skip("no nvidia-nccl wheel (2.30+) on this machine")
-    out = tmp_path / "phase.json"
-    args = ["--cpu-smoke", "--steps", "2", "--slime-steps", "1", "--ways", "keep", "--no-teardown"]
-    proc = run_bench(tmp_path, *args, "--nccl-lib", str(library), "--out", str(out))
+    library = runs["nccl"].library
+    out = runs["nccl"].cwd / "phase.json"
+    proc = runs["nccl"].result()
     assert f"re-running with LD_PRELOAD={library}" in proc.stdout
     report = json.loads(out.read_text())
     assert report["nccl_loaded"] == {"version": "2.30.7", "path": str(library)}
@@ -182,12 +227,11 @@ def test_budget_part_sm_without_sm_restore_is_refused_with_the_flag_named() -> N
     assert "Traceback" not in proc.stderr
 
 
-def test_the_sm_restore_column_runs_through_on_cpu(tmp_path: Path) -> None:
+def test_the_sm_restore_column_runs_through_on_cpu(runs: dict[str, BenchRun]) -> None:
     """budget-part-sm's whole column (calibration, the need set, its steps) on the CPU smoke: its
     rollout starts without a KV cache like every budget column's, which the need then sizes."""
-    out = tmp_path / "sm.json"
-    flags = ["--cpu-smoke", "--no-teardown", "--ways", "", "--sm-restore", "--columns", "budget-part-sm"]
-    run_bench(tmp_path, *flags, "--steps", "3", "--out", str(out))
+    out = runs["sm"].cwd / "sm.json"
+    runs["sm"].result()
     column = json.loads(out.read_text())["columns"]["budget-part-sm"]
     assert "error" not in column and len(column["steps"]) == 3, column.get("error")
     assert column["need"]["kv_bytes"] > 0 and all(step["intact"] == 1.0 for step in column["steps"])

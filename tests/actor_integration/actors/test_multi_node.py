@@ -58,31 +58,48 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
         env = {LOG_DIR_ENV: str(logs / name), "RAY_USAGE_STATS_ENABLED": "0"}
         return made.add_node(num_cpus=2, resources={f"node_{name}": 1}, env_vars=env)
 
+    removed: list[tuple[Any, float]] = []  # (node, when replaced) until the GCS counts it dead
+
     def replace(name: str, lost: Any) -> None:
-        """A fresh node `name` in place of the removed `lost`, once the GCS counts `lost` dead. Until
-        then it still offers its `node_<name>` resource, and an actor the next test places on
-        `name` can land on it and die unstarted ("its node has died": seen in CI)."""
+        """A fresh node `name` in place of the removed `lost`. Until the GCS counts `lost` dead (its
+        health checks, some seconds) it still offers its `node_<name>` resource, and an actor the
+        next test places on `name` can land on it and die unstarted ("its node has died": seen in
+        CI): `settle` waits for that before the next test (`_removed_nodes_are_dead`), not here, so
+        that the module's last test does not wait out the GCS for no test after it."""
         nodes[name] = add(name)
-        deadline = time.monotonic() + 120
-        while any(n["NodeID"] == lost.node_id and n["Alive"] for n in ray.nodes()):
-            if time.monotonic() > deadline:
+        removed.append((lost, time.monotonic()))
+
+    def settle() -> None:
+        """Return once the GCS counts every node removed so far dead (120 s after its replace at most)."""
+        while removed:
+            lost, replaced_at = removed[0]
+            if not any(n["NodeID"] == lost.node_id and n["Alive"] for n in ray.nodes()):
+                removed.pop(0)
+            elif time.monotonic() > replaced_at + 120:
                 raise AssertionError(
                     f"node {lost.node_id[:8]} still alive in the GCS 120 s after its removal"
                 )
-            time.sleep(0.5)
+            else:
+                time.sleep(0.5)
 
     nodes = {name: add(name) for name in ("a", "b")}
     made.wait_for_nodes()
     ray.init(address=made.address, log_to_driver=False, configure_logging=False)
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # test classes, shipped by value
     handle = SimpleNamespace(
-        cluster=made, nodes=nodes, logs=logs, address=made.address, add=add, replace=replace
+        cluster=made, nodes=nodes, logs=logs, address=made.address, add=add, replace=replace, settle=settle
     )
     yield handle
     ray.shutdown()
     made.shutdown()
     if was_up:
         start_local_ray(ray)
+
+
+@pytest.fixture(autouse=True)
+def _removed_nodes_are_dead(cluster: SimpleNamespace) -> None:
+    """Before every test: each node an earlier test removed (and replaced) is dead in the GCS."""
+    cluster.settle()
 
 
 def node_id(handle: SimpleNamespace, name: str) -> str:

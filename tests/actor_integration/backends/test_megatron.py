@@ -16,8 +16,12 @@ from torch.distributed.distributed_c10d import Store
 
 from actor_integration.backends.megatron import MegatronParallelState
 from actor_integration.backends.process_groups import ReloadableProcessGroups
+from tests.actor_integration.forked_ranks import ranks_from_one_import
 from tests.helpers.models import tiny_gpt_model
 from tests.helpers.spawn import no_crash, run_world
+
+# run_world's ranks forked from one import of torch (tests/actor_integration/forked_ranks.py)
+pytestmark = pytest.mark.usefixtures(ranks_from_one_import.__name__)
 
 
 def _megatron_installed() -> bool:

@@ -24,6 +24,7 @@ from actor_integration.backends.process_groups import (
 )
 from lifecycle import Groups, Hooks, Lifecycle, LifecyclePolicy, State
 from lifecycle.testing import FakeMemorySaver
+from tests.actor_integration.forked_ranks import ranks_forked
 from tests.helpers.spawn import no_crash, run_world
 
 CYCLES = 50
@@ -193,6 +194,8 @@ def _lifecycle_worker(rank: int, world_size: int, store: Store, init_method: str
 
 @pytest.fixture(scope="module")
 def cycles() -> list[dict[str, Any]]:
+    # Spawned ranks, not `ranks_forked()`: a rank forked from the fork server holds megatron-core's
+    # objects too, and the gc.collect() of each of these cycles would walk them (forked_ranks.py).
     results = run_world(_cycles_worker, 4, deadline_s=90)
     no_crash(results)
     return results
@@ -284,7 +287,7 @@ class TestRankBranch:
 
 @pytest.fixture(scope="module")
 def steps() -> list[dict[str, Any]]:
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, ranks_forked():  # ranks forked from one torch import
         results = run_world(_lifecycle_worker, 2, f"file://{tmp}/rendezvous", deadline_s=60)
     no_crash(results)
     return results
@@ -478,7 +481,8 @@ def _skipping_worker(rank: int, world_size: int, store: Store) -> dict[str, Any]
 
 class TestSkippedTeardown:
     def test_a_rank_that_skips_the_teardown_is_named_and_nothing_is_torn_down(self) -> None:
-        results = run_world(_skipping_worker, 4, deadline_s=60)
+        with ranks_forked():  # ranks forked from one torch import (tests/actor_integration/forked_ranks.py)
+            results = run_world(_skipping_worker, 4, deadline_s=60)
         no_crash(results)
         for rank in range(3):
             res = results[rank]

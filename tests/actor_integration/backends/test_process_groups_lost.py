@@ -13,7 +13,11 @@ from torch.distributed import Store
 
 from actor_integration.backends.process_groups import LIFECYCLE_CAUSE, Meeting, ReloadableProcessGroups
 from actor_integration.errors import PeersLostError
+from tests.actor_integration.forked_ranks import ranks_from_one_import
 from tests.helpers.spawn import no_crash, run_world
+
+# run_world's ranks forked from one import of torch (tests/actor_integration/forked_ranks.py)
+pytestmark = pytest.mark.usefixtures(ranks_from_one_import.__name__)
 
 
 class TestMeeting:

@@ -25,8 +25,12 @@ from lifecycle import Communicators, Groups, Hooks, Lifecycle, LifecyclePolicy, 
 from lifecycle.budget import COMMUNICATORS
 from lifecycle.checker import check_lines
 from lifecycle.testing import FakeMemorySaver
+from tests.actor_integration.forked_ranks import ranks_from_one_import
 from tests.helpers import fake_nccl
 from tests.helpers.spawn import no_crash, run_world
+
+# run_world's ranks forked from one import of torch (tests/actor_integration/forked_ranks.py)
+pytestmark = pytest.mark.usefixtures(ranks_from_one_import.__name__)
 
 
 def _sum(group: Any, value: float = 1.0) -> float:

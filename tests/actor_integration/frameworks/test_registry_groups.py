@@ -17,7 +17,11 @@ from typing import Any
 
 import pytest
 
+from tests.actor_integration.forked_ranks import ranks_from_one_import
 from tests.helpers.spawn import no_crash, run_world
+
+# run_world's ranks forked from one import of torch (tests/actor_integration/forked_ranks.py)
+pytestmark = pytest.mark.usefixtures(ranks_from_one_import.__name__)
 
 CYCLES = 3
 

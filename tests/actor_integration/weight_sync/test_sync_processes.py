@@ -28,11 +28,15 @@ from actor_integration.weight_sync import (
 from actor_integration.weight_sync.disk import DiskSender
 from actor_integration.weight_sync.nccl import NcclReceiver, NcclSender
 from actor_integration.weight_sync.shm import ShmSender
+from tests.actor_integration.forked_ranks import fork_server
 from tests.helpers.engine_pipe import EngineClient, serve_rollout
 from tests.helpers.models import perturbed
 
 CONFIG = TinyLMConfig(vocab_size=61, dim=16, n_layers=2, n_heads=2, max_seq_len=32, seed=3)
 SPAWN = mp.get_context("spawn")
+# The trainer ranks and the engine of the slot and broadcast runs: forked from one import of torch
+# (tests/actor_integration/forked_ranks.py). The host-memory run keeps SPAWN: its peak RSS is measured.
+FORKED = fork_server()
 
 
 def trained(seed):
@@ -63,8 +67,8 @@ def read(out: Path, world: int) -> list[dict]:
 
 
 def start_engine(devices):
-    ours, theirs = SPAWN.Pipe()
-    process = SPAWN.Process(target=serve_rollout, args=(theirs, CONFIG, devices), daemon=True)
+    ours, theirs = FORKED.Pipe()
+    process = FORKED.Process(target=serve_rollout, args=(theirs, CONFIG, devices), daemon=True)
     process.start()
     return process, EngineClient(ours), ours
 
@@ -182,7 +186,8 @@ def three_ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("three_ranks")
     engine, client, conn = start_engine(["cpu", "cpu"])
     try:
-        mp.spawn(trainer_main, args=(3, free_port(), conn, out, str(out / "disk")), nprocs=3)
+        args = (3, free_port(), conn, out, str(out / "disk"))
+        mp.start_processes(trainer_main, args=args, nprocs=3, start_method="forkserver")
         engine_view = {
             "checksum": client.call("weights_checksum"),
             "version": client.call("weight_version"),
@@ -293,10 +298,10 @@ def broadcast_main(rank, world, port, conn, out) -> None:
 
 class TestBroadcast:
     def test_the_broadcast_transport_moves_each_version_bit_exact(self, tmp_path):
-        trainer_end, engine_end = SPAWN.Pipe()
+        trainer_end, engine_end = FORKED.Pipe()
         port = free_port()
         procs = [
-            SPAWN.Process(target=broadcast_main, args=(rank, 2, port, conn, tmp_path))
+            FORKED.Process(target=broadcast_main, args=(rank, 2, port, conn, tmp_path))
             for rank, conn in ((0, trainer_end), (1, engine_end))
         ]
         for p in procs:

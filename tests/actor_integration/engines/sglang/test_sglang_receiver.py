@@ -12,13 +12,18 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 import torch.distributed as dist
 
 from actor_integration.engines.sglang import receiver as sglang_receiver
 from actor_integration.weight_sync import RankSlot, WeightSender
 from actor_integration.weight_sync.shm import ShmSender
+from tests.actor_integration.forked_ranks import ranks_from_one_import
 from tests.helpers.spawn import no_crash, run_world
+
+# run_world's ranks forked from one import of torch (tests/actor_integration/forked_ranks.py)
+pytestmark = pytest.mark.usefixtures(ranks_from_one_import.__name__)
 
 
 def rank_payload(rank: int, tensors: dict[str, torch.Tensor]) -> Any:

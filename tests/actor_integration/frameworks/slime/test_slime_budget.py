@@ -20,7 +20,11 @@ from actor_integration.frameworks.slime.budget import (
     check_budget,
     rollout_need_bytes,
 )
+from tests.actor_integration.forked_ranks import ranks_from_one_import
 from tests.helpers.spawn import no_crash, run_world
+
+# run_world's ranks forked from one import of torch (tests/actor_integration/forked_ranks.py)
+pytestmark = pytest.mark.usefixtures(ranks_from_one_import.__name__)
 
 GIB = 1 << 30
 
