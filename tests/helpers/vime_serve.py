@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import logging
 import os
 import signal
 import subprocess
@@ -385,8 +386,13 @@ def _fake_serve(argv: list[str] | None = None) -> None:
         model=args.model,
         host=args.host,
         port=args.port,
-        engine_log=True,
     )
+    # The executor's sleep and wake lines on this process's output (the server's log), as vLLM's are.
+    executor_log = logging.getLogger("vllm.v1.executor.abstract")
+    executor_log.setLevel(logging.INFO)
+    to_log = logging.StreamHandler(sys.stdout)
+    to_log.setFormatter(logging.Formatter("(EngineCore) %(levelname)s %(message)s"))
+    executor_log.addHandler(to_log)
     print(f"fake vllm serve {args.model} on {server.url}: {' '.join(rest)}", flush=True)
     parent = os.getppid()
     while os.getppid() == parent:  # the test process is gone: so is this server

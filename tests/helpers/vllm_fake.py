@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import logging
 import multiprocessing
 import os
 import time
@@ -49,6 +50,9 @@ from tests.helpers.vllm_source import (
 
 VOCAB = 97
 ENGINE_DEAD_MESSAGE = "EngineCore encountered an issue. See stack trace (above) for the root cause."
+
+# The executor's lines, as vLLM 0.26.0 logs them for each sleep and wake (vllm/v1/executor/abstract.py).
+EXECUTOR_LOG = logging.getLogger("vllm.v1.executor.abstract")
 
 
 class EngineDeadError(Exception):
@@ -173,10 +177,12 @@ class FakeVLLM:
         if self.sleeping_tags:
             self.warnings.append("Executor is already sleeping.")
             return
+        started = time.perf_counter()
         self.sleeping_tags = {"weights", "kv_cache"}
         self.level = level
         if level == 2:  # discarded: what the wake maps back is whatever the memory held
             self.model.params = {n: torch.full_like(t, 7) for n, t in self.model.params.items()}
+        EXECUTOR_LOG.info("It took %.6f seconds to fall asleep.", time.perf_counter() - started)
 
     def wake_up(self, tags: list[str] | None) -> None:
         if tags is not None and "scheduling" in tags:
@@ -187,7 +193,11 @@ class FakeVLLM:
             elif tags and any(t not in self.sleeping_tags for t in tags):
                 self.warnings.append(f"Tag {tags} is not in sleeping tags {self.sleeping_tags}")
             else:
+                started, woken = time.perf_counter(), tags if tags is not None else set(self.sleeping_tags)
                 self.sleeping_tags -= set(self.sleeping_tags if tags is None else tags)
+                EXECUTOR_LOG.info(
+                    "It took %.6f seconds to wake up tags %s.", time.perf_counter() - started, woken
+                )
         if not self.sleeping_tags:
             self.paused = False
 

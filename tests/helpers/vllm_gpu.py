@@ -110,3 +110,38 @@ def own_and_wrapped(
     figures["wrapped_minus_own_ms"] = figures.pop("wrapped_minus_own_sleep_wake_ms")
     figures["target_met"] = figures["wrapped_minus_own_ms"] <= SLEEP_WAKE_TARGET_MS
     return figures
+
+
+SIDE_BY_SIDE_CYCLES = 20  # per side and run (the first of each not counted)
+
+
+def own_and_wrapped_runs(
+    own: dict[str, Callable[[], Any]],
+    actor: Any,
+    engine_log: Path,
+    cycles: int = SIDE_BY_SIDE_CYCLES,
+    *,
+    in_engine_s: Callable[[], float] | None = None,
+) -> dict[str, Any]:
+    """`own_and_wrapped` twice: with the actor's release audit as it is, then off (`audit_off`: the
+    audit reads the GPU's free memory before and after each call, in the actor's process), each
+    run's calls paired with the engine's own times in `engine_log` (`engine_log.with_engine_times`:
+    `engine_ms`, `net_ms`, `wrapped_minus_own_net_ms`). The figures of the first run, the second's
+    under `audit_off`."""
+    from tests.helpers.engine_log import PHASES, log_size, read_engine_lines, with_engine_times
+
+    audit = actor.memory_audit
+    measured = audit.free_bytes
+    runs = {}
+    for name, free_bytes in (("audit_on", measured), ("audit_off", lambda: None)):
+        log_from = log_size(engine_log)
+        audit.free_bytes = free_bytes
+        try:
+            runs[name] = own_and_wrapped(own, actor, cycles, in_engine_s=in_engine_s)
+        finally:
+            audit.free_bytes = measured
+        wanted = len(runs[name]["order"]) * len(PHASES)
+        with_engine_times(runs[name], read_engine_lines(engine_log, log_from, wanted))
+    figures = runs["audit_on"]
+    figures["audit_off"] = runs["audit_off"]
+    return figures

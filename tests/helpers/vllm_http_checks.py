@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -350,96 +349,24 @@ def _typed(error: BaseException | None, kinds: tuple[type[Any], ...]) -> Any:
     return None
 
 
-ENGINE_TOOK = re.compile(r"It took ([0-9.]+) seconds (to fall asleep|to wake up tags \[[^\]]*\])")
-
-
-SIDE_BY_SIDE_CYCLES = 20  # per side and run (the first of each not counted)
-
-
-def engine_reported(log_text: str) -> list[tuple[str, float]]:
-    """Each sleep and wake the server's EngineCore logged, in order: ("sleep" or "wake <tags>", ms)
-    (vLLM 0.26.0's `It took 0.014633 seconds to fall asleep.` and `... to wake up tags ['kv_cache'].`)."""
-    out = []
-    for seconds, what in ENGINE_TOOK.findall(log_text):
-        kind = "sleep" if what == "to fall asleep" else "wake " + what.removeprefix("to wake up tags ")
-        out.append((kind, float(seconds) * 1e3))
-    return out
-
-
-def with_engine_log(figures: dict[str, Any], log_path: Path, log_from: int, deadline_s: float = 5.0) -> None:
-    """Add to a side-by-side's `figures` what the server's EngineCore logged for each of its calls
-    (`engine_reported`, read from byte `log_from` of the server's log): per side, the medians of the
-    engine's own time (`engine_ms`) and of each phase's time outside it (`net_ms`: the client, HTTP
-    and the API server), and `wrapped_minus_own_net_ms`. Both sides send the same requests; the
-    engine's time varies with what the driver does (a 23 GiB KV cache mapped back), the net time is
-    what the client side adds. None where the log does not hold one line per call in time."""
-    phases = ("sleep_ms", "wake_weights_ms", "wake_kv_ms")
-    wanted = len(figures["order"]) * len(phases)
-    lines: list[tuple[str, float]] = []
-    deadline = time.monotonic() + deadline_s
-    while True:  # the server's log is written by its own processes: wait for the last lines
-        with open(log_path, "rb") as log:
-            log.seek(log_from)
-            lines = engine_reported(log.read().decode(errors="replace"))
-        if len(lines) >= wanted or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
-    expected = ["sleep", "wake ['weights']", "wake ['kv_cache']"] * len(figures["order"])
-    if [kind for kind, _ms in lines] != expected:
-        figures["engine_log"] = f"{len(lines)} sleep/wake line(s) in the server's log, {wanted} calls made"
-        return
-    rows: dict[str, list[dict[str, float]]] = {side: [] for side in figures["rows"]}
-    taken = {side: iter(figures["rows"][side]) for side in figures["rows"]}
-    engine_ms = iter(ms for _kind, ms in lines)
-    for side in figures["order"]:
-        client = next(taken[side])
-        row = {phase: next(engine_ms) for phase in phases}
-        row.update({f"net_{phase}": client[phase] - row[phase] for phase in phases})
-        row["net_sleep_wake_ms"] = sum(row[f"net_{phase}"] for phase in phases)
-        rows[side].append(row)
-    for side, kept in rows.items():  # the first cycle of each side is not counted (alternate's rule)
-        figures.setdefault("engine_ms", {})[side] = {
-            phase: round(statistics.median(r[phase] for r in kept[1:]), 3) for phase in phases
-        }
-        figures.setdefault("net_ms", {})[side] = {
-            key: round(statistics.median(r[f"net_{key}"] for r in kept[1:]), 3)
-            for key in (*phases, "sleep_wake_ms")
-        }
-    figures["wrapped_minus_own_net_ms"] = round(
-        figures["net_ms"]["wrapped"]["sleep_wake_ms"] - figures["net_ms"]["own"]["sleep_wake_ms"], 3
-    )
-    figures["engine_log"] = f"{len(lines)} sleep/wake lines, one per call"
-
-
-def own_and_wrapped(rig: Rig, cycles: int = SIDE_BY_SIDE_CYCLES) -> dict[str, Any]:
+def own_and_wrapped(rig: Rig, cycles: int | None = None) -> dict[str, Any]:
     """The server's own routes (/sleep?level=2&mode=abort, /wake_up?tags=weights, then kv_cache, over
-    the client's connection) next to the rollout actor's sleep and wakes (`vllm_gpu.own_and_wrapped`),
-    each call's time inside the client's request and inside the server's EngineCore (its log) kept
-    beside it; then the same with the actor's release audit off (`audit_off`: it reads the GPU's
-    free memory before and after each call, in this process); then set A through our sync, which
-    must serve its first tokens again."""
-    from tests.helpers.vllm_gpu import own_and_wrapped as side_by_side
+    the client's connection) next to the rollout actor's sleep and wakes, with the release audit on
+    and off (`vllm_gpu.own_and_wrapped_runs`), each call's time inside the client's request and
+    inside the server's EngineCore (its log) beside it; then set A through our sync, which must serve
+    its first tokens again."""
+    from tests.helpers.vllm_gpu import SIDE_BY_SIDE_CYCLES, own_and_wrapped_runs
 
-    engine, log_path = rig.engine, Path(rig.figures["log"])
+    engine = rig.engine
     own = {
         "sleep": lambda: engine._request("POST", "/sleep?level=2&mode=abort", None),
         "wake_weights": lambda: engine._request("POST", "/wake_up?tags=weights", None),
         "wake_kv": lambda: engine._request("POST", "/wake_up?tags=kv_cache", None),
     }
-    audit = rig.actor.memory_audit
-    measured = audit.free_bytes
-    runs = {}
-    for name, free_bytes in (("audit_on", measured), ("audit_off", lambda: None)):
-        log_from = log_path.stat().st_size
-        audit.free_bytes = free_bytes
-        try:
-            with requests_timed(engine) as in_engine_s:
-                runs[name] = side_by_side(own, rig.actor, cycles, in_engine_s=in_engine_s)
-        finally:
-            audit.free_bytes = measured
-        with_engine_log(runs[name], log_path, log_from)
-    figures = runs["audit_on"]
-    figures["audit_off"] = runs["audit_off"]
+    with requests_timed(engine) as in_engine_s:
+        figures = own_and_wrapped_runs(
+            own, rig.actor, Path(rig.figures["log"]), cycles or SIDE_BY_SIDE_CYCLES, in_engine_s=in_engine_s
+        )
     rig.actor.sleep()
     rig.actor.wake_up(["weights"])
     rig.version += 1

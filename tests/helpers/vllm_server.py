@@ -17,7 +17,6 @@ import http.server
 import json
 import pickle
 import threading
-import time
 import urllib.parse
 from typing import Any
 
@@ -34,10 +33,8 @@ class FakeVLLMServer:
         host: str = "127.0.0.1",
         port: int = 0,
         hangs_on_death: bool = False,
-        engine_log: bool = False,
     ) -> None:
         self.fake = fake
-        self.engine_log = engine_log  # print the EngineCore's timing lines, in vLLM 0.26.0's words
         self.model = model
         self.problems: list[str] = []
         self.requests: list[str] = []
@@ -97,13 +94,6 @@ class FakeVLLMServer:
         ):  # the client gave up (a timeout test)
             _answer(handler, status, answer)
 
-    def _engine_took(self, started: float, what: str) -> None:
-        """The line vLLM's EngineCore logs after a sleep or a wake (vllm/v1/executor/abstract.py)."""
-        if self.engine_log:
-            print(
-                f"(EngineCore) INFO It took {time.perf_counter() - started:.6f} seconds {what}.", flush=True
-            )
-
     def _route(self, path: str, query: dict[str, list[str]], body: Any) -> tuple[int, Any]:
         fake = self.fake
         if path == "/health":
@@ -115,14 +105,10 @@ class FakeVLLMServer:
         if path == "/is_paused":
             return 200, {"is_paused": fake.paused}
         if path == "/sleep":
-            started = time.perf_counter()
             fake.sleep(int(query.get("level", ["1"])[0]), query.get("mode", ["abort"])[0])
-            self._engine_took(started, "to fall asleep")
             return 200, None
         if path == "/wake_up":
-            started = time.perf_counter()
             fake.wake_up(query.get("tags") or None)
-            self._engine_took(started, f"to wake up tags {query.get('tags') or None}")
             return 200, None
         if path == "/pause":
             fake.sleep(0, query.get("mode", ["abort"])[0])
