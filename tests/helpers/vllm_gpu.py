@@ -123,25 +123,46 @@ def own_and_wrapped_runs(
     *,
     in_engine_s: Callable[[], float] | None = None,
 ) -> dict[str, Any]:
-    """`own_and_wrapped` twice: with the actor's release audit as it is, then off (`audit_off`: the
+    """`own_and_wrapped` three times: with the actor's release audit as it is, then off (`audit_off`: the
     audit reads the GPU's free memory before and after each call, in the actor's process), each
     run's calls paired with the engine's own times in `engine_log` (`engine_log.with_engine_times`:
-    `engine_ms`, `net_ms`, `wrapped_minus_own_net_ms`). The figures of the first run, the second's
-    under `audit_off`."""
+    `engine_ms`, `net_ms`, `wrapped_minus_own_net_ms`). Then the control (`own_vs_own`): the
+    engine's own calls on both sides, the same cycles, whose `wrapped_minus_own_ms` is what the
+    comparison reads where nothing differs (the engine's and the machine's noise at this many
+    cycles). The figures of the first run, the others under their names."""
     from tests.helpers.engine_log import PHASES, log_size, read_engine_lines, with_engine_times
 
     audit = actor.memory_audit
     measured = audit.free_bytes
     runs = {}
-    for name, free_bytes in (("audit_on", measured), ("audit_off", lambda: None)):
+    plan = (
+        ("audit_on", actor, measured),
+        ("audit_off", actor, lambda: None),
+        ("own_vs_own", _OwnCalls(own), measured),
+    )
+    for name, second_side, free_bytes in plan:
         log_from = log_size(engine_log)
         audit.free_bytes = free_bytes
         try:
-            runs[name] = own_and_wrapped(own, actor, cycles, in_engine_s=in_engine_s)
+            runs[name] = own_and_wrapped(own, second_side, cycles, in_engine_s=in_engine_s)
         finally:
             audit.free_bytes = measured
         wanted = len(runs[name]["order"]) * len(PHASES)
         with_engine_times(runs[name], read_engine_lines(engine_log, log_from, wanted))
     figures = runs["audit_on"]
     figures["audit_off"] = runs["audit_off"]
+    figures["own_vs_own"] = runs["own_vs_own"]
     return figures
+
+
+class _OwnCalls:
+    """The engine's own calls where `own_and_wrapped` wants the actor's (the control's second side)."""
+
+    def __init__(self, own: dict[str, Callable[[], Any]]) -> None:
+        self.own = own
+
+    def sleep(self) -> None:
+        self.own["sleep"]()
+
+    def wake_up(self, tags: list[str]) -> None:
+        self.own[{"weights": "wake_weights", "kv_cache": "wake_kv"}[tags[0]]]()

@@ -186,15 +186,19 @@ def test_the_offline_side_by_side_pairs_its_calls_with_the_executors_lines(
     level = EXECUTOR_LOG.level
     EXECUTOR_LOG.addHandler(to_file)
     EXECUTOR_LOG.setLevel(logging.INFO)
+    actor_sleeps: list[int] = []
+    actor_sleep = actor.sleep
+    actor.sleep = lambda: actor_sleeps.append(1) or actor_sleep()  # type: ignore[method-assign]
     try:
         figures = own_and_wrapped_runs(own, actor, tmp_path / "engine.log", cycles=3)
     finally:
         EXECUTOR_LOG.removeHandler(to_file)
         EXECUTOR_LOG.setLevel(level)
         to_file.close()
-    for run in (figures, figures["audit_off"]):
+    for run in (figures, figures["audit_off"], figures["own_vs_own"]):
         assert run["engine_log"] == "18 sleep/wake lines, one per call", run["engine_log"]
         assert set(run["net_ms"]) == {"own", "wrapped"} and "outside_engine_ms" not in run
         assert isinstance(run["wrapped_minus_own_net_ms"], float)
+    assert actor_sleeps == [1] * 6  # 3 cycles with the audit on, 3 off; the control not through the actor
     assert actor.memory_audit.free_bytes == reader
     assert actor.lifecycle_state()["state"] == "AWAKE"

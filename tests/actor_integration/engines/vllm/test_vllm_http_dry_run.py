@@ -125,7 +125,7 @@ def test_3c_own_routes_and_the_wrapped_sleep_side_by_side(rig: checks.Rig) -> No
     assert figures["cycles"] == 3 and figures["same_tokens_as_A"]
     phases = {"sleep_ms", "wake_weights_ms", "wake_kv_ms"}
     keys = phases | {f"{p}_in_engine" for p in phases} | {"sleep_wake_ms"}
-    for run in (figures, figures["audit_off"]):
+    for run in (figures, figures["audit_off"], figures["own_vs_own"]):
         assert set(run["own"]) == set(run["wrapped"]) == keys
         assert [len(run["rows"][side]) for side in ("own", "wrapped")] == [3, 3]
         assert all(
