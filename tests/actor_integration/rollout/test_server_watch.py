@@ -76,7 +76,7 @@ class TestServerProcesses:
             time.sleep(0.05)
         assert not pid_alive(child)
 
-    @pytest.mark.parametrize("pid", [-1000, 0, os.getpid(), None, "12"])
+    @pytest.mark.parametrize("pid", [-1000, 0, pytest.param(os.getpid(), id="this-process"), None, "12"])
     def test_a_process_that_is_not_a_servers_own_is_never_watched(self, pid: Any) -> None:
         """The in-process stand-ins' pids (negative), this process, no pid: nothing watched, nothing killed."""
         assert ServerProcesses.of(types.SimpleNamespace(pid=pid, is_alive=lambda: False)) is None
