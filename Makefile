@@ -19,8 +19,10 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# Two workers (pytest-xdist) by default, what CI's two cores run; TEST_WORKERS=0 runs in one process.
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow

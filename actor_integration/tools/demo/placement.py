@@ -32,6 +32,11 @@ from actor_integration.weight_sync.nodes import (
 )
 from actor_integration.weight_sync.topology import SlotTopology
 
+# The first call to the new actors waits for Ray to start their processes (a fresh worker imports
+# torch): on a loaded host that took over 20 s (CI, two test workers), which is a start, not a hang.
+# Their slots are already reserved (`place_slots`), so this only lets a slow start finish; every
+# call after it keeps `--timeout-s`.
+START_S = 120.0
 VOCAB = 97
 
 
@@ -176,8 +181,8 @@ def place(ray: Any, args: argparse.Namespace, device: str, out: Path, console: C
     topology = _node_topology(
         trainers,
         engine_gpu_counts,
-        trainer_group.locate(timeout_s=args.timeout_s),
-        rollout_group.locate(timeout_s=args.timeout_s),
+        trainer_group.locate(timeout_s=max(args.timeout_s, START_S)),
+        rollout_group.locate(timeout_s=max(args.timeout_s, START_S)),
         device,
     )
     nodes = {n.node_id: n.label for n in cluster_nodes()}
