@@ -11,7 +11,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -54,38 +54,84 @@ class BenchRun:
             self.proc.wait()
 
 
+class Runs:
+    """The module's end-to-end runs by name, each started by its factory at most once: `start(names)`
+    starts those at once, side by side; reading a run that was not started starts it then. A factory
+    may find nothing to run (None): the name is then absent."""
+
+    def __init__(self, factories: dict[str, Callable[[], BenchRun | None]]) -> None:
+        self._factories = factories
+        self._started: dict[str, BenchRun | None] = {}
+
+    def start(self, names: Iterable[str]) -> None:
+        for name in names:
+            if name not in self._started:
+                self._started[name] = self._factories[name]()
+
+    def __contains__(self, name: str) -> bool:
+        self.start([name])
+        return self._started[name] is not None
+
+    def __getitem__(self, name: str) -> BenchRun:
+        self.start([name])
+        run = self._started[name]
+        if run is None:
+            raise KeyError(name)
+        return run
+
+    def stop(self) -> None:
+        for run in self._started.values():
+            if run is not None:
+                run.stop()
+
+
 @pytest.fixture(scope="module")
-def runs(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[dict[str, BenchRun]]:
-    """The end-to-end runs of the tests selected in this module, all started when the first of them
-    is needed, side by side. Each keeps about one core busy (one column's process at a time), so on
-    CI's two cores they take about as long as the longest alone, not the sum (about 50 + 46 + 7 s).
-    Each run has its own directory, arguments and deadline, and each test checks only its own."""
+def runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
+    """The end-to-end runs of the tests selected in this module. In one pytest process all are
+    started when the first is needed, side by side: each keeps about one core busy (one column's
+    process at a time), so on CI's two cores they take about as long as the longest alone, not the
+    sum (about 50 + 46 + 7 s). Under pytest-xdist every worker collects every test but runs only
+    some, and sets this fixture up for itself, so a worker starts a run only when one of its tests
+    reads it: started up front, each worker would run all three. Each run has its own directory,
+    arguments and deadline, and each test checks only its own."""
     from tests.helpers.nccl_lib import nccl_library
 
-    selected = {item.originalname for item in request.session.items if item.module is request.module}
-    started: dict[str, BenchRun] = {}
-    if test_cpu_smoke_runs_every_column_and_reports_every_hook.__name__ in selected:
+    def smoke() -> BenchRun:
         cwd = tmp_path_factory.mktemp("phase-smoke")
-        started["smoke"] = BenchRun(cwd, "--cpu-smoke", "--steps", "3", "--out", str(cwd / "phase.json"))
-    if test_nccl_lib_runs_every_process_with_that_library.__name__ in selected:
+        return BenchRun(cwd, "--cpu-smoke", "--steps", "3", "--out", str(cwd / "phase.json"))
+
+    def nccl() -> BenchRun | None:
         cwd = tmp_path_factory.mktemp("phase-nccl")
         library = nccl_library(cwd)
-        if library is not None:
-            args = ["--cpu-smoke", "--steps", "2", "--slime-steps", "1", "--ways", "keep", "--no-teardown"]
-            args += ["--nccl-lib", str(library), "--out", str(cwd / "phase.json")]
-            started["nccl"] = BenchRun(cwd, *args, library=library)
-    if test_the_sm_restore_column_runs_through_on_cpu.__name__ in selected:
+        if library is None:
+            return None
+        args = ["--cpu-smoke", "--steps", "2", "--slime-steps", "1", "--ways", "keep", "--no-teardown"]
+        args += ["--nccl-lib", str(library), "--out", str(cwd / "phase.json")]
+        return BenchRun(cwd, *args, library=library)
+
+    def sm() -> BenchRun:
         cwd = tmp_path_factory.mktemp("phase-sm")
         flags = ["--cpu-smoke", "--no-teardown", "--ways", "", "--sm-restore", "--columns", "budget-part-sm"]
-        started["sm"] = BenchRun(cwd, *flags, "--steps", "3", "--out", str(cwd / "sm.json"))
+        return BenchRun(cwd, *flags, "--steps", "3", "--out", str(cwd / "sm.json"))
+
+    started = Runs({"smoke": smoke, "nccl": nccl, "sm": sm})
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        tests = {
+            test_cpu_smoke_runs_every_column_and_reports_every_hook.__name__: "smoke",
+            test_nccl_lib_runs_every_process_with_that_library.__name__: "nccl",
+            test_the_sm_restore_column_runs_through_on_cpu.__name__: "sm",
+        }
+        items = request.session.items
+        started.start(
+            tests[item.originalname]
+            for item in items
+            if item.module is request.module and item.originalname in tests
+        )
     yield started
-    for run in started.values():
-        run.stop()
+    started.stop()
 
 
-def test_cpu_smoke_runs_every_column_and_reports_every_hook(runs: dict[str, BenchRun]) -> None:
+def test_cpu_smoke_runs_every_column_and_reports_every_hook(runs: Runs) -> None:
     out = runs["smoke"].cwd / "phase.json"
     proc = runs["smoke"].result()
     for line in (
@@ -181,7 +227,7 @@ def test_the_steady_lifecycle_is_the_median_of_each_steps_lifecycle() -> None:
     assert round(summary["steady"]["lifecycle"], 3) == 0.972
 
 
-def test_nccl_lib_runs_every_process_with_that_library(runs: dict[str, BenchRun]) -> None:
+def test_nccl_lib_runs_every_process_with_that_library(runs: Runs) -> None:
     """--nccl-lib re-runs the script with the library in LD_PRELOAD: the report and each column's
     process name the loaded NCCL (2.30.7, the wheel's), as the H200 runs need for suspend."""
     if "nccl" not in runs:  # `runs` found no library (tests.helpers.nccl_lib.nccl_library)
@@ -227,7 +273,7 @@ def test_budget_part_sm_without_sm_restore_is_refused_with_the_flag_named() -> N
     assert "Traceback" not in proc.stderr
 
 
-def test_the_sm_restore_column_runs_through_on_cpu(runs: dict[str, BenchRun]) -> None:
+def test_the_sm_restore_column_runs_through_on_cpu(runs: Runs) -> None:
     """budget-part-sm's whole column (calibration, the need set, its steps) on the CPU smoke: its
     rollout starts without a KV cache like every budget column's, which the need then sizes."""
     out = runs["sm"].cwd / "sm.json"
